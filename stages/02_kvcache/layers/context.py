@@ -1,0 +1,30 @@
+"""What the attention layers need to know about the current batch.
+
+The model runner sets it before each forward pass; attention layers read it.
+Models and other layers never look at it."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Context:
+    cu_seqlens_q: list[int]  # (seqs+1,) start of each sequence in the packed token stream
+    # NEW in 02_kvcache: where the new tokens' K/V go, and how much cache each sequence reads
+    slot_mapping: torch.Tensor  # (tokens,) row * max_model_len + position of each new token
+    context_lens: list[int]  # (seqs,) tokens of each sequence in the cache after this step's writes
+    cache_rows: list[int]  # (seqs,) the cache row each sequence owns
+
+
+_CONTEXT: Context | None = None
+
+
+def set_context(context: Context | None) -> None:
+    global _CONTEXT
+    _CONTEXT = context
+
+
+def get_context() -> Context:
+    assert _CONTEXT is not None, "attention ran outside a model runner step"
+    return _CONTEXT

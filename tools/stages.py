@@ -1,0 +1,398 @@
+"""Keep the copy-forward stage ladder honest: list, diff, check and sync stages.
+
+Every stage under ``stages/NN_name/`` is a full copy of the engine; ``nanovllm_final/`` comes after
+the last stage with the same layout. A stage's README.md declares the files its lesson touches::
+
+    ## Files changed
+
+    - `engine/scheduler.py` — admits requests while blocks are free
+    - `engine/block_manager.py` — new: the block table
+
+Usage (every command also takes ``--root PATH``, default: the repo root)::
+
+    python -m tools.stages list
+    python -m tools.stages diff 03 04 [--stat]        # names: 03_paged, 03, 3, paged, final
+    python -m tools.stages check                      # each stage vs the previous one, against its README
+    python -m tools.stages sync 02 [--ref HEAD] [--dry-run]   # carry 02's edits into 03.. and final
+"""
+
+import argparse
+import ast
+import difflib
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STAGES_DIR = "stages"
+FINAL_DIR = "nanovllm_final"
+FINAL = "final"
+STAGE_NAME = re.compile(r"\d\d_.+")
+IGNORED_DIRS = {"__pycache__", ".ipynb_checkpoints"}
+IGNORED_SUFFIXES = (".pyc",)
+README = "README.md"
+SECTION = "## Files changed"
+SECTION_END = re.compile(r"#{1,2}\s")  # the next level-1 or level-2 heading ends the section
+LISTED_FILE = re.compile(r"- `([^`]+)`")
+
+
+class StageError(Exception):
+    """A problem the user must fix (unknown stage, bad git ref, ...); printed without a traceback."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # folder name ("03_paged"), or "final"
+    rel: str  # folder relative to the root, posix ("stages/03_paged", "nanovllm_final")
+    root: Path
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.rel
+
+
+# ---------------------------------------------------------------------------------------- the ladder
+
+
+def ladder(root: Path) -> list[Stage]:
+    """The stages in ladder order (final not included)."""
+    folder = root / STAGES_DIR
+    if not folder.is_dir():
+        return []
+    names = sorted(p.name for p in folder.iterdir() if p.is_dir() and STAGE_NAME.fullmatch(p.name))
+    return [Stage(name, f"{STAGES_DIR}/{name}", root) for name in names]
+
+
+def final_stage(root: Path) -> Stage | None:
+    return Stage(FINAL, FINAL_DIR, root) if (root / FINAL_DIR).is_dir() else None
+
+
+def full_ladder(root: Path) -> list[Stage]:
+    """The stages followed by final, where it exists."""
+    final = final_stage(root)
+    return ladder(root) + ([final] if final else [])
+
+
+def _matches(stage: Stage, name: str) -> bool:
+    if stage.name == FINAL:
+        return name == FINAL
+    if name.isdigit():
+        return int(name) == int(stage.name[:2])
+    return name in (stage.name, stage.name[3:])
+
+
+def resolve(root: Path, name: str) -> Stage:
+    """Find a stage by folder name ("03_paged"), number ("03", "3"), bare name ("paged") or "final"."""
+    choices = full_ladder(root)
+    found = [stage for stage in choices if _matches(stage, name)]
+    if len(found) != 1:
+        valid = ", ".join(stage.name for stage in choices) or f"none (no {STAGES_DIR}/NN_name folders under {root})"
+        raise StageError(f"unknown stage {name!r}; valid stages: {valid}")
+    return found[0]
+
+
+def is_ignored(rel: str) -> bool:
+    parts = rel.split("/")
+    return any(part in IGNORED_DIRS for part in parts) or parts[-1].endswith(IGNORED_SUFFIXES)
+
+
+def read_tree(folder: Path) -> dict[str, bytes]:
+    """Every file under folder, keyed by its posix path relative to folder."""
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_file() and not is_ignored(rel):
+            files[rel] = path.read_bytes()
+    return files
+
+
+def compare(old: dict[str, bytes], new: dict[str, bytes]) -> dict[str, str]:
+    """The files that differ, as {path: "added" | "removed" | "modified"}, sorted by path."""
+    status = {}
+    for path in sorted(old.keys() | new.keys()):
+        if path not in old:
+            status[path] = "added"
+        elif path not in new:
+            status[path] = "removed"
+        elif old[path] != new[path]:
+            status[path] = "modified"
+    return status
+
+
+# ---------------------------------------------------------------------------------------------- diff
+
+
+@dataclass
+class FileDiff:
+    path: str
+    status: str
+    added: int
+    removed: int
+    lines: list[str]
+
+
+def _text_lines(data: bytes | None) -> list[str]:
+    return [] if data is None else data.decode("utf-8", errors="replace").splitlines(keepends=True)
+
+
+def _terminated(line: str) -> str:
+    return line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+
+
+def file_diff(a: Stage, b: Stage, path: str, status: str, old: bytes | None, new: bytes | None) -> FileDiff:
+    fromfile = "/dev/null" if old is None else f"a/{a.rel}/{path}"
+    tofile = "/dev/null" if new is None else f"b/{b.rel}/{path}"
+    lines = list(difflib.unified_diff(_text_lines(old), _text_lines(new), fromfile, tofile))
+    body = lines[2:]  # past the ---/+++ header
+    added = sum(line.startswith("+") for line in body)
+    removed = sum(line.startswith("-") for line in body)
+    return FileDiff(path, status, added, removed, [_terminated(line) for line in lines])
+
+
+def diff_stages(a: Stage, b: Stage) -> list[FileDiff]:
+    old, new = read_tree(a.path), read_tree(b.path)
+    return [file_diff(a, b, path, status, old.get(path), new.get(path)) for path, status in compare(old, new).items()]
+
+
+def print_table(a: Stage, b: Stage, diffs: list[FileDiff]) -> None:
+    if not diffs:
+        print(f"{a.rel} and {b.rel} are identical")
+        return
+    width = max(len("path"), *(len(d.path) for d in diffs))
+    print(f"{'path':<{width}}  {'status':<8}  {'+lines':>7}  {'-lines':>7}")
+    for d in diffs:
+        print(f"{d.path:<{width}}  {d.status:<8}  {'+' + str(d.added):>7}  {'-' + str(d.removed):>7}")
+    added, removed = sum(d.added for d in diffs), sum(d.removed for d in diffs)
+    print(f"{a.rel} -> {b.rel}: {len(diffs)} file(s) changed, +{added} -{removed}")
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    a, b = resolve(args.root, args.a), resolve(args.root, args.b)
+    diffs = diff_stages(a, b)
+    print_table(a, b, diffs)
+    if not args.stat:
+        for d in diffs:
+            sys.stdout.writelines(d.lines)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- check
+
+
+def parse_files_changed(readme: str) -> set[str] | None:
+    """The paths listed under '## Files changed', or None when the README has no such section."""
+    lines = readme.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.rstrip() == SECTION]
+    if not starts:
+        return None
+    listed = set()
+    for line in lines[starts[0] + 1 :]:
+        if SECTION_END.match(line):
+            break
+        if match := LISTED_FILE.match(line):
+            listed.add(match[1].strip().removeprefix("./"))
+    return listed - {README}
+
+
+def declared_files(stage: Stage) -> set[str] | None:
+    """The stage README's listing; None when the README or its section is missing."""
+    readme = stage.path / README
+    return parse_files_changed(readme.read_text(encoding="utf-8")) if readme.is_file() else None
+
+
+def missing_listing(stage: Stage) -> str:
+    """Why declared_files(stage) is None."""
+    return f"has no '{SECTION}' section" if (stage.path / README).is_file() else "is missing"
+
+
+def check_pair(prev: Stage, stage: Stage) -> list[str]:
+    """Problems with stage's README listing, compared with what really changed since prev."""
+    listed = declared_files(stage)
+    if listed is None:
+        return [f"{stage.rel}/{README} {missing_listing(stage)}: it must list the files that differ from {prev.rel}"]
+    changed = compare(read_tree(prev.path), read_tree(stage.path))
+    changed.pop(README, None)
+    unlisted = [f"{stage.rel}/{p}: {s} vs {prev.name} but not listed in {README}" for p, s in changed.items() if p not in listed]
+    stale = [f"{stage.rel}/{p}: listed in {README} but identical to {prev.name} (stale listing)" for p in sorted(listed - changed.keys())]
+    return unlisted + stale
+
+
+def pairs_to_check(root: Path) -> list[tuple[Stage, Stage]]:
+    stages = ladder(root)
+    pairs = list(zip(stages, stages[1:]))
+    final = final_stage(root)
+    if final and stages:
+        if declared_files(final) is None:
+            print(f"skip final: {FINAL_DIR}/{README} {missing_listing(final)}")
+        else:
+            pairs.append((stages[-1], final))
+    return pairs
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    stages = ladder(args.root)
+    if not stages:
+        raise StageError(f"no {STAGES_DIR}/NN_name folders under {args.root}")
+    print(f"skip {stages[0].name}: first stage, nothing to compare with")
+    problems = []
+    for prev, stage in pairs_to_check(args.root):
+        found = check_pair(prev, stage)
+        problems += found
+        if found:
+            print(f"FAIL {stage.name}:")
+            print("\n".join(f"  {problem}" for problem in found))
+        else:
+            print(f"OK   {stage.name}: differs from {prev.name} only in the files its README lists")
+    if problems:
+        print(f"check failed: {len(problems)} problem(s)")
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- sync
+
+
+def git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True)
+
+
+def files_at_ref(src: Stage, ref: str) -> dict[str, bytes]:
+    """src's files as committed at ref (paths relative to src)."""
+    if git(src.root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
+        raise StageError(f"{ref!r} is not a commit in a git repository at {src.root}")
+    listing = git(src.root, "ls-tree", "-r", "-z", "--name-only", ref, "--", f"{src.rel}/").stdout.decode()
+    prefix = f"{src.rel}/"
+    paths = [p.removeprefix(prefix) for p in listing.split("\0") if p]
+    return {p: git(src.root, "show", f"{ref}:./{prefix}{p}").stdout for p in paths if not is_ignored(p)}
+
+
+def source_changes(src: Stage, ref: str) -> dict[str, tuple[bytes | None, bytes | None]]:
+    """{path: (base at ref, new in the working tree)} for every file of src that changed; None = absent."""
+    base, new = files_at_ref(src, ref), read_tree(src.path)
+    return {path: (base.get(path), new.get(path)) for path in compare(base, new)}
+
+
+@dataclass
+class Action:
+    status: str  # copied | merged | up-to-date | CONFLICT | kept | skipped
+    content: bytes | None = None  # what to write, for copied and merged
+    note: str = ""
+
+
+def merge3(ours: bytes, base: bytes, theirs: bytes) -> subprocess.CompletedProcess[bytes]:
+    """git merge-file -p: stdout is the merge, returncode the number of conflicts (>127: error)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [Path(tmp) / name for name in ("ours", "base", "theirs")]
+        for path, data in zip(paths, (ours, base, theirs)):
+            path.write_bytes(data)
+        return subprocess.run(["git", "merge-file", "-p", *map(str, paths)], capture_output=True)
+
+
+def plan(current: bytes | None, base: bytes | None, new: bytes | None, src: Stage) -> Action:
+    """What to do with one target file, given the source change base -> new."""
+    if current == new:
+        return Action("up-to-date")
+    if new is None:
+        return Action("kept", note=f"deleted in {src.name}; delete it here by hand if that applies")
+    if current == base:  # untouched by the target (or a file new in the source)
+        return Action("copied", new)
+    if current is None:
+        return Action("skipped", note="this stage has no such file; apply the change by hand if needed")
+    result = merge3(current, base or b"", new)
+    if result.returncode == 0:
+        return Action("up-to-date") if result.stdout == current else Action("merged", result.stdout)
+    reason = f"{result.returncode} conflict(s)" if result.returncode <= 127 else result.stderr.decode().strip()
+    return Action("CONFLICT", note=f"{reason}; left untouched")
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    src = resolve(args.root, args.src)
+    stages = full_ladder(args.root)
+    targets = stages[stages.index(src) + 1 :]
+    if not targets:
+        raise StageError(f"{src.name} is the last rung of the ladder: there is nothing to sync into")
+    changes = source_changes(src, args.ref)
+    if not changes:
+        print(f"nothing to sync: {src.rel} matches {args.ref}")
+        return 0
+    if args.dry_run:
+        print("dry run: nothing is written")
+    counts = Counter()
+    for target in targets:
+        for path, (base, new) in changes.items():
+            dest = target.path / path
+            current = dest.read_bytes() if dest.is_file() else None
+            action = plan(current, base, new, src)
+            if action.content is not None and not args.dry_run:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(action.content)
+            counts[action.status] += 1
+            print(f"{action.status:<10} {target.rel}/{path}" + (f" ({action.note})" if action.note else ""))
+    print(f"sync {src.name} (vs {args.ref}): " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    return 1 if counts["CONFLICT"] else 0
+
+
+# ---------------------------------------------------------------------------------------------- list
+
+
+def summary(stage: Stage) -> str:
+    init = stage.path / "__init__.py"
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) if init.is_file() else None
+    return doc.splitlines()[0] if doc else "(no __init__.py docstring)"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    stages = full_ladder(args.root)
+    if not stages:
+        raise StageError(f"no {STAGES_DIR}/NN_name folders under {args.root}")
+    width = max(len(stage.name) for stage in stages)
+    for stage in stages:
+        print(f"{stage.name:<{width}}  {summary(stage)}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", type=Path, default=REPO_ROOT, help="repo root holding stages/ (default: %(default)s)")
+    parser = argparse.ArgumentParser(prog="python -m tools.stages", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    diff = commands.add_parser("diff", parents=[common], help="per-file summary and unified diff between two stages")
+    diff.add_argument("a", help="stage name or number (03_paged, 03, 3, paged) or final")
+    diff.add_argument("b", help="stage name or number, or final")
+    diff.add_argument("--stat", action="store_true", help="print only the per-file summary")
+    diff.set_defaults(func=cmd_diff)
+
+    check = commands.add_parser("check", parents=[common], help=f"each stage differs from the previous one only in its README's '{SECTION}'")
+    check.set_defaults(func=cmd_check)
+
+    sync = commands.add_parser("sync", parents=[common], help="carry a stage's uncommitted change into every later stage and final")
+    sync.add_argument("src", help="the stage whose change to carry forward")
+    sync.add_argument("--ref", default="HEAD", help="git ref the change is measured against (default: HEAD)")
+    sync.add_argument("--dry-run", action="store_true", help="print what would happen, write nothing")
+    sync.set_defaults(func=cmd_sync)
+
+    listing = commands.add_parser("list", parents=[common], help="the ladder, with each stage's one-line summary")
+    listing.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.root = args.root.resolve()
+    try:
+        return args.func(args)
+    except StageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
