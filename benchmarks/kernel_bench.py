@@ -8,7 +8,9 @@ For each batch size and context length it times
            plus dense SDPA on contiguous K/V as a "speed of light" point of comparison;
   prefill: full prompts of that length (q_len == context_len) through the Triton prefill
            kernel vs the reference, plus dense causal SDPA on contiguous K/V.
-Times are medians of CUDA-event-timed repetitions, in milliseconds. Decode also reports
+Times are medians of CUDA-event-timed repetitions, in milliseconds. Triton and SDPA are
+timed as CUDA-graph replays (pure GPU time, as with captured decode steps); "eager" is one
+plain call including the CPU launch cost; the reference is timed eagerly. Decode also reports
 the achieved K/V read bandwidth (GB/s); prefill the attention TFLOP/s (causal half).
 """
 
@@ -25,7 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, for `
 
 
 def cuda_time_ms(fn, reps: int, warmup: int = 3) -> float:
-    """Median time of fn() in ms, each repetition timed with a pair of CUDA events."""
+    """Median time of fn() in ms, each repetition timed with a pair of CUDA events.
+
+    Includes the CPU cost of launching (Python wrapper + Triton launcher) when that is
+    longer than the GPU work, as in an engine run without CUDA graphs.
+    """
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -38,6 +44,21 @@ def cuda_time_ms(fn, reps: int, warmup: int = 3) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def graph_time_ms(fn, reps: int, inner: int = 10) -> float:
+    """GPU time of fn() in ms: `inner` calls captured in a CUDA graph, replays timed.
+
+    No launch overhead, as in an engine that captures its decode steps in CUDA graphs.
+    """
+    for _ in range(3):  # compile / warm up outside the capture
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    return cuda_time_ms(graph.replay, reps, warmup=2) / inner
 
 
 def make_batch(batch, context, q_len, heads, kv_heads, head_dim, block_size, dtype, device):
@@ -105,8 +126,8 @@ def main():
                 k_dense, v_dense = contiguous_kv(kc, vc, bt, context)
                 if mode == "decode":
                     tri_fn = lambda: tri.paged_decode_attention(q, kc, vc, ctx, bt, scale)  # noqa: E731
-                    row["triton_ms"] = cuda_time_ms(tri_fn, args.reps)
-                    row["triton_nosplit_ms"] = cuda_time_ms(
+                    row["triton_ms"] = graph_time_ms(tri_fn, args.reps)
+                    row["triton_nosplit_ms"] = graph_time_ms(
                         lambda: tri.paged_decode_attention(q, kc, vc, ctx, bt, scale, num_splits=1), args.reps)
                     qd = q.view(batch, H, 1, D)
                     sdpa_fn = lambda: sdpa(qd, k_dense, v_dense, scale=scale, enable_gqa=True)  # noqa: E731
@@ -114,14 +135,15 @@ def main():
                     row["triton_GBps"] = kv_bytes / row["triton_ms"] / 1e6
                 else:
                     tri_fn = lambda: tri.paged_prefill_attention(q, kc, vc, cu, ctx, bt, scale, q_len)  # noqa: E731
-                    row["triton_ms"] = cuda_time_ms(tri_fn, args.reps)
+                    row["triton_ms"] = graph_time_ms(tri_fn, args.reps)
                     qp = q.view(batch, context, H, D).transpose(1, 2)
                     sdpa_fn = lambda: sdpa(qp, k_dense, v_dense, is_causal=True, scale=scale,  # noqa: E731
                                            enable_gqa=True)
                     flops = 4 * batch * H * D * context * context / 2  # QK^T and PV, causal half
                     row["triton_TFLOPs"] = flops / row["triton_ms"] / 1e9
+                row["triton_eager_ms"] = cuda_time_ms(tri_fn, args.reps)
                 try:
-                    row["sdpa_dense_ms"] = cuda_time_ms(sdpa_fn, args.reps)
+                    row["sdpa_dense_ms"] = graph_time_ms(sdpa_fn, args.reps)
                 except Exception as exc:  # a backend may not support this shape/dtype
                     row["sdpa_dense_ms"] = None
                     row["sdpa_error"] = repr(exc)[:200]
@@ -141,12 +163,12 @@ def main():
 
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  heads {H}/{KVH}  head_dim {D}  "
           f"block {bs}  {args.dtype}")
-    print(f"{'mode':8} {'batch':>5} {'ctx':>5} {'triton ms':>10} {'no-split':>9} {'sdpa ms':>9} "
+    print(f"{'mode':8} {'batch':>5} {'ctx':>5} {'triton ms':>10} {'no-split':>9} {'eager':>8} {'sdpa ms':>9} "
           f"{'ref ms':>9} {'x ref':>7} {'GB/s|TF/s':>10} {'max err':>8}")
     for r in rows:
         rate = r.get("triton_GBps", r.get("triton_TFLOPs"))
         print(f"{r['mode']:8} {r['batch']:5d} {r['context']:5d} {fmt(r['triton_ms']):>10} "
-              f"{fmt(r.get('triton_nosplit_ms')):>9} {fmt(r['sdpa_dense_ms']):>9} {fmt(r['torch_ref_ms']):>9} "
+              f"{fmt(r.get('triton_nosplit_ms')):>9} {fmt(r['triton_eager_ms']):>8} {fmt(r['sdpa_dense_ms']):>9} {fmt(r['torch_ref_ms']):>9} "
               f"{fmt(r.get('speedup_vs_ref'), '.1f'):>7} {fmt(rate, '.1f'):>10} {fmt(r.get('max_abs_err'), '.1e'):>8}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

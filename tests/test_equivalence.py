@@ -84,3 +84,14 @@ def test_more_prompts_than_slots(engine, model_dir, hf_greedy):
     with st.LLM(path, device="cpu", max_model_len=64, max_num_seqs=3) as llm:
         generate_and_compare(st, llm, path, prompts, hf_greedy)
         assert max(step["num_seqs"] for step in llm.stats) <= 3
+
+
+@pytest.mark.parametrize("engine", [e for e in ENGINES if level(e) >= 3])
+def test_triton_backend_matches_hf(engine, model_dir, hf_greedy):
+    """Our Triton kernels inside the engine (under TRITON_INTERPRET=1 on CPU), with
+    preemption and an odd block size so every kernel path runs."""
+    st, path = load_engine(engine), model_dir("llama")
+    prompts = random_prompts([10, 7, 13], seed=60)
+    options = dict(device="cpu", max_model_len=48, kvcache_block_size=3, num_kvcache_blocks=16, attention_backend="triton")
+    with st.LLM(path, **options) as llm:
+        generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=12)

@@ -109,6 +109,26 @@ def _load_kv_tile(
     return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
 
 
+@triton.jit
+def _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, mask, APPLY_MASK: tl.constexpr):
+    """Fold one key tile into the running softmax state of a block of query rows.
+
+    q [ROWS, BLOCK_D], k/v [BLOCK_N, BLOCK_D], mask [ROWS, BLOCK_N] (True = may attend);
+    m_i [ROWS] running max (base-2 logits), l_i [ROWS] running sum, acc [ROWS, BLOCK_D].
+    Every row must see at least one key in its first tile, so m_i never stays -inf.
+    """
+    # input_precision="ieee": exact fp32 dots for fp32 inputs (ignored for fp16/bf16).
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [ROWS, BLOCK_N]
+    if APPLY_MASK:
+        s = tl.where(mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [ROWS]
+    alpha = tl.exp2(m_i - m_new)  # rescales the old state to the new max
+    p = tl.exp2(s - m_new[:, None])  # [ROWS, BLOCK_N]
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
 # ---------------------------------------------------------------------------------------
 # Prefill (general case): packed queries, paged keys, causal
 # ---------------------------------------------------------------------------------------
@@ -153,28 +173,33 @@ def _paged_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running row sum of exp
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # running weighted sum of V
 
-    # Causal limit: the last query of this tile sees keys up to its own position, so key
-    # tiles entirely above the diagonal are never visited.
+    # Keys [0, full_end) are visible to every query of the tile, keys up to kv_end to the
+    # last one; tiles entirely above the diagonal (>= kv_end) are never visited.
+    full_end = prefix_len + tile_m * BLOCK_M  # position of our first query
+    full_end = (full_end // BLOCK_N) * BLOCK_N  # whole key tiles only
     kv_end = tl.minimum(context_len, prefix_len + (tile_m + 1) * BLOCK_M)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for start_n in range(0, kv_end, BLOCK_N):
+    all_n = tl.full([BLOCK_N], 1, tl.int1)  # "every key of the tile is valid"
+
+    # Phase 1: tiles below the diagonal (the cached prefix, earlier query tiles): no mask.
+    for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
+        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
+        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, None, APPLY_MASK=False)
+
+    # Phase 2: tiles on the diagonal: mask keys after each query (and past the context).
+    for start_n in range(full_end, kv_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
         k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
-
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N]
-        causal = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
-        s = tl.where(causal, s, float("-inf"))
-        # Key 0 is in the first tile and visible to every row, so m_new is finite.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [BLOCK_M]
-        alpha = tl.exp2(m_i - m_new)  # rescales the old state
-        p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m_i = m_new
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)
+        causal = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
+        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, causal, APPLY_MASK=True)
 
     out = acc / l_i[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
@@ -285,14 +310,8 @@ def _paged_decode_kernel(
                           stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
                           stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [BLOCK_H, BLOCK_N]
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :],
+                                             APPLY_MASK=True)
 
     # l_i == 0 only for an empty context (e.g. a padding row): output zeros, not NaN.
     l_safe = tl.where(l_i > 0, l_i, 1.0)

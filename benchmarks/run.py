@@ -1,0 +1,443 @@
+"""Time engines on a workload and write one JSON record per engine.
+
+    python -m benchmarks.run --engine 03_paged --engine final --workload nanovllm \\
+        --shape qwen3-0.6b --device cuda --out benchmarks/results/h200-nanovllm.json
+    python -m benchmarks.run --engine 02_kvcache --workload tiny-cpu --shape tiny-qwen3
+
+For each engine: load it, run a short warm-up generate, then time one
+`llm.generate(prompts, sampling_params)` over the whole workload (with
+torch.cuda.synchronize() on both sides on CUDA). Throughput is output tokens / wall
+time, as in nano-vllm's bench.py. See benchmarks/README.md for the JSON schema.
+"""
+
+import argparse
+import datetime
+import gc
+import importlib
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+# Triton kernels run in the interpreter without a GPU; this must be set before triton is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import stages  # noqa: E402
+from benchmarks import workloads  # noqa: E402
+from benchmarks.results import HEADER, summary_row  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MAX_MODEL_LEN = 4096  # EngineConfig.max_model_len's default
+FINAL_NAMES = ("final", "nanovllm_final")
+WARMUP_LENGTHS = (16, 32)  # prompt lengths of the two warm-up requests
+WARMUP_MAX_TOKENS = 8
+
+
+class UsageError(ValueError):
+    """A problem with the command line: reported as `error: ...`, exit code 2."""
+
+
+# ---- command line ----
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", action="append", required=True,
+                        help="a stage (03_paged, paged or 3) or 'final'; repeat to run several in turn")
+    parser.add_argument("--workload", default="nanovllm", choices=tuple(workloads.WORKLOADS))
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", type=Path, help="a Hugging Face model directory")
+    model.add_argument("--shape", choices=tuple(SHAPES),
+                       help="random weights of this shape, built once into .models/<shape>")
+    parser.add_argument("--device", help="cuda or cpu (default: cuda if available)")
+    parser.add_argument("--dtype", help="float32, float16 or bfloat16 (default: the engine's)")
+    parser.add_argument("--num-seqs", type=int, help="workload parameter num_seqs")
+    parser.add_argument("--max-input-len", type=int, help="workload parameter max_input_len")
+    parser.add_argument("--max-output-len", type=int, help="workload parameter max_output_len")
+    parser.add_argument("--seed", type=int, help="workload seed (default: the workload's, 0)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other workload parameter, e.g. prefix_len=256 (repeatable)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an engine option, e.g. max_num_seqs=64 or enforce_eager=true (repeatable)")
+    parser.add_argument("--out", help="write the JSON here ('-' for stdout); a list if several engines")
+    args = parser.parse_args(argv)
+    args.error = parser.error
+    return args
+
+
+def parse_value(text: str):
+    """'64' -> 64, '0.9' -> 0.9, 'true' -> True, 'none' -> None, anything else stays a string."""
+    words = {"true": True, "false": False, "none": None, "null": None}
+    if text.lower() in words:
+        return words[text.lower()]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_pairs(pairs: list[str], what: str) -> dict:
+    result = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{what} {pair!r} is not KEY=VALUE")
+        result[key.strip().replace("-", "_")] = parse_value(value.strip())
+    return result
+
+
+# ---- engines ----
+
+def resolve_engine(name: str) -> tuple[str, ModuleType]:
+    """('03_paged', module) for '03_paged', 'paged' or '3'; ('final', nanovllm_final) for 'final'."""
+    if name in FINAL_NAMES:
+        try:
+            module = importlib.import_module("nanovllm_final")
+        except ImportError as err:
+            raise UsageError(f"engine 'final' is not available: {err}") from err
+        if not hasattr(module, "LLM"):
+            raise UsageError("engine 'final' is not available: nanovllm_final has no LLM yet")
+        return "final", module
+    try:
+        module = stages.load(int(name) if name.isdigit() else name)
+    except ValueError as err:
+        raise UsageError(f"unknown engine {name!r}; engines are: {', '.join([*stages.names(), 'final'])}") from err
+    except ImportError as err:
+        raise UsageError(f"engine {name!r} could not be imported: {err}") from err
+    return module.__name__.rsplit(".", 1)[-1], module
+
+
+def ladder_level(engine: str) -> int:
+    """1 for 01_naive ... 7 for 07_tensor_parallel; 8 for the final engine."""
+    return 8 if engine == "final" else int(engine[:2])
+
+
+# ---- models ----
+
+def _shapes() -> dict[str, dict]:
+    from tools.tiny_model import FULL_SHAPES
+
+    tiny = {"tiny-qwen3": {"arch": "qwen3", "shape": "tiny"}, "tiny-llama": {"arch": "llama", "shape": "tiny"}}
+    return tiny | {shape: {"shape": shape} for shape in FULL_SHAPES}
+
+
+SHAPES = _shapes()
+
+
+def model_for_shape(shape: str, device: str) -> Path:
+    """The cached random-weight model of this shape; full shapes are drawn on the GPU when
+    the run is on one (minutes on CPU, seconds on CUDA)."""
+    from tools.tiny_model import cached_model
+
+    kwargs = dict(SHAPES[shape])
+    if kwargs["shape"] != "tiny" and device.startswith("cuda"):
+        kwargs["device"] = "cuda"
+    return cached_model(shape, **kwargs)
+
+
+def read_config(model_dir: Path) -> dict:
+    path = model_dir / "config.json"
+    if not path.exists():
+        raise UsageError(f"{model_dir} has no config.json: not a Hugging Face model directory")
+    return json.loads(path.read_text())
+
+
+def count_parameters(model_dir: Path) -> int | None:
+    """Parameters in the safetensors files, from their headers only."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(file, framework="pt") as f:
+            total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    return total or None
+
+
+def model_info(model_dir: Path, config: dict, shape: str | None) -> dict:
+    heads = config.get("num_attention_heads")
+    return {
+        "path": str(model_dir),
+        "shape": shape,
+        "architecture": (config.get("architectures") or ["?"])[0],
+        "model_type": config.get("model_type"),
+        "hidden_size": config.get("hidden_size"),
+        "intermediate_size": config.get("intermediate_size"),
+        "num_hidden_layers": config.get("num_hidden_layers"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": config.get("num_key_value_heads") or heads,
+        "head_dim": config.get("head_dim") or (config["hidden_size"] // heads if heads else None),
+        "vocab_size": config.get("vocab_size"),
+        "max_position_embeddings": config.get("max_position_embeddings"),
+        "tie_word_embeddings": config.get("tie_word_embeddings", False),
+        "dtype": config.get("torch_dtype") or config.get("dtype"),  # the checkpoint's
+        "num_parameters": count_parameters(model_dir),
+    }
+
+
+def effective_dtype(options: dict, config: dict) -> str:
+    """The dtype the engines compute in: the option, else the checkpoint's on CUDA, float32 on CPU."""
+    if options.get("dtype"):
+        return str(options["dtype"]).removeprefix("torch.")
+    if options["device"].startswith("cuda"):
+        return config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    return "float32"
+
+
+def check_lengths(prompts: list[list[int]], params: list[dict], options: dict, config: dict) -> None:
+    """Every request must fit in max_model_len, or the engines would cut it short."""
+    limit = min(options.get("max_model_len", DEFAULT_MAX_MODEL_LEN), config.get("max_position_embeddings", math.inf))
+    need = max((len(p) + sp["max_tokens"] for p, sp in zip(prompts, params)), default=0)
+    if need > limit:
+        raise UsageError(
+            f"the workload has requests of up to {need} tokens (prompt + max_tokens) but max_model_len is {limit} "
+            f"(the model's max_position_embeddings is {config.get('max_position_embeddings')}); "
+            "lower --max-input-len / --max-output-len, or raise --option max_model_len=N"
+        )
+
+
+# ---- environment ----
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def versions() -> dict:
+    def version(package: str) -> str | None:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": version("triton"),
+        "transformers": version("transformers"),
+        "flash_attn": version("flash-attn") or version("flash_attn"),
+    }
+
+
+def git_commit() -> dict:
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"git_commit": commit, "git_dirty": None if dirty is None else bool(dirty)}
+
+
+# ---- one run ----
+
+def summarize_stats(steps: list[dict]) -> dict:
+    """A few numbers from llm.stats, the engine's per-step records, of the timed generate."""
+    def values(key: str) -> list:
+        return [s[key] for s in steps if isinstance(s.get(key), (int, float))]
+
+    tokens, seqs = values("num_tokens"), values("num_seqs")
+    summary = {
+        "num_steps": len(steps),
+        "max_tokens_per_step": max(tokens, default=None),
+        "mean_tokens_per_step": sum(tokens) / len(tokens) if tokens else None,
+        "max_seqs_per_step": max(seqs, default=None),
+        "step_seconds": sum(values("seconds")) if values("seconds") else None,
+        "keys": sorted({key for s in steps for key in s}),
+    }
+    if any("preemptions" in s for s in steps):
+        summary["preemptions"] = sum(values("preemptions"))  # per-step counts, summed
+    if any("blocks_used" in s for s in steps):
+        summary["max_blocks_used"] = max(values("blocks_used"), default=None)
+    return summary
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def warmup_prompts(vocab_size: int) -> list[list[int]]:
+    return [[(3 + i) % vocab_size for i in range(n)] for n in WARMUP_LENGTHS]
+
+
+def timed_generate(llm, module: ModuleType, prompts: list[list[int]], params: list[dict], device: str) -> dict:
+    """Warm up, then time generate over the workload; returns the measured fields."""
+    vocab = llm_vocab(prompts)
+    warm = module.SamplingParams(temperature=0.6, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True)
+    llm.generate(warmup_prompts(vocab), warm, use_tqdm=False)
+    sampling = [module.SamplingParams(**p) for p in params]
+    try:
+        llm.stats.clear()  # keep only the timed generate's steps
+    except AttributeError:
+        pass
+    before = len(llm.stats)
+    synchronize(device)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, sampling, use_tqdm=False)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    steps = list(llm.stats)
+    steps = steps[before:] if len(steps) > before else steps
+    return {"outputs": outs, "seconds": seconds, "stats": summarize_stats(steps)}
+
+
+def llm_vocab(prompts: list[list[int]]) -> int:
+    """A vocabulary size the warm-up ids certainly fit: one past the workload's largest id."""
+    return max((max(p) for p in prompts if p), default=0) + 1
+
+
+def run_engine(engine: str, module: ModuleType, model_dir: Path, options: dict,
+               prompts: list[list[int]], params: list[dict]) -> dict:
+    """Load one engine, time it, free it; returns the measured part of the record."""
+    device = options["device"]
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    llm = module.LLM(str(model_dir), **options)
+    load_seconds = time.perf_counter() - start
+    try:
+        measured = timed_generate(llm, module, prompts, params, device)
+    finally:
+        llm.shutdown()
+        del llm
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    outputs, seconds = measured["outputs"], measured["seconds"]
+    input_tokens = sum(len(p) for p in prompts)
+    output_tokens = sum(len(o["token_ids"]) for o in outputs)
+    return {
+        "num_seqs": len(prompts),
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "requested_output_tokens": sum(p["max_tokens"] for p in params),
+        "seconds": seconds,
+        "output_tokens_per_s": output_tokens / seconds,
+        "total_tokens_per_s": (input_tokens + output_tokens) / seconds,
+        "load_seconds": load_seconds,
+        "peak_memory": peak_memory(device),
+        "stats": measured["stats"],
+    }
+
+
+def peak_memory(device: str) -> dict | None:
+    """CUDA memory high-water marks since the engine was loaded (this process only)."""
+    if not device.startswith("cuda"):
+        return None
+    index = torch.device(device).index
+    return {
+        "allocated_bytes": torch.cuda.max_memory_allocated(index),
+        "reserved_bytes": torch.cuda.max_memory_reserved(index),
+        "device_total_bytes": torch.cuda.get_device_properties(index or 0).total_memory,
+    }
+
+
+# ---- main ----
+
+def prepare(args: argparse.Namespace) -> dict:
+    """Everything shared by the runs, checked before any engine is loaded."""
+    engines = [resolve_engine(name) for name in args.engine]
+    options = {"device": args.device or ("cuda" if torch.cuda.is_available() else "cpu")}
+    if args.dtype:
+        options["dtype"] = args.dtype
+    options |= parse_pairs(args.option, "--option")
+    if options["device"].startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"device {options['device']!r} was asked for, but CUDA is not available here")
+    model_dir = args.model if args.model else model_for_shape(args.shape, options["device"])
+    config = read_config(model_dir)
+    overrides = {"num_seqs": args.num_seqs, "max_input_len": args.max_input_len,
+                 "max_output_len": args.max_output_len, "seed": args.seed}
+    overrides = {k: v for k, v in overrides.items() if v is not None} | parse_pairs(args.param, "--param")
+    try:
+        workload_params = workloads.resolve_params(args.workload, **overrides)
+        prompts, params = workloads.get(args.workload)(config["vocab_size"], **workload_params)
+    except (ValueError, TypeError) as err:
+        raise UsageError(str(err)) from err
+    check_lengths(prompts, params, options, config)
+    return {
+        "engines": engines, "options": options, "model_dir": model_dir, "config": config,
+        "prompts": prompts, "params": params,
+        "workload": {"name": args.workload, "params": workload_params, "vocab_size": config["vocab_size"]},
+    }
+
+
+def base_record(engine: str, setup: dict, shape: str | None) -> dict:
+    options = setup["options"]
+    return {
+        "engine": engine,
+        "stage": ladder_level(engine),
+        "device": options["device"].split(":")[0],
+        "device_name": device_name(options["device"]),
+        "device_count": torch.cuda.device_count() if options["device"].startswith("cuda") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "model": model_info(setup["model_dir"], setup["config"], shape),
+        "dtype": effective_dtype(options, setup["config"]),
+        "workload": setup["workload"],
+        "engine_options": options,
+        "versions": versions(),
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **git_commit(),
+        "command": " ".join(["python -m benchmarks.run", *sys.argv[1:]]) if sys.argv[0].endswith("run.py") else None,
+        "hostname": platform.node(),
+    }
+
+
+def write_json(records: list[dict], out: str) -> None:
+    data = records[0] if len(records) == 1 else records
+    text = json.dumps(data, indent=2) + "\n"
+    if out == "-":
+        sys.stdout.write(text)
+        return
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Returns 0 if every engine ran, 1 if one failed; exits 2 on a usage error."""
+    args = parse_args(argv)
+    try:
+        setup = prepare(args)
+    except UsageError as err:
+        args.error(str(err))  # prints usage and `error: ...`, exits with code 2
+    log = sys.stderr if args.out == "-" else sys.stdout
+    print(HEADER, file=log, flush=True)
+    records = []
+    for engine, module in setup["engines"]:
+        record = base_record(engine, setup, args.shape)
+        try:
+            record |= run_engine(engine, module, setup["model_dir"], setup["options"], setup["prompts"], setup["params"])
+        except Exception as err:  # one engine failing (e.g. out of memory) must not lose the others
+            traceback.print_exc()
+            record["error"] = f"{type(err).__name__}: {err}"
+        records.append(record)
+        print(summary_row(record), file=log, flush=True)
+    if args.out:
+        write_json(records, args.out)
+    return 1 if any("error" in r for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
