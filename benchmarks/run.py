@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -72,6 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", help="write the JSON here ('-' for stdout); a list if several engines")
     args = parser.parse_args(argv)
     args.error = parser.error
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     return args
 
 
@@ -281,11 +283,11 @@ def warmup_prompts(vocab_size: int) -> list[list[int]]:
     return [[(3 + i) % vocab_size for i in range(n)] for n in WARMUP_LENGTHS]
 
 
-def timed_generate(llm, module: ModuleType, prompts: list[list[int]], params: list[dict], device: str) -> dict:
+def timed_generate(llm, module: ModuleType, prompts: list[list[int]], params: list[dict],
+                   device: str, vocab_size: int) -> dict:
     """Warm up, then time generate over the workload; returns the measured fields."""
-    vocab = llm_vocab(prompts)
     warm = module.SamplingParams(temperature=0.6, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True)
-    llm.generate(warmup_prompts(vocab), warm, use_tqdm=False)
+    llm.generate(warmup_prompts(vocab_size), warm, use_tqdm=False)
     sampling = [module.SamplingParams(**p) for p in params]
     try:
         llm.stats.clear()  # keep only the timed generate's steps
@@ -302,22 +304,17 @@ def timed_generate(llm, module: ModuleType, prompts: list[list[int]], params: li
     return {"outputs": outs, "seconds": seconds, "stats": summarize_stats(steps)}
 
 
-def llm_vocab(prompts: list[list[int]]) -> int:
-    """A vocabulary size the warm-up ids certainly fit: one past the workload's largest id."""
-    return max((max(p) for p in prompts if p), default=0) + 1
-
-
-def run_engine(engine: str, module: ModuleType, model_dir: Path, options: dict,
-               prompts: list[list[int]], params: list[dict]) -> dict:
+def run_engine(module: ModuleType, setup: dict) -> dict:
     """Load one engine, time it, free it; returns the measured part of the record."""
+    options, prompts, params = setup["options"], setup["prompts"], setup["params"]
     device = options["device"]
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    llm = module.LLM(str(model_dir), **options)
+    llm = module.LLM(str(setup["model_dir"]), **options)
     load_seconds = time.perf_counter() - start
     try:
-        measured = timed_generate(llm, module, prompts, params, device)
+        measured = timed_generate(llm, module, prompts, params, device, setup["config"]["vocab_size"])
     finally:
         llm.shutdown()
         del llm
@@ -382,7 +379,7 @@ def prepare(args: argparse.Namespace) -> dict:
     }
 
 
-def base_record(engine: str, setup: dict, shape: str | None) -> dict:
+def base_record(engine: str, setup: dict, args: argparse.Namespace) -> dict:
     options = setup["options"]
     return {
         "engine": engine,
@@ -391,14 +388,14 @@ def base_record(engine: str, setup: dict, shape: str | None) -> dict:
         "device_name": device_name(options["device"]),
         "device_count": torch.cuda.device_count() if options["device"].startswith("cuda") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "model": model_info(setup["model_dir"], setup["config"], shape),
+        "model": model_info(setup["model_dir"], setup["config"], args.shape),
         "dtype": effective_dtype(options, setup["config"]),
         "workload": setup["workload"],
         "engine_options": options,
         "versions": versions(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **git_commit(),
-        "command": " ".join(["python -m benchmarks.run", *sys.argv[1:]]) if sys.argv[0].endswith("run.py") else None,
+        "command": shlex.join(["python", "-m", "benchmarks.run", *args.argv]),
         "hostname": platform.node(),
     }
 
@@ -426,9 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, file=log, flush=True)
     records = []
     for engine, module in setup["engines"]:
-        record = base_record(engine, setup, args.shape)
+        record = base_record(engine, setup, args)
         try:
-            record |= run_engine(engine, module, setup["model_dir"], setup["options"], setup["prompts"], setup["params"])
+            record |= run_engine(module, setup)
         except Exception as err:  # one engine failing (e.g. out of memory) must not lose the others
             traceback.print_exc()
             record["error"] = f"{type(err).__name__}: {err}"

@@ -36,9 +36,13 @@ def _ids(rng: random.Random, n: int, high: int) -> list[int]:
     return [rng.randint(0, high) for _ in range(n)]
 
 
-def _check_vocab(vocab_size: int) -> None:
+def _check(vocab_size: int, **counts: int) -> None:
+    """vocab_size >= 2 and every count (num_seqs, lengths) a positive integer."""
     if vocab_size < 2:
         raise ValueError(f"vocab_size must be at least 2, got {vocab_size}")
+    for name, value in counts.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def nanovllm(
@@ -57,7 +61,8 @@ def nanovllm(
     then its ids, then every max_tokens) from random.Random(seed), so with the defaults and
     a vocabulary above 10000 this is exactly nano-vllm's workload. Token ids are capped at
     vocab_size - 1; the minimum lengths shrink when the maxima are set below them."""
-    _check_vocab(vocab_size)
+    _check(vocab_size, num_seqs=num_seqs, max_input_len=max_input_len, max_output_len=max_output_len,
+           min_input_len=min_input_len, min_output_len=min_output_len)
     rng = random.Random(seed)
     high = min(max_token_id, vocab_size - 1)
     min_in, min_out = min(min_input_len, max_input_len), min(min_output_len, max_output_len)
@@ -78,7 +83,8 @@ def tiny_cpu(
     seed: int = 0,
 ) -> Workload:
     """A small mixed batch for the tiny models on CPU (vocab 512)."""
-    _check_vocab(vocab_size)
+    _check(vocab_size, num_seqs=num_seqs, max_input_len=max_input_len, max_output_len=max_output_len,
+           min_input_len=min_input_len, min_output_len=min_output_len)
     rng = random.Random(seed)
     min_in, min_out = min(min_input_len, max_input_len), min(min_output_len, max_output_len)
     prompts = [_ids(rng, rng.randint(min_in, max_input_len), vocab_size - 1) for _ in range(num_seqs)]
@@ -100,7 +106,8 @@ def shared_prefix(
     """One shared prefix (a "system prompt") of prefix_len tokens, then 4..16 tokens unique
     to each prompt; every request generates exactly max_output_len tokens. With prefix
     caching the prefix's full KV blocks are computed once instead of num_seqs times."""
-    _check_vocab(vocab_size)
+    _check(vocab_size, num_seqs=num_seqs, prefix_len=prefix_len, max_suffix_len=max_suffix_len,
+           max_output_len=max_output_len)
     rng = random.Random(seed)
     prefix = _ids(rng, prefix_len, vocab_size - 1)
     min_suffix = min(min_suffix_len, max_suffix_len)
@@ -127,7 +134,8 @@ def long_prompts(
     prompt is one huge step that stalls every running decode; with it, the prompt is split
     across steps (set the engine option max_num_batched_tokens below max_input_len to see it).
     The defaults fit the engines' default max_model_len (4096)."""
-    _check_vocab(vocab_size)
+    _check(vocab_size, num_seqs=num_seqs, max_input_len=max_input_len, max_output_len=max_output_len,
+           min_short_len=min_short_len, min_output_len=min_output_len)
     if not 0 <= num_long <= num_seqs:
         raise ValueError(f"num_long must be in [0, num_seqs={num_seqs}], got {num_long}")
     rng = random.Random(seed)
