@@ -11,6 +11,7 @@ time, as in nano-vllm's bench.py. See benchmarks/README.md for the JSON schema.
 """
 
 import argparse
+import contextlib
 import datetime
 import gc
 import importlib
@@ -28,6 +29,8 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, also for `python benchmarks/run.py`
 
 # Triton kernels run in the interpreter without a GPU; this must be set before triton is imported.
 if not torch.cuda.is_available():
@@ -129,7 +132,9 @@ def ladder_level(engine: str) -> int:
 def _shapes() -> dict[str, dict]:
     from tools.tiny_model import FULL_SHAPES
 
-    tiny = {"tiny-qwen3": {"arch": "qwen3", "shape": "tiny"}, "tiny-llama": {"arch": "llama", "shape": "tiny"}}
+    # The same arguments as the notebooks' cached_model("tiny-qwen3", arch="qwen3"), so that
+    # both share one build instead of rebuilding each other's.
+    tiny = {"tiny-qwen3": {"arch": "qwen3"}, "tiny-llama": {"arch": "llama"}}
     return tiny | {shape: {"shape": shape} for shape in FULL_SHAPES}
 
 
@@ -142,9 +147,10 @@ def model_for_shape(shape: str, device: str) -> Path:
     from tools.tiny_model import cached_model
 
     kwargs = dict(SHAPES[shape])
-    if kwargs["shape"] != "tiny" and device.startswith("cuda"):
+    if "shape" in kwargs and device.startswith("cuda"):
         kwargs["device"] = "cuda"
-    return cached_model(shape, **kwargs)
+    with contextlib.redirect_stdout(sys.stderr):  # the factory's progress lines; stdout may carry JSON
+        return cached_model(shape, **kwargs)
 
 
 def read_config(model_dir: Path) -> dict:
@@ -397,6 +403,7 @@ def base_record(engine: str, setup: dict, args: argparse.Namespace) -> dict:
         **git_commit(),
         "command": shlex.join(["python", "-m", "benchmarks.run", *args.argv]),
         "hostname": platform.node(),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,  # busy machine: noisy CPU numbers
     }
 
 

@@ -70,20 +70,21 @@ class BlockManager:
         self.hash_to_block_id[block.hash] = block.block_id
 
     def allocate(self, seq: Sequence) -> None:
-        """Give the sequence its blocks, reusing cached ones for its leading full blocks.
+        """Give the sequence its blocks, sharing cached ones for its leading full blocks.
         The block holding the last token is always computed, so the step has a query."""
         assert not seq.block_table, "sequence already holds blocks"
         prefix_hash, cache_miss = -1, False
         for i in range(self.blocks_needed(len(seq))):
             token_ids = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
-            reusable = len(token_ids) == self.block_size and (i + 1) * self.block_size < len(seq)
-            h = block_hash(token_ids, prefix_hash) if len(token_ids) == self.block_size else -1
-            block_id = self.hash_to_block_id.get(h, -1) if reusable and not cache_miss else -1
-            if block_id == -1 or self.blocks[block_id].token_ids != token_ids:
+            block_id = -1
+            if not cache_miss and (i + 1) * self.block_size < len(seq):
+                prefix_hash = block_hash(token_ids, prefix_hash)
+                block_id = self.hash_to_block_id.get(prefix_hash, -1)
+                if block_id != -1 and self.blocks[block_id].token_ids != token_ids:
+                    block_id = -1  # a hash collision: the tokens differ
+            if block_id == -1:
                 cache_miss = True
                 block_id = self._take_free_block()
-                if h != -1:
-                    self._register(self.blocks[block_id], token_ids, prefix_hash)
             else:
                 block = self.blocks[block_id]
                 if block.ref_count == 0:
@@ -91,7 +92,16 @@ class BlockManager:
                 block.ref_count += 1
                 seq.num_cached_tokens += self.block_size
             seq.block_table.append(block_id)
-            prefix_hash = h
+
+    def hash_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Register the blocks that the K/V of the sequence's first `num_tokens` tokens
+        just filled (those past `seq.num_cached_tokens`). Only blocks whose K/V are
+        really in the cache can be found, so no one ever reads a block still being computed."""
+        for i in range(seq.num_cached_tokens // self.block_size, num_tokens // self.block_size):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash == -1:
+                prefix_hash = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
+                self._register(block, seq.token_ids[i * self.block_size : (i + 1) * self.block_size], prefix_hash)
 
     def deallocate(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
@@ -109,8 +119,3 @@ class BlockManager:
     def may_append(self, seq: Sequence) -> None:
         while len(seq.block_table) < self.blocks_needed(len(seq)):
             seq.block_table.append(self._take_free_block())
-        if len(seq) % self.block_size == 0:
-            # this step fills the last block: hash it so later sequences can share it
-            n = len(seq.block_table)
-            prefix_hash = self.blocks[seq.block_table[-2]].hash if n > 1 else -1
-            self._register(self.blocks[seq.block_table[-1]], seq.token_ids[(n - 1) * self.block_size :], prefix_hash)

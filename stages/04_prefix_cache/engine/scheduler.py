@@ -81,6 +81,7 @@ class Scheduler:
         """Append each sampled token; return the sequences that just finished (their blocks are freed)."""
         finished = []
         for seq, token_id in zip(seqs, token_ids):
+            self.block_manager.hash_blocks(seq, len(seq))  # NEW in 04_prefix_cache: now shareable
             seq.num_cached_tokens = len(seq)  # the step wrote K/V for every token so far
             seq.append_token(token_id)
             if self.should_stop(seq, token_id):

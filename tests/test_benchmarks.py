@@ -1,0 +1,172 @@
+"""The benchmark workloads and runner (CPU, tiny model, a few seconds each)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import run, workloads
+from benchmarks.results import load_results, plot_throughput, table
+from common import ROOT
+from tools.tiny_model import make_model
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("bench") / "tiny-qwen3", arch="qwen3", shape="tiny")
+
+
+# ---- workloads ----
+
+@pytest.mark.parametrize("name", list(workloads.WORKLOADS))
+def test_workloads_are_deterministic_by_seed(name):
+    small = {"num_seqs": 8}
+    first = workloads.make_workload(name, VOCAB, **small)
+    assert workloads.make_workload(name, VOCAB, **small) == first
+    assert workloads.make_workload(name, VOCAB, seed=1, **small) != first
+
+
+@pytest.mark.parametrize("name", list(workloads.WORKLOADS))
+def test_workloads_are_well_formed(name):
+    prompts, params = workloads.make_workload(name, VOCAB)
+    assert len(prompts) == len(params) == workloads.parameters(name)["num_seqs"]
+    assert all(p and all(isinstance(t, int) and 0 <= t < VOCAB for t in p) for p in prompts)
+    for sp in params:
+        assert set(sp) == {"temperature", "max_tokens", "ignore_eos"}
+        assert sp["ignore_eos"] is True and sp["temperature"] == 0.6 and sp["max_tokens"] >= 1
+
+
+def test_nanovllm_bounds_and_scaling():
+    prompts, params = workloads.nanovllm(151936)
+    assert len(prompts) == 256
+    assert all(100 <= len(p) <= 1024 and max(p) <= 10000 for p in prompts)
+    assert all(100 <= sp["max_tokens"] <= 1024 for sp in params)
+    prompts, params = workloads.nanovllm(VOCAB, num_seqs=4, max_input_len=50, max_output_len=20)
+    assert len(prompts) == 4 and all(len(p) <= 50 and max(p) < VOCAB for p in prompts)
+    assert all(sp["max_tokens"] <= 20 for sp in params)
+
+
+def test_nanovllm_matches_nano_vllm_bench():
+    """bench.py: seed(0), then every prompt (its length, then its ids), then every max_tokens."""
+    import random
+
+    rng = random.Random(0)
+    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(100, 1024))] for _ in range(256)]
+    max_tokens = [rng.randint(100, 1024) for _ in range(256)]
+    ours, params = workloads.nanovllm(151936)
+    assert ours == prompts and [sp["max_tokens"] for sp in params] == max_tokens
+
+
+def test_tiny_cpu_bounds():
+    prompts, params = workloads.tiny_cpu(VOCAB)
+    assert all(8 <= len(p) <= 48 for p in prompts)
+    assert all(16 <= sp["max_tokens"] <= 48 for sp in params)
+
+
+def test_shared_prefix_shares_its_prefix():
+    prompts, params = workloads.shared_prefix(VOCAB)
+    prefix = prompts[0][:64]
+    assert all(p[:64] == prefix and 4 <= len(p) - 64 <= 16 for p in prompts)
+    assert len({tuple(p) for p in prompts}) == len(prompts)
+    assert all(sp["max_tokens"] == 16 for sp in params)
+
+
+def test_long_prompts_mix():
+    prompts, _ = workloads.long_prompts(VOCAB, num_seqs=20, num_long=3, max_input_len=500)
+    lengths = [len(p) for p in prompts]
+    assert lengths.count(500) == 3 and lengths[0] == 500
+    assert all(16 <= n <= 128 for n in lengths if n != 500)
+
+
+def test_unknown_workload_parameter_is_a_clear_error():
+    with pytest.raises(ValueError, match="has no parameter"):
+        workloads.make_workload("shared-prefix", VOCAB, max_input_len=10)
+    with pytest.raises(ValueError, match="unknown workload"):
+        workloads.make_workload("nope", VOCAB)
+    with pytest.raises(ValueError, match="num_seqs"):
+        workloads.make_workload("tiny-cpu", VOCAB, num_seqs=0)
+
+
+# ---- runner ----
+
+EXPECTED_KEYS = {
+    "engine", "stage", "device", "device_name", "model", "dtype", "workload", "num_seqs",
+    "input_tokens", "output_tokens", "seconds", "output_tokens_per_s", "total_tokens_per_s",
+    "engine_options", "peak_memory", "versions", "timestamp", "git_commit", "stats",
+}
+
+
+def test_runner_writes_a_record(tiny_model, tmp_path, capsys):
+    out = tmp_path / "results" / "tiny.json"
+    argv = ["--engine", "02_kvcache", "--workload", "tiny-cpu", "--model", str(tiny_model),
+            "--num-seqs", "6", "--device", "cpu", "--option", "max_num_seqs=8", "--out", str(out)]
+    assert run.main(argv) == 0
+    record = json.loads(out.read_text())
+    assert EXPECTED_KEYS <= set(record)
+    assert record["engine"] == "02_kvcache" and record["stage"] == 2 and record["device"] == "cpu"
+    assert record["workload"]["name"] == "tiny-cpu" and record["workload"]["params"]["num_seqs"] == 6
+    assert record["num_seqs"] == 6 and record["input_tokens"] > 0
+    assert record["output_tokens"] == record["requested_output_tokens"]  # ignore_eos
+    assert record["seconds"] > 0 and record["output_tokens_per_s"] > 0
+    assert record["total_tokens_per_s"] > record["output_tokens_per_s"]
+    assert record["model"]["vocab_size"] == VOCAB and record["model"]["num_hidden_layers"] == 2
+    assert record["engine_options"] == {"device": "cpu", "max_num_seqs": 8}
+    assert set(record["versions"]) >= {"python", "torch", "triton", "transformers"}
+    assert record["stats"]["num_steps"] > 0 and record["stats"]["max_seqs_per_step"] == 6
+    assert "02_kvcache" in capsys.readouterr().out  # the table row
+
+    loaded = load_results(directory=out.parent)
+    assert [r["engine"] for r in loaded] == ["02_kvcache"] and loaded[0]["file"] == "tiny.json"
+    assert "02_kvcache" in table(loaded)
+
+
+def test_runner_runs_several_engines_into_a_list(tiny_model, tmp_path):
+    out = tmp_path / "two.json"
+    argv = ["--engine", "01_naive", "--engine", "2", "--workload", "shared-prefix", "--model", str(tiny_model),
+            "--num-seqs", "3", "--param", "prefix_len=16", "--device", "cpu", "--out", str(out)]
+    assert run.main(argv) == 0
+    records = json.loads(out.read_text())
+    assert [r["engine"] for r in records] == ["01_naive", "02_kvcache"]
+    assert records[0]["workload"]["params"]["prefix_len"] == 16
+    assert all(r["output_tokens"] == 3 * 16 for r in records)
+
+
+def test_runner_usage_errors_exit_2(tiny_model, capsys):
+    cases = {
+        "unknown engine 'nope'": ["--engine", "nope", "--workload", "tiny-cpu"],
+        "has no parameter": ["--engine", "02_kvcache", "--workload", "shared-prefix", "--max-input-len", "9"],
+        "max_model_len": ["--engine", "02_kvcache", "--workload", "nanovllm"],  # 2048 > the tiny model's 1024
+    }
+    for message, argv in cases.items():
+        with pytest.raises(SystemExit) as exit_info:
+            run.main([*argv, "--model", str(tiny_model), "--device", "cpu"])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def test_unknown_engine_from_the_command_line(tiny_model):
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--engine", "99_nope", "--workload", "tiny-cpu", "--model", str(tiny_model)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert "unknown engine '99_nope'" in done.stderr and "02_kvcache" in done.stderr
+
+
+def test_plot_throughput(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    base = {"workload": {"name": "tiny-cpu"}, "device_name": "cpu", "model": {"shape": "tiny-qwen3"}}
+    records = [base | {"engine": "01_naive", "output_tokens_per_s": 100.0},
+               base | {"engine": "02_kvcache", "output_tokens_per_s": 300.0}]
+    ax = plot_throughput(records)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["01_naive", "02_kvcache"]
+    assert [p.get_height() for p in ax.patches] == [100.0, 300.0]
+    (tmp_path / "kernel_bench.json").write_text(json.dumps({"decode": []}))  # another schema: skipped
+    assert load_results(directory=tmp_path) == []
