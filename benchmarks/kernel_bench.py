@@ -168,7 +168,8 @@ def main():
     for r in rows:
         rate = r.get("triton_GBps", r.get("triton_TFLOPs"))
         print(f"{r['mode']:8} {r['batch']:5d} {r['context']:5d} {fmt(r['triton_ms']):>10} "
-              f"{fmt(r.get('triton_nosplit_ms')):>9} {fmt(r['triton_eager_ms']):>8} {fmt(r['sdpa_dense_ms']):>9} {fmt(r['torch_ref_ms']):>9} "
+              f"{fmt(r.get('triton_nosplit_ms')):>9} {fmt(r['triton_eager_ms']):>8} "
+              f"{fmt(r['sdpa_dense_ms']):>9} {fmt(r['torch_ref_ms']):>9} "
               f"{fmt(r.get('speedup_vs_ref'), '.1f'):>7} {fmt(rate, '.1f'):>10} {fmt(r.get('max_abs_err'), '.1e'):>8}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ DEFAULT_MAX_MODEL_LEN = 4096  # EngineConfig.max_model_len's default
 FINAL_NAMES = ("final", "nanovllm_final")
 WARMUP_LENGTHS = (16, 32)  # prompt lengths of the two warm-up requests
 WARMUP_MAX_TOKENS = 8
+SUMMED_STATS = ("preemptions", "recomputed_tokens", "prefix_hit_tokens")  # per-step keys some stages record
 
 
 class UsageError(ValueError):
@@ -73,6 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="any other workload parameter, e.g. prefix_len=256 (repeatable)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="an engine option, e.g. max_num_seqs=64 or enforce_eager=true (repeatable)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads); default: torch's")
     parser.add_argument("--out", help="write the JSON here ('-' for stdout); a list if several engines")
     args = parser.parse_args(argv)
     args.error = parser.error
@@ -273,8 +275,11 @@ def summarize_stats(steps: list[dict]) -> dict:
         "step_seconds": sum(values("seconds")) if values("seconds") else None,
         "keys": sorted({key for s in steps for key in s}),
     }
-    if any("preemptions" in s for s in steps):
-        summary["preemptions"] = sum(values("preemptions"))  # per-step counts, summed
+    for key in SUMMED_STATS:  # per-step counts, summed over the run
+        if any(key in s for s in steps):
+            summary[key] = sum(values(key))
+    if any("is_prefill" in s for s in steps):
+        summary["prefill_steps"] = sum(1 for s in steps if s.get("is_prefill"))
     if any("blocks_used" in s for s in steps):
         summary["max_blocks_used"] = max(values("blocks_used"), default=None)
     return summary
@@ -361,6 +366,10 @@ def peak_memory(device: str) -> dict | None:
 def prepare(args: argparse.Namespace) -> dict:
     """Everything shared by the runs, checked before any engine is loaded."""
     engines = [resolve_engine(name) for name in args.engine]
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     options = {"device": args.device or ("cuda" if torch.cuda.is_available() else "cpu")}
     if args.dtype:
         options["dtype"] = args.dtype

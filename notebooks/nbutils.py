@@ -1,16 +1,18 @@
 """Small plotting and measuring helpers shared by the notebooks (never engine code).
 
-Every notebook starts with the repo root on sys.path (its first cell does that; this
-module cannot, because it is only importable once the kernel runs in notebooks/), then::
+The kernel runs in notebooks/, so `import nbutils` finds this file; the repo root (for
+`stages`, `tools`, `benchmarks`) must already be on sys.path: each notebook's first cell puts it
+there. Typical use::
 
     import nbutils
     nbutils.plot_sampler(Sampler)                        # Gumbel-max frequencies vs softmax(logits / T)
     nbutils.plot_stats(llm.stats, ["num_tokens"])        # any per-step stats key (or function) vs step
     nbutils.plot_step_times({"01": stats01}, x=...)      # milliseconds per step, raw and smoothed
     nbutils.plot_kv_usage(llm.stats)                     # reserved vs used KV memory per step
-    r = nbutils.throughput(st, path, prompts, params)    # live tokens/s of one stage
-    nbutils.plot_throughput({"01": r1, "02": r2})        # bar chart of tokens/s
-    nbutils.plot_benchmark_results(nbutils.load_benchmark_results())  # recorded GPU runs
+    records = nbutils.benchmark(["01_naive", "02_kvcache"])  # live run of benchmarks/run.py
+
+Benchmark records (live, or recorded in benchmarks/results/) are read and plotted with
+benchmarks.results (`load_results`, `table`, `plot_throughput`), not here.
 
 A "stats" argument is `llm.stats`: a list of per-step dicts. Wherever a stats key is
 expected, a function of one record also works (e.g. `lambda r: r["num_tokens"] - r["recomputed_tokens"]`).
@@ -18,16 +20,12 @@ Plot helpers draw into `ax` (a new figure if None) and return it; end the cell w
 """
 
 import json
-import pathlib
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import torch
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO / "benchmarks" / "results"
 SAMPLER_LOGITS = (2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2)  # the 8-token vector tests/test_sampler.py uses
 
 Key = str | Callable[[dict], float]
@@ -86,7 +84,7 @@ def plot_kv_usage(stats, reserved: Key = "kv_slots_reserved", used: Key = "kv_sl
                   capacity: Key | None = "kv_slots_allocated", unit="KV slots", ax=None, title=None):
     """Reserved vs used KV-cache memory per step; the shaded gap is reserved but empty.
     Pass functions for engines that count blocks (e.g. `lambda r: r["blocks_used"] * 16`)."""
-    ax = _ax(ax)
+    ax = _ax(ax, figsize=(9, 3.5))
     xs, res, use = column(stats, "step"), column(stats, reserved), column(stats, used)
     if capacity is not None:
         ax.plot(xs, column(stats, capacity), "k--", lw=1, label="allocated at start-up")
@@ -96,7 +94,7 @@ def plot_kv_usage(stats, reserved: Key = "kv_slots_reserved", used: Key = "kv_sl
     ax.set(title=title, xlabel="step", ylabel=unit)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # outside: the plot is full
     return ax
 
 
@@ -129,59 +127,27 @@ def plot_sampler(sampler_cls, temperatures=(0.5, 1.0, 2.0), logits=SAMPLER_LOGIT
     return errors
 
 
-def throughput(stage, model_path, prompts, sampling_params, *, warmup=True, **engine_options) -> dict:
-    """Run one workload through a stage with its public API and time it (CPU by default).
-    A one-token warm-up generate runs first unless warmup=False. Returns
-    {"tokens": completion tokens, "seconds": wall time, "tokens_per_s": ...}."""
-    engine_options.setdefault("device", "cpu")
-    with stage.LLM(model_path, **engine_options) as llm:
-        if warmup:
-            llm.generate(prompts[:1], stage.SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
-        start = time.perf_counter()
-        outs = llm.generate(prompts, sampling_params, use_tqdm=False)
-        seconds = time.perf_counter() - start
-    tokens = sum(len(o["token_ids"]) for o in outs)
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+def benchmark(engines, workload="tiny-cpu", *, shape="tiny-qwen3", device="cpu", options=None, params=None) -> list[dict]:
+    """Time engines with the benchmark runner (benchmarks/run.py), in this process, and return
+    its JSON records (schema: benchmarks/README.md; read them with benchmarks.results:
+    `table(records)`, `plot_throughput(records)`). options: engine options, params: workload
+    parameters, both {name: value}. The runner's progress lines are swallowed unless it fails."""
+    import contextlib
+    import io
 
+    from benchmarks import run
 
-def plot_throughput(results: Mapping[str, dict | float], *, ax=None, title="throughput", unit="tokens/s"):
-    """Bar chart of {label: tokens/s, or a throughput() result}, each bar labelled with its value."""
-    ax = _ax(ax, figsize=(5, 3.2))
-    values = [r["tokens_per_s"] if isinstance(r, Mapping) else r for r in results.values()]
-    bars = ax.bar(list(results), values, color=[f"C{i}" for i in range(len(values))])
-    ax.bar_label(bars, fmt="%.0f")
-    ax.set(title=title, ylabel=unit)
-    ax.margins(y=0.15)
-    return ax
-
-
-THROUGHPUT_KEYS = ("tokens_per_s", "tokens_per_second", "throughput")
-
-
-def load_benchmark_results(pattern="*.json", results_dir=RESULTS_DIR) -> list[dict]:
-    """Throughput records from benchmarks/results/*.json (a file holds one record or a list).
-    Records without a tokens/s field (e.g. kernel timings) are skipped. Sorted by file name."""
-    records = []
-    for path in sorted(pathlib.Path(results_dir).glob(pattern)):
-        data = json.loads(path.read_text())
-        for rec in data if isinstance(data, list) else [data]:
-            if isinstance(rec, dict) and any(k in rec for k in THROUGHPUT_KEYS):
-                records.append({**rec, "file": path.name})
-    return records
-
-
-def plot_benchmark_results(records: Sequence[dict], *, ax=None, title="recorded benchmark runs"):
-    """Horizontal bars of tokens/s, one per record, labelled "stage or engine | device | workload"."""
-    ax = _ax(ax, figsize=(7, 0.4 * len(records) + 1.2))
-    labels, values = [], []
-    for rec in records:
-        name = rec.get("stage") or rec.get("engine") or rec["file"]
-        device = rec.get("device_name") or rec.get("device") or "?"
-        labels.append(" | ".join(str(p) for p in (name, device, rec.get("workload")) if p))
-        values.append(next(rec[k] for k in THROUGHPUT_KEYS if k in rec))
-    bars = ax.barh(labels, values)
-    ax.bar_label(bars, fmt="%.0f")
-    ax.invert_yaxis()
-    ax.set(title=title, xlabel="tokens/s")
-    ax.margins(x=0.15)
-    return ax
+    argv = [a for e in engines for a in ("--engine", e)]
+    argv += ["--workload", workload, "--shape", shape, "--device", device, "--out", "-"]
+    argv += [a for k, v in (options or {}).items() for a in ("--option", f"{k}={json.dumps(v)}")]
+    argv += [a for k, v in (params or {}).items() for a in ("--param", f"{k}={json.dumps(v)}")]
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = run.main(argv)
+    except SystemExit as exc:  # a usage error: the runner has explained it on stderr
+        raise RuntimeError(err.getvalue()) from exc
+    if code:
+        raise RuntimeError(err.getvalue())
+    records = json.loads(out.getvalue())
+    return records if isinstance(records, list) else [records]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from benchmarks import run, workloads
 from benchmarks.results import load_results, plot_throughput, table
@@ -18,6 +19,15 @@ VOCAB = 512
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("bench") / "tiny-qwen3", arch="qwen3", shape="tiny")
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a busy 2-core machine, 2 threads can make a tiny run 30x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # ---- workloads ----
@@ -100,7 +110,7 @@ EXPECTED_KEYS = {
 }
 
 
-def test_runner_writes_a_record(tiny_model, tmp_path, capsys):
+def test_runner_writes_a_record(tiny_model, tmp_path, capsys, one_thread):
     out = tmp_path / "results" / "tiny.json"
     argv = ["--engine", "02_kvcache", "--workload", "tiny-cpu", "--model", str(tiny_model),
             "--num-seqs", "6", "--device", "cpu", "--option", "max_num_seqs=8", "--out", str(out)]
@@ -115,6 +125,7 @@ def test_runner_writes_a_record(tiny_model, tmp_path, capsys):
     assert record["total_tokens_per_s"] > record["output_tokens_per_s"]
     assert record["model"]["vocab_size"] == VOCAB and record["model"]["num_hidden_layers"] == 2
     assert record["engine_options"] == {"device": "cpu", "max_num_seqs": 8}
+    assert record["torch_threads"] == 1
     assert set(record["versions"]) >= {"python", "torch", "triton", "transformers"}
     assert record["stats"]["num_steps"] > 0 and record["stats"]["max_seqs_per_step"] == 6
     assert "02_kvcache" in capsys.readouterr().out  # the table row
@@ -124,15 +135,16 @@ def test_runner_writes_a_record(tiny_model, tmp_path, capsys):
     assert "02_kvcache" in table(loaded)
 
 
-def test_runner_runs_several_engines_into_a_list(tiny_model, tmp_path):
+def test_runner_runs_several_engines_into_a_list(tiny_model, tmp_path, one_thread):
     out = tmp_path / "two.json"
     argv = ["--engine", "01_naive", "--engine", "2", "--workload", "shared-prefix", "--model", str(tiny_model),
-            "--num-seqs", "3", "--param", "prefix_len=16", "--device", "cpu", "--out", str(out)]
+            "--num-seqs", "3", "--param", "prefix_len=16", "--param", "max_output_len=8", "--device", "cpu",
+            "--out", str(out)]
     assert run.main(argv) == 0
     records = json.loads(out.read_text())
     assert [r["engine"] for r in records] == ["01_naive", "02_kvcache"]
     assert records[0]["workload"]["params"]["prefix_len"] == 16
-    assert all(r["output_tokens"] == 3 * 16 for r in records)
+    assert all(r["output_tokens"] == 3 * 8 for r in records)
 
 
 def test_runner_usage_errors_exit_2(tiny_model, capsys):

@@ -45,6 +45,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_block_ids: deque[int] = deque(range(num_blocks))
         self.hash_to_block_id: dict[int, int] = {}
+        self.num_hit_tokens = 0  # tokens served from the cache so far (for stats)
 
     @property
     def num_free_blocks(self) -> int:
@@ -91,6 +92,7 @@ class BlockManager:
                     self.free_block_ids.remove(block_id)  # a freed block, still holding its K/V
                 block.ref_count += 1
                 seq.num_cached_tokens += self.block_size
+                self.num_hit_tokens += self.block_size
             seq.block_table.append(block_id)
 
     def hash_blocks(self, seq: Sequence, num_tokens: int) -> None:

@@ -26,10 +26,10 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """One model forward; returns the sequences that finished in it."""
         start = time.perf_counter()
+        hits_before = self.block_manager.num_hit_tokens  # NEW in 04_prefix_cache
         seqs, is_prefill = self.scheduler.schedule()
         num_tokens = sum(len(seq) - seq.num_cached_tokens for seq in seqs)
-        # NEW in 04_prefix_cache: at prefill, cached tokens are prefix-cache hits
-        hit_tokens = sum(seq.num_cached_tokens for seq in seqs) if is_prefill else 0
+        hit_tokens = self.block_manager.num_hit_tokens - hits_before  # blocks admission reused
         token_ids = self.model_runner.run(seqs, is_prefill)
         finished = self.scheduler.postprocess(seqs, token_ids)
         bm = self.block_manager
