@@ -9,7 +9,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from tools import tiny_model
-from tools.tiny_model import FULL_SHAPES, build_config, cached_model, make_model, param_shapes
+from tools.tiny_model import FULL_SHAPES, build_config, build_if_missing, cached_model, make_model, param_shapes
 
 PROMPT_IDS = torch.tensor([[5, 77, 301, 42, 9, 260, 13, 499]])
 
@@ -52,7 +52,7 @@ def test_same_seed_same_bytes(tmp_path, build):
     again = make_model(tmp_path / "again", seed=0)
     other = make_model(tmp_path / "other", seed=1)
     first = build()
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "tiny_model.json"):
         assert (first / name).read_bytes() == (again / name).read_bytes()
     assert (first / "model.safetensors").read_bytes() != (other / "model.safetensors").read_bytes()
 
@@ -243,6 +243,13 @@ def test_cached_model_builds_once_and_atomically(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["tiny-llama"]  # no temporary directory left
 
 
+def test_build_if_missing_keeps_other_directories(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(FileExistsError):
+        build_if_missing(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
 def test_cli(tmp_path):
     tiny_model.main([str(tmp_path), "--arch", "llama", "--untied", "--mha", "--derive-head-dim",
                      "--rope-scaling", "llama3", "--layout", "hf5"])
@@ -251,3 +258,12 @@ def test_cli(tmp_path):
     assert "head_dim" not in config and not config["tie_word_embeddings"]
     assert config["rope_parameters"]["rope_type"] == "llama3"
     load_hf(tmp_path)
+
+
+def test_cli_if_missing_matches_cached_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(tiny_model, "MODELS_DIR", tmp_path)
+    tiny_model.main([str(tmp_path / "tiny-qwen3"), "--arch", "qwen3", "--shape", "tiny", "--if-missing"])
+    stamp = (tmp_path / "tiny-qwen3" / "model.safetensors").stat().st_mtime_ns
+    cached_model("tiny-qwen3", arch="qwen3")  # same model, however it is asked for: kept
+    tiny_model.main([str(tmp_path / "tiny-qwen3"), "--if-missing"])
+    assert (tmp_path / "tiny-qwen3" / "model.safetensors").stat().st_mtime_ns == stamp

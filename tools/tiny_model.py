@@ -9,6 +9,7 @@ trained in about a second on the English text below, with a ChatML chat template
     path = cached_model("tiny-llama", arch="llama")  # built once, into <repo>/.models/tiny-llama
 
     python -m tools.tiny_model OUT_DIR --arch llama --shape tiny --seed 0 --rope-scaling llama3
+    python -m tools.tiny_model .models/tiny-qwen3 --if-missing  # what cached_model("tiny-qwen3") does
 
 Shapes: "tiny" (hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16, vocab 512, float32,
 init std 0.2 so that greedy output does not collapse to one token), or the shape of a real
@@ -38,7 +39,7 @@ FULL_SHAPES = ("qwen3-0.6b", "qwen3-8b", "llama-3.2-1b", "tinyllama-1.1b")
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 MAX_SHARD_BYTES = 4 * 1024**3  # weights above this are split into model-0000i-of-0000n files
 FACTORY_VERSION = 1  # bump when make_model writes different files, so cached models are rebuilt
-RECORD_FILE = "tiny_model.json"  # how cached_model built a directory
+RECORD_FILE = "tiny_model.json"  # how make_model built a directory; written last, once complete
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 ENDOFTEXT_ID, IM_START_ID, IM_END_ID = 0, 1, 2  # the BPE trainer puts special tokens first
@@ -300,10 +301,12 @@ def make_model(
     config = build_config(arch, shape, **overrides)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / RECORD_FILE).unlink(missing_ok=True)  # until the new files are all written
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", _generation_config(shape))
     _save_tokenizer(out_dir, config["max_position_embeddings"])
     params = _write_weights(out_dir, config, seed, torch.device(device))
+    _write_json(out_dir / RECORD_FILE, _record(config, shape, seed, device))
     print(f"tiny_model: {shape} {config['model_type']} model, {params / 1e6:.1f}M parameters, "
           f"in {out_dir} ({time.perf_counter() - start:.1f} s)")
     return out_dir
@@ -400,30 +403,52 @@ def _random_tensor(name: str, shape: tuple[int, ...], std: float, dtype: torch.d
     return tensor.cpu()
 
 
-def cached_model(name: str, **kwargs) -> Path:
-    """make_model(<repo>/.models/<name>, **kwargs), unless that directory was already built.
+def _record(config: dict, shape: str, seed: int, device: str) -> dict:
+    """What identifies a built model: equal records, equal files."""
+    record = {"factory_version": FACTORY_VERSION, "shape": shape, "seed": seed,
+              "device": str(device), "config": config}
+    return json.loads(json.dumps(record))
 
-    A directory built with other arguments, or by an older factory, is rebuilt. The build
-    goes to a temporary directory that is renamed into place when complete, so an
-    interrupted build never leaves a half-written model behind.
+
+def cached_model(name: str, **kwargs) -> Path:
+    """build_if_missing(<repo>/.models/<name>, **kwargs): for notebooks, demos and benchmarks."""
+    return build_if_missing(MODELS_DIR / name, **kwargs)
+
+
+def build_if_missing(
+    out_dir: str | Path,
+    arch: str | None = None,
+    shape: str = "tiny",
+    seed: int = 0,
+    *,
+    device: str = "cpu",
+    **overrides,
+) -> Path:
+    """make_model(out_dir, ...) unless out_dir already holds that very model.
+
+    A directory that make_model built with other arguments, or an older factory, is
+    replaced; any other non-empty directory is left alone (FileExistsError). The build goes
+    to a temporary sibling directory, renamed into place when complete, so an interrupted
+    build never leaves a half-written model behind.
     """
-    target = MODELS_DIR / name
-    record = json.loads(json.dumps({"factory_version": FACTORY_VERSION, "make_model": kwargs},
-                                   sort_keys=True, default=str))
-    if _read_record(target) == record:
-        return target
-    MODELS_DIR.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=MODELS_DIR) as tmp:
-        build = make_model(Path(tmp) / name, **kwargs)
-        _write_json(build / RECORD_FILE, record)
-        if target.exists():
-            shutil.rmtree(target)  # stale: other arguments or an older factory
+    out_dir = Path(out_dir)
+    record = _record(build_config(arch, shape, **overrides), shape, seed, device)
+    found = _read_record(out_dir)
+    if found == record:
+        return out_dir
+    if found is None and out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} exists and was not made by tools.tiny_model")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}-", dir=out_dir.parent) as tmp:
+        build = make_model(Path(tmp) / out_dir.name, arch, shape, seed, device=device, **overrides)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)  # made with other arguments or by an older factory
         try:
-            build.rename(target)
+            build.rename(out_dir)
         except OSError:  # another process has just put the same model in place
-            if _read_record(target) != record:
+            if _read_record(out_dir) != record:
                 raise
-    return target
+    return out_dir
 
 
 def _read_record(model_dir: Path) -> dict | None:
@@ -447,10 +472,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layout", dest="config_layout", default="hf4", choices=("hf4", "hf5"))
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--if-missing", action="store_true",
+                        help="keep OUT_DIR if it already holds this model; build atomically otherwise")
     args = vars(parser.parse_args(argv))
     if args.pop("mha"):
         args["num_key_value_heads"] = build_config(args["arch"], args["shape"])["num_attention_heads"]
-    make_model(args.pop("out_dir"), **args)
+    build = build_if_missing if args.pop("if_missing") else make_model
+    build(args.pop("out_dir"), **args)
 
 
 if __name__ == "__main__":

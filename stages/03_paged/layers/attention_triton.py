@@ -364,7 +364,7 @@ def _paged_decode_reduce_kernel(
                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
 
     # Each split's weight is its share of the total probability mass: softmax of the lse.
-    lse_max = tl.max(lse, axis=0)
+    lse_max = tl.where(num_valid > 0, tl.max(lse, axis=0), 0.0)  # no -inf - -inf (NaN)
     w = tl.where(s_mask, tl.exp2(lse - lse_max), 0.0)  # [BLOCK_S]
     w_sum = tl.sum(w, axis=0)
     out = tl.sum(part * w[:, None], axis=0) / tl.where(w_sum > 0, w_sum, 1.0)  # [BLOCK_D]

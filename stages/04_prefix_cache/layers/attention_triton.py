@@ -23,8 +23,6 @@ and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads
 masks). To debug on a CPU, set ``TRITON_INTERPRET=1`` before importing triton.
 """
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -217,8 +215,8 @@ def paged_prefill_attention(
     max_seqlen_q: int,  # longest q_len in the batch (sizes the grid, no device sync)
     BLOCK_M: int = 64,
     BLOCK_N: int = 64,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,  # best on an H200 for head_dim 128 (bf16), see benchmarks/kernel_bench.py
 ) -> torch.Tensor:  # (N, heads, head_dim), q.dtype
     """Causal attention of packed queries over a paged cache (see attention_torch.py).
 
@@ -234,11 +232,6 @@ def paged_prefill_attention(
     if num_tokens == 0 or num_seqs == 0 or max_seqlen_q == 0:
         return out
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M), num_seqs, num_heads)
-    extra = {}
-    if num_warps is not None:
-        extra["num_warps"] = num_warps
-    if num_stages is not None:
-        extra["num_stages"] = num_stages
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, out,
         cu_seqlens_q, context_lens, block_tables,
@@ -248,7 +241,7 @@ def paged_prefill_attention(
         block_tables.stride(0),
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim),
-        **extra,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out
 
@@ -256,6 +249,19 @@ def paged_prefill_attention(
 # ---------------------------------------------------------------------------------------
 # Decode: one query per sequence, at position context_len - 1
 # ---------------------------------------------------------------------------------------
+#
+# Split-K ("flash decoding"): with few sequences there are too few (sequence, kv head)
+# programs to fill the GPU, so each context is cut into num_splits partitions handled by
+# separate programs, each writing a partial result + its log-sum-exp, merged by a small
+# reduce kernel. num_splits depends only on the batch shape; each sequence's partition
+# size is computed *inside* the kernels from its own context_len, so every split has work
+# whatever the block table width, and the launch needs no device sync (CUDA-graph safe).
+
+
+@triton.jit
+def _split_size(context_len, num_splits, BLOCK_N: tl.constexpr):
+    """Keys per split for one sequence: ceil(context_len / num_splits) in whole tiles (>= 1 tile)."""
+    return tl.maximum(tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N), 1) * BLOCK_N
 
 
 @triton.jit
@@ -268,10 +274,10 @@ def _paged_decode_kernel(
     stride_qs, stride_qh, stride_os, stride_oh,
     stride_cb, stride_cs, stride_ch,
     stride_bt,
-    partition, num_splits,                     # keys per split (multiple of BLOCK_N), #splits
+    num_splits,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    SPLIT: tl.constexpr,                       # False: write `out` directly (one split)
+    SPLIT: tl.constexpr,                       # False: one split, write `out` directly
     BLOCK_H: tl.constexpr,                     # GROUP padded to a power of two >= 16
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -280,11 +286,15 @@ def _paged_decode_kernel(
     split = tl.program_id(2)
 
     context_len = tl.load(context_lens_ptr + seq)
-    kv_start = split * partition
     if SPLIT:
-        if kv_start >= context_len:  # this split is past the end of a short sequence
+        partition = _split_size(context_len, num_splits, BLOCK_N)
+        kv_start = split * partition
+        if kv_start >= context_len:  # short sequence: nothing left for this split
             return
-    kv_end = tl.minimum(context_len, kv_start + partition)
+        kv_end = tl.minimum(context_len, kv_start + partition)
+    else:
+        kv_start = 0
+        kv_end = context_len
 
     # The GROUP query heads that share this kv head are the rows of one matrix, so each
     # K/V tile is loaded once for the whole group (padding rows are masked).
@@ -317,30 +327,32 @@ def _paged_decode_kernel(
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]  # [BLOCK_H, BLOCK_D]
     out_mask = h_mask[:, None] & d_mask[None, :]
-    if not SPLIT:
-        tl.store(out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
+    if SPLIT:
         # Partial result of this split + its log-sum-exp (base 2), merged by the reduce kernel.
         row = (seq.to(tl.int64) * NUM_HEADS + heads) * num_splits + split  # [BLOCK_H]
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
         tl.store(part_lse_ptr + row, m_i + tl.log2(l_safe), mask=h_mask)
+    else:
+        tl.store(out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def _paged_decode_reduce_kernel(
     out_ptr, part_out_ptr, part_lse_ptr, context_lens_ptr,
     stride_os, stride_oh,
-    partition, num_splits,
+    num_splits,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,                     # the decode kernel's BLOCK_N
     BLOCK_S: tl.constexpr,                     # num_splits padded to a power of two
     BLOCK_D: tl.constexpr,
 ):
-    """Merge the num_splits partial softmaxes of one (sequence, query head)."""
+    """Merge the partial softmaxes of one (sequence, query head) over its splits."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     context_len = tl.load(context_lens_ptr + seq)
-    num_valid = tl.cdiv(context_len, partition)  # splits that saw at least one key
+    # splits that saw at least one key (the others returned early and wrote nothing)
+    num_valid = tl.cdiv(context_len, _split_size(context_len, num_splits, BLOCK_N))
 
     offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S]
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
@@ -351,8 +363,8 @@ def _paged_decode_reduce_kernel(
     part = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
 
-    # softmax over splits of their lse = each split's share of the total probability mass
-    lse_max = tl.max(lse, axis=0)
+    # Each split's weight is its share of the total probability mass: softmax of the lse.
+    lse_max = tl.where(num_valid > 0, tl.max(lse, axis=0), 0.0)  # no -inf - -inf (NaN)
     w = tl.where(s_mask, tl.exp2(lse - lse_max), 0.0)  # [BLOCK_S]
     w_sum = tl.sum(w, axis=0)
     out = tl.sum(part * w[:, None], axis=0) / tl.where(w_sum > 0, w_sum, 1.0)  # [BLOCK_D]
@@ -372,6 +384,16 @@ def _num_sms(device: torch.device) -> int:
     return _NUM_SMS[index]
 
 
+def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: torch.device,
+                       BLOCK_N: int = 64, max_splits: int = 32) -> int:
+    """Split-K factor for decode: 1 when the batch alone fills the GPU, else enough splits
+    for ~4 programs per SM (at most one split per key tile, at most max_splits)."""
+    programs, sms = num_seqs * kv_heads, _num_sms(device)
+    if device.type != "cuda" or programs >= 2 * sms:
+        return 1
+    return max(1, min(triton.cdiv(4 * sms, programs), triton.cdiv(max_context, BLOCK_N), max_splits))
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # (num_seqs, heads, head_dim), one query per sequence
     k_cache: torch.Tensor,  # (num_blocks, block_size, kv_heads, head_dim)
@@ -379,18 +401,15 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # (num_seqs,) int32, includes the current token
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32, padded with -1
     scale: float,
-    num_splits: int | None = None,  # split-K over the context; None = pick from the GPU size
+    num_splits: int | None = None,  # split-K factor; None = default_num_splits(...)
     BLOCK_N: int = 64,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
     """Attention of each sequence's single query (position context_len - 1) over its cache.
 
-    Split-K: with few sequences there are too few (sequence, kv head) programs to fill the
-    GPU, so the context is cut into num_splits partitions handled by separate programs and
-    merged by a reduce kernel. The partition size is derived from the block table width
-    (the largest possible context), never from context_lens, so this launches without a
-    device sync and can be captured in a CUDA graph. A sequence of context 0 gives zeros.
+    One program per (sequence, kv head[, split]) handles all query heads of the GQA group.
+    The launch reads no device values (graph-capturable); a context_len of 0 gives zeros.
     """
     num_seqs, num_heads, head_dim = q.shape
     kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
@@ -400,26 +419,16 @@ def paged_decode_attention(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_seqs == 0:
         return out
-
-    max_context = max(1, block_tables.shape[1] * page_size)  # upper bound on any context_len
     if num_splits is None:
-        # Aim for ~2 programs per SM, but give each split at least 4 key tiles.
-        programs = num_seqs * kv_heads
-        wanted = triton.cdiv(2 * _num_sms(q.device), programs)
-        num_splits = max(1, min(wanted, triton.cdiv(max_context, 4 * BLOCK_N)))
-    partition = triton.cdiv(triton.cdiv(max_context, max(1, num_splits)), BLOCK_N) * BLOCK_N
-    num_splits = triton.cdiv(max_context, partition)  # <= requested, covers max_context
+        max_context = block_tables.shape[1] * page_size  # upper bound on any context_len
+        num_splits = default_num_splits(num_seqs, kv_heads, max_context, q.device, BLOCK_N)
+    assert num_splits >= 1
 
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused placeholders
-    extra = {}
-    if num_warps is not None:
-        extra["num_warps"] = num_warps
-    if num_stages is not None:
-        extra["num_stages"] = num_stages
     block_d = _block_d(head_dim)
     _paged_decode_kernel[(num_seqs, kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse,
@@ -428,18 +437,19 @@ def paged_decode_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
-        partition, num_splits,
+        num_splits,
         NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         SPLIT=num_splits > 1,
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, BLOCK_D=block_d,
-        **extra,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](
             out, part_out, part_lse, context_lens,
             out.stride(0), out.stride(1),
-            partition, num_splits,
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            num_splits,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
         )
     return out
