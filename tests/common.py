@@ -37,3 +37,12 @@ TINY_MODELS = {
 def random_prompts(lengths: list[int], seed: int, vocab: int = 300) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens: int = 24) -> None:
+    """Greedy completions of `llm` must equal Hugging Face's, prompt by prompt."""
+    params = st.SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert len(outs) == len(prompts)
+    for i, (prompt, out) in enumerate(zip(prompts, outs)):
+        assert out["token_ids"] == hf_greedy(path, tuple(prompt), max_tokens), f"prompt {i} ({len(prompt)} tokens)"

@@ -7,17 +7,9 @@ mechanism, the test also asserts that the mechanism actually ran."""
 
 import pytest
 
-from common import ENGINES, TINY_MODELS, level, load_engine, random_prompts
+from common import ENGINES, TINY_MODELS, generate_and_compare, level, load_engine, random_prompts
 
 MAX_TOKENS = 24
-
-
-def generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=MAX_TOKENS):
-    params = st.SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    assert len(outs) == len(prompts)
-    for i, (prompt, out) in enumerate(zip(prompts, outs)):
-        assert out["token_ids"] == hf_greedy(path, tuple(prompt), max_tokens), f"prompt {i} ({len(prompt)} tokens)"
 
 
 def total(llm, key: str) -> int:

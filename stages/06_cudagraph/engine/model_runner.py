@@ -31,6 +31,7 @@ class ModelRunner:
             layer.set_backend(self.attention_backend)
         self.allocate_kv_cache(model_config)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # NEW in 06_cudagraph: batch size -> graph
+        self.num_graph_replays = 0
         if self.use_cudagraphs():
             self.capture_cudagraphs(model_config)
 
@@ -202,6 +203,7 @@ class ModelRunner:
         width = context.block_tables.shape[1]
         g["block_tables"][:n, :width] = context.block_tables
         self.graphs[bs].replay()
+        self.num_graph_replays += 1
         return self.graph_output[:n]  # (seqs, hidden)
 
     def _tensor(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:

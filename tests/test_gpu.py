@@ -1,0 +1,40 @@
+"""GPU checks (skipped without CUDA): the Triton backend inside every paged engine
+against Hugging Face, and CUDA-graph replay against eager execution."""
+
+import pytest
+import torch
+
+from common import ENGINES, generate_and_compare, level, load_engine, random_prompts
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("model", ["qwen3", "llama3-rope"])
+@pytest.mark.parametrize("engine", [e for e in ENGINES if level(e) >= 3])
+def test_triton_on_cuda_matches_hf(engine, model, model_dir, hf_greedy):
+    """float32 on the GPU with tiny blocks, a KV budget that forces preemption and a
+    token budget that forces chunked prefill (where the stage has them)."""
+    st, path = load_engine(engine), model_dir(model)
+    prompts = random_prompts([40, 3, 37, 21, 9, 30], seed=70)
+    options = dict(device="cuda", dtype="float32", attention_backend="triton", max_model_len=128,
+                   kvcache_block_size=4, num_kvcache_blocks=40, max_num_batched_tokens=32)
+    with st.LLM(path, **options) as llm:
+        generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=32)
+        if level(engine) >= 3:
+            assert sum(s["preemptions"] for s in llm.stats) > 0
+
+
+@pytest.mark.parametrize("num_prompts", [1, 3, 8, 17, 40])
+@pytest.mark.parametrize("engine", [e for e in ENGINES if level(e) >= 6])
+def test_cudagraph_matches_eager(engine, num_prompts, model_dir):
+    """Batch sizes on the ladder (1, 8) and off it (3 -> 4, 17 -> 32, 40 -> 48)."""
+    st, path = load_engine(engine), model_dir("llama")
+    prompts = random_prompts([4 + i % 13 for i in range(num_prompts)], seed=num_prompts)
+    params = st.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    options = dict(device="cuda", dtype="float32", max_model_len=128, max_num_seqs=48)
+    with st.LLM(path, enforce_eager=True, **options) as llm:
+        eager = llm.generate(prompts, params, use_tqdm=False)
+    with st.LLM(path, **options) as llm:
+        graphed = llm.generate(prompts, params, use_tqdm=False)
+        assert llm.engine.model_runner.num_graph_replays > 0
+    assert graphed == eager
