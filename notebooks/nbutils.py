@@ -1,10 +1,20 @@
 """Small plotting and measuring helpers shared by the notebooks (never engine code).
 
 The kernel runs in notebooks/, so `import nbutils` finds this file; the repo root (for
-`stages`, `tools`, `benchmarks`) must already be on sys.path: each notebook's first cell puts it
-there. Typical use::
+`stages`, `tools`, `benchmarks`) must already be on sys.path. Every notebook's first cell
+(its output carries timings/versions, so it is marked NBVAL_IGNORE_OUTPUT)::
 
-    import nbutils
+    import sys, pathlib; sys.path.insert(0, str(pathlib.Path.cwd().parent))  # the repo root
+    import torch
+    import nbutils, stages
+    from tools.tiny_model import cached_model
+    st = stages.load("03_paged")
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # tiny models gain little from more threads, and lose 10-100x when the CPU is busy
+    model = cached_model("tiny-qwen3", arch="qwen3")  # the same build as benchmarks/run.py --shape tiny-qwen3
+
+Then::
+
     nbutils.plot_sampler(Sampler)                        # Gumbel-max frequencies vs softmax(logits / T)
     nbutils.plot_stats(llm.stats, ["num_tokens"])        # any per-step stats key (or function) vs step
     nbutils.plot_step_times({"01": stats01}, x=...)      # milliseconds per step, raw and smoothed
@@ -17,14 +27,20 @@ benchmarks.results (`load_results`, `table`, `plot_throughput`), not here.
 A "stats" argument is `llm.stats`: a list of per-step dicts. Wherever a stats key is
 expected, a function of one record also works (e.g. `lambda r: r["num_tokens"] - r["recomputed_tokens"]`).
 Plot helpers draw into `ax` (a new figure if None) and return it; end the cell with `plt.show()`.
+
+Importing this module also silences tqdm's "IProgress not found" warning (ipywidgets is not a
+dependency; the stages import tqdm.auto), so import it before loading a stage.
 """
 
 import json
 import statistics
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import torch
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # printed once per kernel, with a local path
 
 SAMPLER_LOGITS = (2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2)  # the 8-token vector tests/test_sampler.py uses
 
