@@ -300,8 +300,8 @@ def running(pid: int) -> bool:
 def test_interpreter_exit_stops_workers(engine, model_dir):
     """A script that never calls shutdown(): its workers still end with it."""
     code = (
-        "import stages\n"
-        f"st = stages.load({engine!r})\n"
+        "import importlib\n"
+        f"st = importlib.import_module({load_engine(engine).__name__!r})\n"
         f"llm = st.LLM({str(model_dir('qwen3'))!r}, device='cpu', max_model_len=64, tensor_parallel_size=2)\n"
         "import multiprocessing\n"
         "print(multiprocessing.active_children()[0].pid, flush=True)\n"

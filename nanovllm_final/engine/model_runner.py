@@ -1,0 +1,250 @@
+import logging
+
+import torch
+
+from ..config import EngineConfig, ModelConfig
+from ..layers.attention import Attention, resolve_backend
+from ..layers.context import Context, set_context
+from ..layers.parallel import destroy_tensor_parallel, init_tensor_parallel, min_over_ranks, set_tp_rank
+from ..layers.sampler import Sampler
+from ..models import build_model
+from ..models.loader import load_weights
+from ..sampling_params import SamplingParams
+from .sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Owns the model on its device and turns a list of sequences into next tokens.
+
+    NEW in 07_tensor_parallel: one runner per rank, each holding its shard of the weights
+    and of the KV cache. Rank 0's runner lives in the engine and drives the others
+    (`workers`, see engine/workers.py) through `call`; only rank 0 samples."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0, workers: "WorkerGroup | None" = None):
+        self.config = config
+        self.block_size = config.kvcache_block_size
+        self.device = torch.device(config.device)
+        # NEW in 07_tensor_parallel: join the group, then build this rank's shard (rank r uses cuda:r)
+        self.rank, self.world_size, self.workers = rank, config.tensor_parallel_size, workers
+        self.num_kv_heads = model_config.num_key_value_heads // self.world_size  # this rank's KV heads
+        if self.world_size > 1:
+            if self.device.type == "cuda":
+                self.device = torch.device("cuda", rank)
+                torch.cuda.set_device(self.device)
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            init_tensor_parallel(rank, self.world_size, backend, config.distributed_init_method, config.distributed_timeout)
+        set_tp_rank(rank, self.world_size)
+        self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
+        self.model = build_model(model_config, config.max_model_len, self.dtype, self.device)
+        load_weights(self.model, config.model)
+        self.sampler = Sampler(config.seed, self.device)
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.attention_backend = resolve_backend(config.attention_backend, self.device, self.block_size)
+        for layer in self.attention_layers:
+            layer.set_backend(self.attention_backend)
+        self.allocate_kv_cache(model_config)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # NEW in 06_cudagraph: batch size -> graph
+        self.num_graph_replays = 0
+        if self.use_cudagraphs():
+            self.capture_cudagraphs(model_config)
+
+    def allocate_kv_cache(self, cfg: ModelConfig) -> None:
+        """NEW in 03_paged: a pool of blocks of `block_size` slots, as many as memory allows
+        (or `num_kvcache_blocks`). Sequences take blocks as they grow."""
+        block_bytes = 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+        one_seq = -(-self.config.max_model_len // self.block_size)  # blocks for one max-length sequence
+        num_blocks = self.config.num_kvcache_blocks
+        if num_blocks == -1:
+            # never more than every batch slot at full length could use
+            num_blocks = min(self.kv_budget_bytes(cfg) // block_bytes, self.config.max_num_seqs * one_seq)
+            if self.world_size > 1:  # NEW in 07_tensor_parallel: the same block ids on every rank
+                num_blocks = min_over_ranks(num_blocks, self.device)
+        if num_blocks < one_seq:
+            raise ValueError(
+                f"the KV cache has room for {max(num_blocks, 0)} blocks of {self.block_size} tokens, but one sequence of "
+                f"max_model_len={self.config.max_model_len} needs {one_seq}; give the cache more memory "
+                "(num_kvcache_blocks, gpu_memory_utilization or cpu_kvcache_bytes) or lower max_model_len"
+            )
+        self.num_kvcache_blocks = num_blocks
+        shape = (2, cfg.num_hidden_layers, num_blocks, self.block_size, self.num_kv_heads, cfg.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.bind_kv_cache(self.kv_cache)
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        for i, layer in enumerate(self.attention_layers):
+            layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]  # (blocks, block_size, kv_heads, head_dim)
+
+    def kv_budget_bytes(self, cfg: ModelConfig) -> int:
+        """CPU: a fixed budget. CUDA: what `gpu_memory_utilization` of the card leaves after the
+        weights and the activations of the largest step, measured by a warm-up pass."""
+        if self.device.type != "cuda":
+            return self.config.cpu_kvcache_bytes
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        warmup_bytes = self.warmup(cfg)
+        peak = torch.cuda.max_memory_allocated(self.device) - warmup_bytes
+        current = torch.cuda.memory_allocated(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        return int(total * self.config.gpu_memory_utilization - (total - free) - (peak - current))
+
+    def warmup(self, cfg: ModelConfig) -> int:
+        """Run the largest prefill the scheduler may send, with a throwaway cache; return its size."""
+        length = self.config.max_model_len
+        num_seqs = max(1, min(self.config.max_num_batched_tokens // length, self.config.max_num_seqs))
+        blocks_per_seq = -(-length // self.block_size)
+        shape = (2, cfg.num_hidden_layers, num_seqs * blocks_per_seq, self.block_size, self.num_kv_heads, cfg.head_dim)
+        scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.bind_kv_cache(scratch)
+        seqs = []
+        for i in range(num_seqs):
+            seq = Sequence([0] * length, SamplingParams(temperature=0.0, max_tokens=1))
+            seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
+            seq.num_scheduled_tokens = length
+            seqs.append(seq)
+        self.run(seqs)
+        nbytes = scratch.numel() * scratch.element_size()
+        del scratch
+        torch.cuda.empty_cache()
+        return nbytes
+
+    def call(self, method: str, *args):
+        """NEW in 07_tensor_parallel: run `method` on every rank. Rank 0 sends the call to the
+        workers, runs it itself, then collects their replies; collectives inside the method
+        keep the ranks in step. With one rank it is a plain method call."""
+        if self.workers is None:
+            return getattr(self, method)(*args)
+        try:
+            self.workers.send(method, *args)
+            result = getattr(self, method)(*args)
+            self.workers.receive()
+        except BaseException as err:  # out of step now: stop the workers (WorkerError if one died)
+            self.workers.after_local_error(err)
+            raise
+        return result
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence]) -> list[int | None]:
+        """Feed each sequence's `num_scheduled_tokens` uncached tokens: a whole prompt, a
+        chunk of one, or the newest token at decode. Returns one sampled token per
+        sequence, or None for a prompt chunk that does not reach the prompt's end."""
+        input_ids, positions, cu_seqlens, slots = [], [], [0], []
+        for seq in seqs:
+            start = seq.num_cached_tokens
+            end = start + seq.num_scheduled_tokens  # NEW in 05_chunked_prefill: maybe a chunk
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            cu_seqlens.append(cu_seqlens[-1] + end - start)
+            slots.extend(seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end))
+        max_blocks = max(len(seq.block_table) for seq in seqs)
+        block_tables = [seq.block_table + [-1] * (max_blocks - len(seq.block_table)) for seq in seqs]
+        max_seqlen_q = max(b - a for a, b in zip(cu_seqlens, cu_seqlens[1:]))
+        context = Context(
+            cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
+            slot_mapping=self._tensor(slots),
+            context_lens=self._tensor([seq.num_cached_tokens + seq.num_scheduled_tokens for seq in seqs], torch.int32),
+            block_tables=self._tensor(block_tables, torch.int32),
+            max_seqlen_q=max_seqlen_q,
+            is_decode=max_seqlen_q == 1,  # one new token each: decode kernels (a 1-token chunk is the same shape)
+        )
+        hidden = self.forward(self._tensor(input_ids), self._tensor(positions), context)  # (tokens, hidden)
+        # NEW in 05_chunked_prefill: sample only where the fed tokens reach the sequence's end
+        rows = [i for i, seq in enumerate(seqs) if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq)]
+        if not rows:
+            return [None] * len(seqs)
+        last = self._tensor([cu_seqlens[i + 1] - 1 for i in rows])  # (rows,)
+        logits = self.model.compute_logits(hidden[last])  # (rows, vocab)
+        if logits is None:
+            return [None] * len(seqs)  # NEW in 07_tensor_parallel: a worker rank; rank 0 samples
+        temperatures = torch.tensor([seqs[i].temperature for i in rows], dtype=torch.float32, device=self.device)
+        sampled = dict(zip(rows, self.sampler(logits, temperatures).tolist()))
+        return [sampled.get(i) for i in range(len(seqs))]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
+        """NEW in 06_cudagraph: a decode step replays the graph captured for the next batch
+        size up; everything else runs eagerly."""
+        num_seqs = len(input_ids)
+        if context.is_decode and self.graphs and num_seqs <= self.graph_sizes[-1]:
+            return self.replay(input_ids, positions, context)
+        set_context(context)
+        try:
+            return self.model(input_ids, positions)  # (tokens, hidden)
+        finally:
+            set_context(None)
+
+    def use_cudagraphs(self) -> bool:
+        if self.config.enforce_eager:
+            return False
+        if self.device.type != "cuda":
+            logger.warning("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
+            return False
+        if self.attention_backend == "torch":
+            logger.warning("the torch attention backend reads sizes on the host and cannot be captured; running eagerly")
+            return False
+        return True
+
+    def capture_cudagraphs(self, cfg: ModelConfig) -> None:
+        """NEW in 06_cudagraph: record one decode step per batch size of a ladder (1, 2, 4, 8,
+        then multiples of 16 up to max_num_seqs). A graph replays every kernel launch of the
+        step with one call, on fixed buffers: the inputs are copied into them before a replay."""
+        max_bs = min(self.config.max_num_seqs, 512)
+        self.graph_sizes = sorted({bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs})
+        max_blocks = -(-self.config.max_model_len // self.block_size)
+        self.graph_inputs = {  # static buffers shared by every graph; a graph of size bs uses the first bs rows
+            "input_ids": torch.zeros(max_bs, dtype=torch.int64, device=self.device),
+            "positions": torch.zeros(max_bs, dtype=torch.int64, device=self.device),
+            "slot_mapping": torch.full((max_bs,), -1, dtype=torch.int64, device=self.device),
+            "context_lens": torch.zeros(max_bs, dtype=torch.int32, device=self.device),
+            "block_tables": torch.full((max_bs, max_blocks), -1, dtype=torch.int32, device=self.device),
+            "cu_seqlens_q": torch.arange(max_bs + 1, dtype=torch.int32, device=self.device),
+        }
+        self.graph_output = torch.zeros(max_bs, cfg.hidden_size, dtype=self.dtype, device=self.device)
+        pool = None
+        for bs in reversed(self.graph_sizes):  # largest first, so smaller graphs fit in its memory pool
+            graph = torch.cuda.CUDAGraph()
+            set_context(self.graph_context(bs))
+            ids, pos = self.graph_inputs["input_ids"][:bs], self.graph_inputs["positions"][:bs]
+            self.graph_output[:bs] = self.model(ids, pos)  # warm-up: autotuning and allocations happen outside the graph
+            with torch.cuda.graph(graph, pool):
+                self.graph_output[:bs] = self.model(ids, pos)
+            pool = pool or graph.pool()
+            self.graphs[bs] = graph
+            torch.cuda.synchronize()
+        set_context(None)
+
+    def graph_context(self, bs: int) -> Context:
+        g = self.graph_inputs
+        return Context(
+            cu_seqlens_q=g["cu_seqlens_q"][: bs + 1],
+            slot_mapping=g["slot_mapping"][:bs],
+            context_lens=g["context_lens"][:bs],
+            block_tables=g["block_tables"][:bs],
+            max_seqlen_q=1,
+            is_decode=True,
+        )
+
+    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
+        n = len(input_ids)
+        bs = next(size for size in self.graph_sizes if size >= n)  # pad the batch up to a captured size
+        g = self.graph_inputs
+        g["input_ids"][:n] = input_ids
+        g["positions"][:n] = positions
+        g["slot_mapping"][:bs].fill_(-1)  # padding rows store nothing ...
+        g["slot_mapping"][:n] = context.slot_mapping
+        g["context_lens"][:bs].zero_()  # ... and attend to nothing
+        g["context_lens"][:n] = context.context_lens
+        width = context.block_tables.shape[1]
+        g["block_tables"][:n, :width] = context.block_tables
+        self.graphs[bs].replay()
+        self.num_graph_replays += 1
+        return self.graph_output[:n]  # (seqs, hidden)
+
+    def _tensor(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def shutdown(self) -> None:
+        self.graphs.clear()
+        del self.model, self.kv_cache
+        if self.world_size > 1:
+            destroy_tensor_parallel()  # NEW in 07_tensor_parallel: leave the group

@@ -1,0 +1,232 @@
+"""NEW in 07_tensor_parallel: ranks 1..N-1 as worker processes, driven by rank 0.
+
+Rank 0 is the user's process: it schedules and samples. Every other rank is a process
+started with multiprocessing "spawn" (a fresh interpreter: CUDA cannot be forked) that
+builds the same ModelRunner on its own device and then waits for calls.
+
+Driving. Each worker holds one end of a Pipe. `ModelRunner.call("run", seqs)` on rank 0
+sends the pickled ("run", (seqs,)) down every pipe, runs the method itself, then reads
+one reply per worker: ("ok", None) or ("error", traceback). Inside the method the ranks
+meet in collectives (all-reduce, gather) that keep them in step. A Pipe carries a
+message of any size and tells each side when the other is gone (EOF), which is why we
+use it rather than nano-vllm's fixed-size SharedMemory buffer and Events.
+
+Failure. A worker that raises sends its traceback and exits. Rank 0 notices a dead worker
+before a call (its exit code), while it waits for replies (it waits on the process
+sentinel as well as the pipe), and inside a collective (gloo fails as soon as the peer's
+socket closes; for NCCL a watchdog thread aborts the group). It then stops the other
+workers and raises WorkerError: the engine cannot go on. A worker whose pipe reaches EOF
+(rank 0 is gone) exits.
+
+Cleanup. `shutdown()` asks the workers to leave, joins them, then terminates and kills
+stragglers. It is idempotent and also runs when the group is garbage-collected and at
+interpreter exit (weakref.finalize); the processes are daemons as a last resort."""
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import weakref
+from multiprocessing.connection import Connection, wait
+from typing import NoReturn
+
+import torch
+
+from ..config import EngineConfig, ModelConfig
+from ..layers.parallel import abort_tensor_parallel, destroy_tensor_parallel, require_no_process_group
+from .model_runner import ModelRunner
+
+SHUTDOWN_GRACE_S = 5.0  # how long a worker may take to leave before it is terminated
+START_HINT = (
+    "It died while starting. Workers are spawned: each one imports your main module again, so a "
+    "script that creates a tensor-parallel LLM must do so under `if __name__ == \"__main__\":`."
+)
+
+
+class WorkerError(RuntimeError):
+    """A tensor-parallel worker died or failed; the engine cannot continue."""
+
+
+def free_port(host: str, port: int) -> int:
+    """`port` if it can be bound now, or with port 0 one the OS says is free (either could be
+    taken before the rendezvous binds it; unlikely)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous server does
+        s.bind((host, port))
+        return s.getsockname()[1]
+
+
+class WorkerGroup:
+    """Rank 0's handle on the worker processes (ranks 1..N-1)."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig):
+        require_no_process_group()  # one tensor-parallel engine per process
+        try:
+            config.distributed_port = free_port(config.distributed_host, config.distributed_port)
+        except OSError as err:
+            raise ValueError(f"cannot listen on {config.distributed_host}:{config.distributed_port} (distributed_host, distributed_port): {err}") from err
+        self.timeout = config.distributed_timeout
+        self.processes: list[mp.Process] = []
+        self.conns: list[Connection] = []
+        self.failure: str | None = None  # why the group was stopped, if it failed
+        stop_reader, self._stop_writer = mp.Pipe(duplex=False)  # closing the writer ends the watchdog
+        # registered before the first start, so a half-started group is cleaned up too
+        self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns, self._stop_writer)
+        ctx = mp.get_context("spawn")
+        for rank in range(1, config.tensor_parallel_size):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=worker_main, args=(config, model_config, rank, theirs), name=f"tp-worker-{rank}", daemon=True)
+            proc.start()
+            theirs.close()  # only the worker holds its end: if it dies, our end sees EOF
+            self.processes.append(proc)
+            self.conns.append(ours)
+        if config.device.startswith("cuda"):
+            sentinels = [p.sentinel for p in self.processes]
+            threading.Thread(target=_watchdog, args=(sentinels, stop_reader), name="tp-watchdog", daemon=True).start()
+        try:
+            self.receive()  # each worker says hello once it has started, before it joins the group
+        except WorkerError as err:
+            raise WorkerError(f"{err}\n{START_HINT}") from err.__cause__
+
+    # ---- driving ----
+
+    def send(self, method: str, *args) -> None:
+        """Start `method(*args)` on every worker."""
+        if not self._finalizer.alive:
+            raise WorkerError(f"the tensor-parallel workers were stopped earlier ({self.failure or 'shutdown'}); create a new LLM")
+        for rank, proc in enumerate(self.processes, 1):
+            if proc.exitcode is not None:
+                self.fail(self.death_note(rank))
+        message = pickle.dumps((method, args))  # pickled once, sent to every worker
+        for rank, conn in enumerate(self.conns, 1):
+            try:
+                conn.send_bytes(message)
+            except OSError as err:  # BrokenPipeError: the worker is gone
+                self.fail(self.find_failure(1.0) or f"tensor-parallel worker rank {rank}: its pipe broke ({err})", err)
+
+    def receive(self) -> None:
+        """Wait for every worker's reply to the last call; raise WorkerError if one failed or died."""
+        deadline = time.monotonic() + self.timeout
+        for rank, (proc, conn) in enumerate(zip(self.processes, self.conns), 1):
+            if not wait([conn, proc.sentinel], timeout=max(0.0, deadline - time.monotonic())):
+                self.fail(f"tensor-parallel worker rank {rank} (pid {proc.pid}) did not answer within {self.timeout:g} s")
+            try:
+                status, payload = conn.recv()  # a reply, or EOF if it died without one
+            except (EOFError, OSError):
+                self.fail(self.death_note(rank))
+            if status == "error":
+                self.fail(f"tensor-parallel worker rank {rank} failed:\n{payload}")
+
+    def after_local_error(self, err: BaseException) -> None:
+        """Rank 0's part of a call raised. If a worker died or failed (a collective with a dead
+        peer fails at once), raise WorkerError saying which. Either way the ranks are out of
+        step now, so the workers are stopped; otherwise the caller re-raises `err`."""
+        if not self._finalizer.alive:
+            return  # stopped already
+        # our own input errors (every rank raises the same) and Ctrl-C need no diagnosis
+        note = None if isinstance(err, (ValueError, KeyboardInterrupt)) else self.find_failure(2.0)
+        if note:
+            self.fail(note, err)
+        self.failure = f"rank 0 raised {type(err).__name__}: {err}"
+        self.shutdown()
+
+    def find_failure(self, wait_s: float) -> str | None:
+        """Wait up to `wait_s` for a worker to report an error or die; describe the first that did."""
+        ready = wait([*self.conns, *(p.sentinel for p in self.processes)], timeout=wait_s)
+        for rank, (proc, conn) in enumerate(zip(self.processes, self.conns), 1):
+            if conn in ready:
+                try:
+                    status, payload = conn.recv()
+                    if status == "error":
+                        return f"tensor-parallel worker rank {rank} failed:\n{payload}"
+                except (EOFError, OSError):
+                    pass  # it died without a word
+            if proc.sentinel in ready or proc.exitcode is not None:
+                return self.death_note(rank)
+        return None
+
+    def death_note(self, rank: int) -> str:
+        proc = self.processes[rank - 1]
+        proc.join(1.0)  # reap it, so the exit code is known
+        code = proc.exitcode
+        if code is None:
+            how = "its pipe closed"
+        elif code < 0:
+            how = f"killed by signal {signal.Signals(-code).name}"
+        else:
+            how = f"exit code {code}"
+        return f"tensor-parallel worker rank {rank} (pid {proc.pid}) died ({how})"
+
+    def fail(self, message: str, cause: BaseException | None = None) -> NoReturn:
+        """Stop every worker and raise WorkerError(message)."""
+        self.failure = self.failure or message
+        self.shutdown()
+        raise WorkerError(f"{message}; the engine cannot continue: create a new LLM") from cause
+
+    # ---- cleanup ----
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave rank 0's process group; safe to call any number of times."""
+        self._finalizer()
+
+
+def _stop(processes: list[mp.Process], conns: list[Connection], stop_writer: Connection) -> None:
+    """The finalizer: no reference to the group, so that it can be garbage-collected."""
+    stop_writer.close()  # first: a watchdog must not take the workers' exit for a death
+    for conn in conns:
+        try:
+            conn.send_bytes(pickle.dumps(("shutdown", ())))
+        except (OSError, ValueError):
+            pass  # it is gone already
+    destroy_tensor_parallel()  # rank 0 leaves; a worker stuck in a collective now fails and exits
+    deadline = time.monotonic() + SHUTDOWN_GRACE_S
+    for proc in processes:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in processes:
+        if proc.exitcode is None:
+            proc.terminate()
+            proc.join(2.0)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        conn.close()
+
+
+def _watchdog(sentinels: list[int], stop_reader: Connection) -> None:
+    """NCCL collectives wait for a dead peer until their timeout; abort them when a worker dies."""
+    ready = wait([stop_reader, *sentinels])
+    if stop_reader not in ready:
+        abort_tensor_parallel()
+
+
+def worker_main(config: EngineConfig, model_config: ModelConfig, rank: int, conn: Connection) -> None:
+    """A worker's whole life: build its ModelRunner, then run the calls rank 0 sends until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for rank 0, which then stops us
+    if not config.device.startswith("cuda"):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))  # share the cores
+    try:
+        conn.send(("ok", None))  # hello: started
+        runner = ModelRunner(config, model_config, rank)
+        conn.send(("ok", None))  # ready: weights and KV cache in place
+        while True:
+            try:
+                method, args = pickle.loads(conn.recv_bytes())
+            except EOFError:
+                return  # rank 0 is gone
+            getattr(runner, method)(*args)
+            conn.send(("ok", None))
+            if method == "shutdown":
+                return
+    except BaseException:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except OSError:
+            pass
+        sys.exit(1)

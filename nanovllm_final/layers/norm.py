@@ -1,0 +1,27 @@
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 like Hugging Face's.
+
+    Called as ``norm(x)`` it returns the normalised x. Called as ``norm(x, residual)``
+    it first adds the residual stream (the fused add of pre-norm transformers) and
+    returns ``(normalised, new_residual)``."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return self._norm(x)
+        x = x + residual  # (tokens, hidden)
+        return self._norm(x), x

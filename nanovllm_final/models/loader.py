@@ -1,0 +1,51 @@
+"""Fill a model's parameters from the safetensors files of a Hugging Face checkpoint."""
+
+import pathlib
+
+from safetensors import safe_open
+from torch import nn
+
+# checkpoint name fragment -> (fused parameter fragment, shard id)
+PACKED_MODULES = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def load_weights(model: nn.Module, model_dir: str | pathlib.Path) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = getattr(model.lm_head, "weight", None) is model.model.embed_tokens.weight
+    # every parameter must be filled completely: fused ones by each of their shards
+    needed = {name: {shard for frag, (fused, shard) in PACKED_MODULES.items() if f".{fused}." in name} or {None} for name in params}
+    if tied:
+        del needed["lm_head.weight"]
+    for file in sorted(pathlib.Path(model_dir).glob("*.safetensors")):
+        with safe_open(file, "pt", "cpu") as f:
+            for name in f.keys():
+                if tied and name == "lm_head.weight":
+                    continue  # the head shares the embedding's weight
+                target, shard_id = name, None
+                for fragment, (fused, shard) in PACKED_MODULES.items():
+                    if f".{fragment}." in name:
+                        target, shard_id = name.replace(fragment, fused), shard
+                        break
+                if target not in params:
+                    if "rotary_emb.inv_freq" in name:
+                        continue  # a buffer some old checkpoints store; we compute it
+                    raise ValueError(f"the checkpoint has a weight {name!r} that this model does not expect")
+                param = params[target]
+                loader = getattr(param, "weight_loader", None)
+                tensor = f.get_tensor(name)
+                if loader is not None:
+                    loader(param, tensor, shard_id)
+                else:
+                    if param.shape != tensor.shape:
+                        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}")
+                    param.data.copy_(tensor)
+                needed.get(target, set()).discard(shard_id)
+    missing = [name for name, shards in needed.items() if shards]
+    if missing:
+        raise ValueError(f"the checkpoint in {model_dir} lacks weights for: {', '.join(sorted(missing)[:8])}")

@@ -1,0 +1,104 @@
+"""One decoder-only transformer that covers Qwen3 and Llama.
+
+The two architectures differ in two switches: Qwen3 normalises q and k per head
+(`qk_norm`), and some checkpoints add a bias to q/k/v (`attention_bias`)."""
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..layers.activation import SiluAndMul
+from ..layers.attention import Attention
+from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from ..layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from ..layers.norm import RMSNorm
+from ..layers.parallel import get_tp_size
+from ..layers.rotary import RotaryEmbedding
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int):
+        super().__init__()
+        # NEW in 07_tensor_parallel: this rank's heads; q/k/v are split by heads, o_proj by its inputs
+        tp = get_tp_size()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads // tp, cfg.num_key_value_heads // tp, cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attention_bias)
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, cfg.attention_bias)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)  # (tokens, heads / tp, head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # (tokens, kv_heads / tp, head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        o = self.attn(q, k, v)  # (tokens, heads / tp, head_dim)
+        return self.o_proj(o.flatten(1))  # (tokens, hidden), summed over the ranks
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        # NEW in 07_tensor_parallel: each rank holds intermediate / tp of the gate, up and down weights
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))  # (tokens, intermediate / tp) -> (tokens, hidden)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int):
+        super().__init__()
+        self.self_attn = SelfAttention(cfg, qk_norm, max_positions)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None):
+        # pre-norm block; `residual` carries the stream, the fused norm adds it back in
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual  # (tokens, hidden) each
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, qk_norm, max_positions) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """`forward(input_ids, positions)` -> hidden states (tokens, hidden);
+    `compute_logits(hidden)` -> (rows, vocab), on rank 0 only (NEW in 07_tensor_parallel: None elsewhere)."""
+
+    def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int):
+        super().__init__()
+        self.model = Model(cfg, qk_norm, max_positions)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)  # (tokens, hidden)
+        residual = None
+        for layer in self.model.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.model.norm(x, residual)
+        return x  # (tokens, hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        return self.lm_head(hidden)  # (rows, vocab) on rank 0; None on the other ranks
