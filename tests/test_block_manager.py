@@ -154,3 +154,13 @@ def test_contiguous_cache_too_big_is_a_startup_error(model_dir):
     st = load_engine("02_kvcache")
     with pytest.raises(ValueError, match="lower max_num_seqs or max_model_len"):
         st.LLM(model_dir("qwen3"), device="cpu", max_model_len=512, max_num_seqs=64, cpu_kvcache_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("engine", [e for e in ENGINES if level(e) >= 6])
+def test_cudagraph_ladder(engine):
+    runner = engine_module(engine, "engine.model_runner")
+    assert runner.graph_batch_sizes(256) == [1, 2, 4, 8, *range(16, 257, 16)]
+    assert runner.graph_batch_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
+    assert runner.graph_batch_sizes(1000)[-1] == 512
+    sizes = runner.graph_batch_sizes(48)
+    assert [runner.graph_for(n, sizes) for n in (1, 3, 8, 17, 40, 48)] == [1, 4, 8, 32, 48, 48]

@@ -15,6 +15,18 @@ from .sequence import Sequence
 logger = logging.getLogger(__name__)
 
 
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """NEW in 06_cudagraph: the batch sizes to capture: 1, 2, 4, 8, then multiples of 16 up
+    to max_num_seqs (at most 512), and max_num_seqs itself."""
+    max_bs = min(max_num_seqs, 512)
+    return sorted({bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs})
+
+
+def graph_for(num_seqs: int, sizes: list[int]) -> int:
+    """The captured size a decode step of `num_seqs` sequences is padded up to."""
+    return next(size for size in sizes if size >= num_seqs)
+
+
 class ModelRunner:
     """Owns the model on its device and turns a list of sequences into next tokens.
 
@@ -185,11 +197,11 @@ class ModelRunner:
         return True
 
     def capture_cudagraphs(self, cfg: ModelConfig) -> None:
-        """NEW in 06_cudagraph: record one decode step per batch size of a ladder (1, 2, 4, 8,
-        then multiples of 16 up to max_num_seqs). A graph replays every kernel launch of the
+        """NEW in 06_cudagraph: record one decode step per batch size of the ladder
+        (`graph_batch_sizes`). A graph replays every kernel launch of the
         step with one call, on fixed buffers: the inputs are copied into them before a replay."""
-        max_bs = min(self.config.max_num_seqs, 512)
-        self.graph_sizes = sorted({bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs})
+        self.graph_sizes = graph_batch_sizes(self.config.max_num_seqs)
+        max_bs = self.graph_sizes[-1]
         max_blocks = -(-self.config.max_model_len // self.block_size)
         self.graph_inputs = {  # static buffers shared by every graph; a graph of size bs uses the first bs rows
             "input_ids": torch.zeros(max_bs, dtype=torch.int64, device=self.device),
@@ -226,7 +238,7 @@ class ModelRunner:
 
     def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
         n = len(input_ids)
-        bs = next(size for size in self.graph_sizes if size >= n)  # pad the batch up to a captured size
+        bs = graph_for(n, self.graph_sizes)  # pad the batch up to a captured size
         g = self.graph_inputs
         g["input_ids"][:n] = input_ids
         g["positions"][:n] = positions
