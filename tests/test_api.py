@@ -173,3 +173,11 @@ def test_command_line(st, model_dir, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--model", "/no/such/dir", "--prompt", "hi"])
     assert exit_info.value.code == 2
+
+
+def test_generate_after_shutdown(st, model_dir):
+    llm = st.LLM(model_dir("qwen3"), device="cpu", max_model_len=32)
+    llm.shutdown()
+    llm.shutdown()  # idempotent
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate(["hi"], st.SamplingParams(max_tokens=2), use_tqdm=False)

@@ -35,6 +35,8 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[dict]:
         """Complete every prompt; returns {"text", "token_ids"} per prompt, in prompt order."""
+        if self.engine is None:
+            raise RuntimeError("this LLM has been shut down; create a new one")
         token_lists = [self._encode(i, p) for i, p in enumerate(self._as_list(prompts))]
         params = self._params_per_prompt(sampling_params, len(token_lists))
         seqs = [Sequence(ids, p) for ids, p in zip(token_lists, params)]
