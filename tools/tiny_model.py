@@ -297,6 +297,11 @@ def make_model(
     drawn tensor by tensor on device ("cuda" makes the full shapes fast), so the same seed
     and device give the same bytes; CPU and CUDA draw different numbers.
     """
+    return _make_model(out_dir, arch, shape, seed, device=device, **overrides)
+
+
+def _make_model(out_dir, arch, shape, seed, *, device, report_as: Path | None = None, **overrides) -> Path:
+    """make_model; its closing line names report_as (where the model will end up) if given."""
     start = time.perf_counter()
     config = build_config(arch, shape, **overrides)
     out_dir = Path(out_dir)
@@ -308,7 +313,7 @@ def make_model(
     params = _write_weights(out_dir, config, seed, torch.device(device))
     _write_json(out_dir / RECORD_FILE, _record(config, shape, seed, device))
     print(f"tiny_model: {shape} {config['model_type']} model, {params / 1e6:.1f}M parameters, "
-          f"in {out_dir} ({time.perf_counter() - start:.1f} s)")
+          f"in {report_as or out_dir} ({time.perf_counter() - start:.1f} s)")
     return out_dir
 
 
@@ -440,7 +445,7 @@ def build_if_missing(
         raise FileExistsError(f"{out_dir} exists and was not made by tools.tiny_model")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}-", dir=out_dir.parent) as tmp:
-        build = make_model(Path(tmp) / out_dir.name, arch, shape, seed, device=device, **overrides)
+        build = _make_model(Path(tmp) / out_dir.name, arch, shape, seed, device=device, report_as=out_dir, **overrides)
         if out_dir.exists():
             shutil.rmtree(out_dir)  # made with other arguments or by an older factory
         try:
