@@ -1,3 +1,4 @@
+import functools
 import logging
 
 import torch
@@ -12,6 +13,12 @@ from ..sampling_params import SamplingParams
 from .sequence import Sequence
 
 logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def warn_once(message: str) -> None:
+    """A warning is logged once per process, not once per engine."""
+    logger.warning(message)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -154,11 +161,12 @@ class ModelRunner:
     def use_cudagraphs(self) -> bool:
         if self.config.enforce_eager:
             return False
-        if self.device.type != "cuda":
-            logger.warning("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
+        if self.device.type != "cuda":  # eager by nature, nothing to act on: information, not a warning
+            logger.info("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
             return False
         if self.attention_backend == "torch":
-            logger.warning("the torch attention backend reads sizes on the host and cannot be captured; running eagerly")
+            warn_once("the torch attention backend reads sizes on the host and cannot be captured, so decode runs eagerly; "
+                      "attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
             return False
         return True
 
