@@ -99,7 +99,8 @@ def loss_of(model, rows: torch.Tensor, autocast: bool) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), rows[:, 1:].flatten())
 
 
-def train(out: Path, device: str, seed: int, toy: bool, steps: int | None = None) -> dict:
+def train(out: Path, device: str, seed: int, toy: bool, steps: int | None = None,
+          max_train_seconds: float | None = None) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     run = dict(TOY_RUN if toy else RUN)
@@ -144,7 +145,8 @@ def train(out: Path, device: str, seed: int, toy: bool, steps: int | None = None
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        last = step == run["steps"] - 1
+        out_of_time = max_train_seconds is not None and time.perf_counter() - train_start > max_train_seconds
+        last = step == run["steps"] - 1 or out_of_time
         if step % run["log_every"] == 0 or last:
             curve.append({"step": step, "loss": round(loss.item(), 4), "lr": lr_at(step, run),
                           "seconds": round(time.perf_counter() - train_start, 2)})
@@ -152,6 +154,9 @@ def train(out: Path, device: str, seed: int, toy: bool, steps: int | None = None
             val_curve.append({"step": step, "loss": round(_evaluate(model, val_rows, autocast), 4)})
             print(f"step {step}: loss {loss.item():.3f}, val {val_curve[-1]['loss']:.3f}, "
                   f"{time.perf_counter() - train_start:.0f} s", flush=True)
+        if out_of_time:  # a safety net for a time-limited machine; the log says so
+            run["stopped_early_at_step"] = step
+            break
     if device == "cuda":
         torch.cuda.synchronize()
     times["train_s"] = time.perf_counter() - train_start
@@ -165,7 +170,7 @@ def train(out: Path, device: str, seed: int, toy: bool, steps: int | None = None
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": _version("transformers"), "tokenizers": _version("tokenizers")},
-        "data": {"stories": len(texts), "tokens": len(stream), "tokens_seen": run["steps"] * run["batch"] * run["seq_len"],
+        "data": {"stories": len(texts), "tokens": len(stream), "tokens_seen": (curve[-1]["step"] + 1) * run["batch"] * run["seq_len"],
                  "tokenizer_size": tokenizer.get_vocab_size()},
         "times": {k: round(v, 1) for k, v in times.items()},
         "final_loss": curve[-1]["loss"], "final_val_loss": val_curve[-1]["loss"],
@@ -270,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=story_grammar.SEED)
     parser.add_argument("--toy", action="store_true", help="a tiny model for a few steps (a smoke test)")
     parser.add_argument("--steps", type=int, help="override the run's number of steps")
+    parser.add_argument("--max-train-seconds", type=float, help="stop early (and say so in the log) after this long")
     parser.add_argument("--plot", type=Path, metavar="MODEL_DIR", help="only draw MODEL_DIR's loss curve")
     args = parser.parse_args(argv)
     if args.plot:
@@ -278,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is None:
         parser.error("--out is required")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before CUDA starts
-    train(args.out, args.device, args.seed, args.toy, args.steps)
+    train(args.out, args.device, args.seed, args.toy, args.steps, args.max_train_seconds)
 
 
 if __name__ == "__main__":
