@@ -251,6 +251,7 @@ def plot(model_dir: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     log = json.loads((model_dir / LOG_FILE).read_text())
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
@@ -259,6 +260,9 @@ def plot(model_dir: Path) -> Path:
             label="held-out stories")
     ax.set(xlabel="step", ylabel="cross-entropy (nats/token)", yscale="log",
            title=f"course model: {log['parameters'] / 1e6:.1f}M parameters, {log['device']}")
+    ax.set_yticks([0.2, 0.3, 0.5, 1, 2, 4, 8])
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
