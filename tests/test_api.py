@@ -66,6 +66,17 @@ def test_per_prompt_sampling_params(st, llm):
     assert [len(o["token_ids"]) for o in outs] == [2, 5]
 
 
+def test_stats_mark_prefill_steps(st, llm):
+    """From 02 on, a step that feeds whole prompts is a prefill; the steps after it decode."""
+    before = len(llm.stats)
+    llm.generate(random_prompts([5, 3], seed=5), st.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    steps = llm.stats[before:]
+    if st.__name__.endswith("01_naive"):  # no cache: every step feeds every token
+        assert all("is_prefill" not in step for step in steps)
+    else:
+        assert [step["is_prefill"] for step in steps] == [True, False, False, False]
+
+
 def test_empty_generate(st, llm):
     assert llm.generate([], st.SamplingParams(), use_tqdm=False) == []
 
