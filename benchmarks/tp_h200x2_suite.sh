@@ -6,6 +6,7 @@
 # log goes to stdout. Each step has a time limit so that one slow step cannot eat the rest;
 # the benchmarks run only if the tests passed.
 set -u
+PY=${PY:-python3}
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 # NVLink multicast stays off (it can take a shared host's GPUs out of service)
@@ -14,17 +15,17 @@ step() { local limit=$1; shift; echo "=== $(date +%T) $*"; timeout -k 10 "$limit
 SHAPES="qwen3-0.6b llama-3.2-1b qwen3-8b"
 
 nvidia-smi -L; nvidia-smi topo -m
-python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
 
 # random weights, drawn on the second GPU while the tests run (the tests' engines are tiny)
-CUDA_VISIBLE_DEVICES=1 python -c "
+CUDA_VISIBLE_DEVICES=1 $PY -c "
 from benchmarks.run import model_for_shape
 for shape in '$SHAPES'.split(): print(model_for_shape(shape, 'cuda'), flush=True)" > /tmp/models.log 2>&1 &
 models=$!
 
-step 300 python -m pytest -q -s -p no:cacheprovider tests/test_gpu_tp.py -k "${TESTS_K:-07}" -rA
+step 300 $PY -m pytest -q -s -p no:cacheprovider tests/test_gpu_tp.py -k "${TESTS_K:-07}" -rA
 tests=$?
-step 60 python -m benchmarks.tp_message_cost --out "$OUT/tp_message_cost_h200x2.json"
+step 60 $PY -m benchmarks.tp_message_cost --out "$OUT/tp_message_cost_h200x2.json"
 wait $models; cat /tmp/models.log
 if [ $tests -ne 0 ] && [ -z "${BENCH_ANYWAY:-}" ]; then echo "tests failed: no benchmarks"; exit 1; fi
 
@@ -33,7 +34,7 @@ for shape in $SHAPES; do
   # 8B at TP=1 ran out of memory mid-run at the default 0.9 (KV sizing, another issue): leave headroom on both
   [ "$shape" = qwen3-8b ] && extra=(--option gpu_memory_utilization=0.8) && limit=200
   for tp in 2 1; do
-    step $limit python -m benchmarks.run --engine 07 --workload nanovllm --shape "$shape" --device cuda \
+    step $limit $PY -m benchmarks.run --engine 07 --workload nanovllm --shape "$shape" --device cuda \
       --dtype bfloat16 --option tensor_parallel_size=$tp "${extra[@]}" --out "$OUT/tp_${shape}_tp${tp}_h200x2.json"
   done
 done
