@@ -48,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", default="h200x2", help="the machine tag in the file names")
     parser.add_argument("--out", help="write the JSON here")
+    parser.add_argument("--note", help="a remark stored with the rows (e.g. which code the runs used)")
     args = parser.parse_args()
     table = rows(args.tag)
     for row in table:
@@ -56,7 +57,7 @@ def main() -> None:
         tp2 = f"{row['tp2_output_tokens_per_s']:,.0f}" if row["tp2_output_tokens_per_s"] else row["tp2_error"]
         print(f"{row['shape']:14s} {row['num_parameters'] / 1e9:5.2f}B  TP=1 {tp1:>10s}  TP=2 {tp2:>10s}  {speedup}")
     if args.out:
-        record = {"benchmark": "tp_speedup", "tag": args.tag, "source": "benchmarks/tp_h200x2_suite.sh", "rows": table}
+        record = {"benchmark": "tp_speedup", "tag": args.tag, "source": "benchmarks/tp_h200x2_suite.sh", "note": args.note, "rows": table}
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
 
 
