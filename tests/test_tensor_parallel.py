@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import pathlib
+import pickle
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -166,6 +168,33 @@ def test_tp1_and_tp2_side_by_side(engine, model_dir):
                 assert llm1b.generate(prompts, params, use_tqdm=False) == expected
             assert llm2.generate(prompts, params, use_tqdm=False) == expected
         assert llm1.generate(prompts, params, use_tqdm=False) == expected
+
+
+def test_step_message_carries_only_the_step_inputs(engine, model_dir, monkeypatch):
+    """Each step rank 0 sends every worker that step's input arrays, not the sequences: a
+    decode step's message grows with the block table (4 bytes a block), not with the
+    tokens generated so far."""
+    st, path = load_engine(engine), model_dir("qwen3")
+    group = engine_module(engine, "engine.workers").WorkerGroup
+    messages = []
+    real_send = group.send
+
+    def send(self, method, *args):
+        if method == "execute":
+            (step,) = args
+            assert all(isinstance(value, np.ndarray) for value in vars(step).values()), vars(step)
+            messages.append((len(step.input_ids), step.block_tables.shape, len(pickle.dumps((method, args)))))
+        return real_send(self, method, *args)
+
+    monkeypatch.setattr(group, "send", send)
+    with st.LLM(path, device="cpu", max_model_len=512, kvcache_block_size=16, tensor_parallel_size=2) as llm:
+        out = llm.generate([[5, 6, 7]], st.SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True), use_tqdm=False)
+    assert len(out[0]["token_ids"]) == 300
+    decode = [m for m in messages if m[0] == 1]  # one token fed
+    assert len(decode) == 299
+    (_, first_table, first_bytes), (_, last_table, last_bytes) = decode[0], decode[-1]
+    assert first_table == (1, 1) and last_table == (1, 19)  # 4 and 302 tokens in the cache
+    assert last_bytes - first_bytes <= 4 * 18 + 16  # the 18 new blocks (+ pickle framing), not 298 tokens
 
 
 # ---------------------------------------------------------------- errors before anything starts
