@@ -68,7 +68,7 @@ class LLM:
         request_ids = self._submit(prompts, sampling_params)
         final: dict[str, RequestOutput] = {}
         with tqdm(total=len(request_ids), desc="Generating", disable=not use_tqdm) as bar:
-            for out in self._run(request_ids):
+            for out in self._run(request_ids, finished_only=True):
                 if out.finished:
                     final[out.request_id] = out
                     bar.update(1)
@@ -106,15 +106,16 @@ class LLM:
                     yield {"index": index[out.request_id], "completion": c.index, "text": c.delta_text,
                            "token_ids": c.delta_token_ids, "finished": c.finished, "finish_reason": c.finish_reason}
 
-    def _run(self, request_ids: list[str]) -> Iterator[RequestOutput]:
-        """The one loop: step the engine until these requests finish; yield their outputs as they come.
-        If the caller stops early (an exception, or a stream left unfinished), the rest are aborted."""
+    def _run(self, request_ids: list[str], finished_only: bool = False) -> Iterator[RequestOutput]:
+        """The one loop: step the engine until these requests finish; yield their outputs as they come
+        (`finished_only`: their final outputs only). If the caller stops early (an exception, or a
+        stream left unfinished), the rest are aborted."""
         if self.engine is None:
             raise RuntimeError("this LLM has been shut down; create a new one")
         waiting = set(request_ids)
         try:
             while waiting:
-                for out in self.engine.step():
+                for out in self.engine.step(finished_only):
                     if out.request_id in waiting:
                         if out.finished:
                             waiting.discard(out.request_id)

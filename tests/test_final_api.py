@@ -61,8 +61,8 @@ def test_stop_string_across_tokens(llm):
 
 
 def test_stream_equals_generate(llm):
-    prompts = random_prompts([6, 11, 4], seed=3)
-    params = SamplingParams(temperature=1.0, top_p=0.95, seed=7, n=2, max_tokens=12)
+    prompts = random_prompts([6, 11], seed=3)
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=7, n=2, max_tokens=8)
     outs = llm.generate(prompts, params, use_tqdm=False)
     texts, ids, ends = {}, {}, {}
     for e in llm.stream(prompts, params):
@@ -112,7 +112,8 @@ def test_incremental_detokenization(llm):
     detok = IncrementalDetokenizer(llm.tokenizer, llm.tokenizer.encode("Say:", add_special_tokens=False), [])
     pieces = []
     for i, t in enumerate(ids):
-        detok.add([t], final=i == len(ids) - 1)
+        detok.push(t)
+        detok.update(final=i == len(ids) - 1)
         pieces.append(detok.delta(finished=i == len(ids) - 1))
     assert "".join(pieces) == text
     assert not any("\ufffd" in p for p in pieces) and sum(not p for p in pieces) > 0  # some steps wait for more bytes

@@ -4,7 +4,9 @@ Decoding each new token alone loses what only a token's neighbours tell: a multi
 character split over tokens, or a word's leading space in SentencePiece vocabularies.
 So we decode a short window that starts a little before the new tokens (at first, in
 the prompt's last tokens) and keep what the window adds beyond its first part; while the
-window ends in an incomplete character ("\ufffd") we wait for more tokens."""
+window ends in an incomplete character ("\ufffd") we wait for more tokens. Tokens can be
+pushed one by one and decoded later, several at once (`update`): the engine decodes only
+when someone reads the text, or when stop strings must be looked for."""
 
 REPLACEMENT_CHAR = "\ufffd"
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded before the first completion token
@@ -20,13 +22,18 @@ class IncrementalDetokenizer:
         self.stop = stop
         self.max_stop_len = max((len(s) for s in stop), default=0)
         self.emitted = 0  # characters of `text` handed out as deltas
+        self.stopped = False  # a stop string was found: the text is final
+
+    def push(self, token_id: int) -> None:
+        self.ids.append(token_id)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def add(self, token_ids: list[int], final: bool = False) -> None:
-        """Append tokens; `final`: the completion ends here, decode whatever is left."""
-        self.ids += token_ids
+    def update(self, final: bool = False) -> None:
+        """Decode the pushed tokens; `final`: the completion ends here, decode whatever is left."""
+        if self.stopped or self.read_offset == len(self.ids):
+            return
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset :])
         if final or (len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR)):
@@ -43,6 +50,7 @@ class IncrementalDetokenizer:
         if not hits:
             return False
         self.text = self.text[: min(hits)]
+        self.stopped = True
         return True
 
     def delta(self, finished: bool) -> str:

@@ -95,7 +95,6 @@ class LLMEngine:
         for seq in request.seqs:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
-                request.flush(seq)
         self.pending.append(request.output())
         self.metrics.on_finish(request)
 
@@ -113,8 +112,9 @@ class LLMEngine:
 
     # ---- the loop ----
 
-    def step(self) -> list[RequestOutput]:
-        """One model step; returns an output for every request that got tokens or finished."""
+    def step(self, finished_only: bool = False) -> list[RequestOutput]:
+        """One model step; returns an output for every request that got tokens or finished
+        (`finished_only`: for the finished ones only, which spares decoding text nobody reads)."""
         outputs, self.pending = self.pending, []
         start = time.perf_counter()
         hits_before = self.block_manager.num_hit_tokens
@@ -140,7 +140,8 @@ class LLMEngine:
                 self.scheduler.finish(seq, reason)
             news[request.request_id] = request
         for request in news.values():
-            outputs.append(request.output())
+            if request.finished or not finished_only:
+                outputs.append(request.output())
             if request.finished:
                 del self.requests[request.request_id]
                 self.metrics.on_finish(request)

@@ -38,25 +38,26 @@ class Request:
         return None
 
     def on_token(self, seq: Sequence, token_id: int, logprob: dict | None, reason: str | None, now: float) -> str | None:
-        """Record a sampled token (already appended to `seq`); returns the finish reason, with stop strings."""
+        """Record a sampled token (already appended to `seq`); returns the finish reason, with
+        stop strings (the text is decoded here only when there are stop strings to look for)."""
         self.first_token_time = self.first_token_time or now
         self.last_token_time = now
-        if logprob is not None and self.logprobs[seq.index] is not None:
-            self.logprobs[seq.index].append(logprob)
+        if self.logprobs[seq.index] is not None:
+            k = seq.params.logprobs  # the batch computed the most any row asked for
+            self.logprobs[seq.index].append({**logprob, "top_logprobs": dict(list(logprob["top_logprobs"].items())[:k])})
         detok = self.detokenizers[seq.index]
-        length_before = len(detok.text)
-        detok.add([token_id], final=reason is not None)
-        if seq.num_completion_tokens >= seq.params.min_tokens and detok.find_stop(length_before):
-            reason = "stop"
+        detok.push(token_id)
+        if seq.params.stop:
+            length_before = len(detok.text)
+            detok.update(final=reason is not None)
+            if seq.num_completion_tokens >= seq.params.min_tokens and detok.find_stop(length_before):
+                reason = "stop"
         return reason
-
-    def flush(self, seq: Sequence) -> None:
-        """An aborted sequence: decode whatever its last tokens left pending."""
-        self.detokenizers[seq.index].add([], final=True)
 
     def output(self) -> RequestOutput:
         completions = []
         for seq, detok in zip(self.seqs, self.detokenizers):
+            detok.update(final=seq.is_finished)
             ids = seq.completion_token_ids
             start, self.num_emitted[seq.index] = self.num_emitted[seq.index], len(ids)
             completions.append(CompletionOutput(
