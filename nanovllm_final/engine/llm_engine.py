@@ -30,7 +30,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, tokenizer):
         check_tensor_parallel(config, model_config)
         self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
-        self.eos_token_ids = list(model_config.eos_token_ids)
+        self.eos_token_ids = list(model_config.eos_token_ids)  # every one of them ends a sequence
+        self.eos_set = set(self.eos_token_ids)
         self.tokenizer_size = len(tokenizer)
         self.warned_vocab = False
         # tensor parallelism: this process is rank 0; ranks 1.. are worker processes
@@ -125,17 +126,16 @@ class LLMEngine:
         logits = self.model_runner.execute(step) if self.workers is None else self.workers.call("execute", self.model_runner.execute, step)
         sampling = [seq for seq in seqs if seq.samples_this_step]
         sampled = self.model_runner.sample(logits, build_sampling_batch(sampling, self.eos_token_ids)) if sampling else None
-        token_of = {} if sampled is None else dict(zip((s.seq_id for s in sampling), sampled.token_ids))
-        self.scheduler.postprocess(seqs, [token_of.get(seq.seq_id) for seq in seqs])
+        ids = iter(sampled.token_ids if sampled else [])
+        self.scheduler.postprocess(seqs, [next(ids) if seq.samples_this_step else None for seq in seqs])
         now = time.perf_counter()
         news: dict[str, Request] = {}
-        eos = set(self.eos_token_ids)
         for row, seq in enumerate(sampling):
             request = self.requests[seq.request_id]
             token_id = sampled.token_ids[row]
             self._check_vocab(token_id)
-            reason = request.stop_reason(seq, token_id, eos, self.config.max_model_len)
-            reason = request.on_token(seq, token_id, sampled.logprobs and sampled.logprobs[row], reason, now)
+            logprob = sampled.logprobs[row] if sampled.logprobs else None
+            reason = request.on_token(seq, token_id, logprob, now, self.eos_set, self.config.max_model_len)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
             news[request.request_id] = request

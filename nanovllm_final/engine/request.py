@@ -28,29 +28,27 @@ class Request:
     def finished(self) -> bool:
         return all(seq.is_finished for seq in self.seqs)
 
-    def stop_reason(self, seq: Sequence, token_id: int, eos_token_ids: set[int], max_model_len: int) -> str | None:
-        """Why the token just appended ends the sequence (before looking at its text), if it does."""
-        p, n = seq.params, seq.num_completion_tokens
-        if n >= p.min_tokens and ((not p.ignore_eos and token_id in eos_token_ids) or token_id in p.stop_token_ids):
-            return "stop"
-        if (p.max_tokens is not None and n >= p.max_tokens) or len(seq) >= max_model_len:
-            return "length"
-        return None
-
-    def on_token(self, seq: Sequence, token_id: int, logprob: dict | None, reason: str | None, now: float) -> str | None:
-        """Record a sampled token (already appended to `seq`); returns the finish reason, with
-        stop strings (the text is decoded here only when there are stop strings to look for)."""
+    def on_token(self, seq: Sequence, token_id: int, logprob: dict | None, now: float, eos_token_ids: set[int], max_model_len: int) -> str | None:
+        """Record a token just appended to `seq`; returns why the sequence ends, if it does:
+        "stop" (EOS, a stop id, a stop string) or "length" (max_tokens, max_model_len). The
+        text is decoded here only when there are stop strings to look for."""
         self.first_token_time = self.first_token_time or now
         self.last_token_time = now
         if self.logprobs[seq.index] is not None:
             k = seq.params.logprobs  # the batch computed the most any row asked for
             self.logprobs[seq.index].append({**logprob, "top_logprobs": dict(list(logprob["top_logprobs"].items())[:k])})
+        p, n = seq.params, seq.num_completion_tokens
+        reason = None
+        if n >= p.min_tokens and ((not p.ignore_eos and token_id in eos_token_ids) or token_id in p.stop_token_ids):
+            reason = "stop"
+        elif (p.max_tokens is not None and n >= p.max_tokens) or len(seq) >= max_model_len:
+            reason = "length"
         detok = self.detokenizers[seq.index]
         detok.push(token_id)
-        if seq.params.stop:
+        if p.stop:
             length_before = len(detok.text)
             detok.update(final=reason is not None)
-            if seq.num_completion_tokens >= seq.params.min_tokens and detok.find_stop(length_before):
+            if n >= p.min_tokens and detok.find_stop(length_before):
                 reason = "stop"
         return reason
 

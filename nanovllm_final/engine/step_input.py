@@ -42,7 +42,7 @@ def build_step_input(seqs: list[Sequence], block_size: int) -> StepInput:
         block_tables[i, : len(s.block_table)] = s.block_table
     slots = block_tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
     input_ids = np.fromiter(chain.from_iterable(s.token_ids[a:b] for s, a, b in zip(seqs, starts, ends)), np.int64, int(cu[-1]))
-    lengths = np.fromiter((len(s) for s in seqs), np.int64, len(seqs))
+    samples = np.fromiter((s.samples_this_step for s in seqs), bool, len(seqs))
     max_seqlen_q = int(counts.max())
     return StepInput(
         input_ids=input_ids,
@@ -51,7 +51,7 @@ def build_step_input(seqs: list[Sequence], block_size: int) -> StepInput:
         cu_seqlens_q=cu.astype(np.int32),
         context_lens=ends.astype(np.int32),
         block_tables=block_tables,
-        sample_rows=(cu[1:] - 1)[ends == lengths],  # sequences whose feed reaches their end
+        sample_rows=(cu[1:] - 1)[samples],  # the last fed token of each sequence that samples
         max_seqlen_q=max_seqlen_q,
         is_decode=max_seqlen_q == 1,
     )
