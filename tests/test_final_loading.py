@@ -55,7 +55,7 @@ def test_sharded_checkpoint(model_dir, tmp_path, hf_greedy):
         save_file({k: weights[k] for k in keys}, path / file, metadata={"format": "pt"})
     index = {"metadata": {}, "weight_map": {k: file for file, keys in shards.items() for k in keys}}
     (path / "model.safetensors.index.json").write_text(json.dumps(index))
-    prompts = random_prompts([5, 9], seed=2)
+    prompts = random_prompts([9], seed=2)
     assert greedy_ids(path, prompts) == [hf_greedy(src, tuple(p), 10) for p in prompts]
     (path / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="model-00002-of-00002.safetensors"):
@@ -82,7 +82,7 @@ def test_sliding_window_is_refused(model_dir, tmp_path):
 def test_vocab_past_the_tokenizer_warns_once(tmp_path, caplog):
     path = make_model(tmp_path / "wide", arch="qwen3", vocab_size=4096)  # the tokenizer has 500 tokens
     with LLM(path, device="cpu", max_model_len=64) as llm, caplog.at_level(logging.WARNING, logger="nanovllm_final"):
-        outs = llm.generate(random_prompts([4] * 4, seed=5), SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+        outs = llm.generate(random_prompts([4] * 2, seed=5), SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     assert sum(t >= 500 for o in outs for t in o["token_ids"]) > 1  # most ids are past the tokenizer
     warnings = [r for r in caplog.records if "tokenizer has only 500 tokens" in r.getMessage()]
     assert len(warnings) == 1

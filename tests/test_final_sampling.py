@@ -112,6 +112,16 @@ def test_seeded_requests_ignore_batch_order_and_preemption(llm):
     assert [mixed[3]["token_ids"], mixed[2]["token_ids"]] == alone  # prompts 0 and 1, with seeds 100 and 101
 
 
+def test_seeded_n_completions_survive_preemption(llm):
+    prompt, other = random_prompts([12, 10], seed=11)
+    params = SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=14, ignore_eos=True)
+    alone = [c["token_ids"] for c in llm.generate([prompt], params, use_tqdm=False)[0]["outputs"]]
+    llm.stats.clear()
+    busy = llm.generate([other, prompt], [SamplingParams(max_tokens=20, ignore_eos=True), params], use_tqdm=False)[1]
+    assert sum(s["preemptions"] for s in llm.stats) > 0
+    assert [c["token_ids"] for c in busy["outputs"]] == alone and len({tuple(a) for a in alone}) == 3
+
+
 def test_top_k_1_generates_greedily(llm):
     prompts = random_prompts([5, 9], seed=6)
     greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10), use_tqdm=False)

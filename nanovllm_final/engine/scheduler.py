@@ -72,8 +72,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             leader = seq.leader
-            if leader is not None and not leader.is_finished and leader.num_cached_tokens < leader.num_prompt_tokens:
-                break  # a sibling waits until its leader's prompt blocks are in the cache, to share them
+            if leader is not None and leader.status == SequenceStatus.RUNNING and leader.num_cached_tokens < leader.num_prompt_tokens:
+                break  # a sibling waits while its leader computes the prompt, to find its blocks in the cache
             if not self.block_manager.can_allocate(seq):
                 break
             self.block_manager.allocate(seq)

@@ -24,8 +24,8 @@ class Sequence:
         self.params = params  # resolved: no None fields left but max_tokens
         self.request_id = ""  # set by its Request
         self.index = index  # which of its request's n completions
-        # The sibling that computes the shared prompt first; this one is admitted once the
-        # leader's prompt blocks are in the cache, so that it finds them there.
+        # The sibling that computes the shared prompt first; while it does, this one waits,
+        # so that it finds the prompt's blocks in the cache when admitted.
         self.leader = leader
         self.num_cached_tokens = 0  # tokens whose K/V are in the cache (only the rest are fed)
         self.num_prompt_hit_tokens = 0  # prompt tokens the prefix cache served at first admission
