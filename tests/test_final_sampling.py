@@ -122,6 +122,17 @@ def test_seeded_n_completions_survive_preemption(llm):
     assert [c["token_ids"] for c in busy["outputs"]] == alone and len({tuple(a) for a in alone}) == 3
 
 
+def test_penalties_in_the_engine(llm):
+    """Greedy with strong penalties: no token of the prompt (repetition) or of the output
+    (presence) comes back, while plain greedy repeats itself."""
+    prompt = random_prompts([10], seed=12)[0]
+    plain = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)[0]["token_ids"]
+    assert len(set(plain)) < len(plain) or set(plain) & set(prompt)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, repetition_penalty=1e6, presence_penalty=2.0)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]["token_ids"]
+    assert len(set(out)) == len(out) and not set(out) & set(prompt)
+
+
 def test_top_k_1_generates_greedily(llm):
     prompts = random_prompts([5, 9], seed=6)
     greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10), use_tqdm=False)
