@@ -268,6 +268,14 @@ def test_n_logprobs_and_stop(server, reference):
         assert all(v <= 0 for v in lp.token_logprobs)
         assert all(len(top) <= 2 for top in lp.top_logprobs)
     assert got.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in got.choices)
+    texts, finishes = {i: "" for i in range(3)}, {i: [] for i in range(3)}
+    for chunk in client.completions.create(model=NAME, prompt="Mix the flour", max_tokens=8, temperature=0.8, seed=7, n=3,
+                                           logprobs=2, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            finishes[c.index] += [c.finish_reason] if c.finish_reason else []
+    assert texts == {c.index: c.text for c in got.choices}  # seeded: the same n completions, streamed
+    assert finishes == {c.index: [c.finish_reason] for c in got.choices}  # one end per completion
 
     want = generate(reference, "The keeper", temperature=0, max_tokens=16)["text"]
     cut = want.strip().split(" ")[1] if len(want.strip().split(" ")) > 1 else None

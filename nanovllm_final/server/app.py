@@ -95,11 +95,12 @@ class Choices:
         for c in out.outputs:
             index = base + c.index
             new_logprobs = _new_entries(c.logprobs, len(c.token_ids), len(c.delta_token_ids))
+            ends_now = c.finish_reason is not None and self.finish_reason[index] is None
             self.text[index] = c.text
             self.token_ids[index] = list(c.token_ids)
             self.logprobs[index] += new_logprobs
             self.finish_reason[index] = c.finish_reason
-            if c.delta_text or c.delta_token_ids or c.finish_reason:  # a chunk per token, even one with no text yet
+            if c.delta_text or c.delta_token_ids or ends_now:  # a chunk per token, even one with no text yet
                 updates.append((index, c.delta_text, new_logprobs, c.finish_reason))
         if out.finished:
             self.unfinished.discard(out.request_id)
