@@ -25,13 +25,14 @@ log = logging.getLogger("nanovllm.server")
 
 
 class EventStream(StreamingResponse):
-    """Server-sent events that notice a client going away even while no token is due:
-    the stream stops, and the generator's `finally` aborts the request in the engine."""
+    """Server-sent events that notice a client going away even while no token is due;
+    `on_close` runs however the stream ends (it aborts what is left in the engine)."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[str]):
+    def __init__(self, content: AsyncIterator[str], on_close):
         super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -49,6 +50,7 @@ class EventStream(StreamingResponse):
                 group.cancel_scope.cancel()
         finally:
             await self.body_iterator.aclose()
+            self.on_close()
 
 
 class Choices:
@@ -162,7 +164,11 @@ class Server:
 
     async def submit(self, prompts: list[list[int]], params, prefix: str) -> Handle:
         handle = self.engine.submit(prompts, params, prefix)
-        kind, payload = await handle.queue.get()  # the engine thread took it, or said why not
+        try:
+            kind, payload = await handle.queue.get()  # the engine thread took it, or said why not
+        except asyncio.CancelledError:
+            self.engine.abort(handle)
+            raise
         if kind == "error":
             raise payload
         return handle
@@ -207,10 +213,14 @@ class Server:
                 yield _sse({**make_chunk(None, "", [], None), "choices": [], "usage": choices.usage(prompts)})
         except RequestError as err:
             yield _sse(err.body())
-        finally:
-            if not choices.done:
-                self.engine.abort(choices.handle)
         yield "data: [DONE]\n\n"
+
+    def stream_response(self, choices: Choices, prompts: list[list[int]], include_usage: bool, make_chunk, first_chunks=()) -> EventStream:
+        def on_close() -> None:
+            if not choices.done:  # the client left, or the server is stopping
+                self.engine.abort(choices.handle)
+
+        return EventStream(self.stream(choices, prompts, include_usage, make_chunk, first_chunks), on_close)
 
     # ---- formatting ----
 
@@ -310,7 +320,7 @@ def create_app(server: Server) -> FastAPI:
                 return {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
 
             include = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(server.stream(choices, prompts, include, chunk))
+            return server.stream_response(choices, prompts, include, chunk)
         await server.collect(request, choices)
         return {**head, "choices": [
             {"index": i, "text": choices.text[i], "finish_reason": choices.finish_reason[i],
@@ -344,7 +354,7 @@ def create_app(server: Server) -> FastAPI:
             role = [{**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
                     for i in range(req.n)]
             include = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(server.stream(choices, prompts, include, chunk, role))
+            return server.stream_response(choices, prompts, include, chunk, role)
         await server.collect(request, choices)
         return {**head, "choices": [
             {"index": i, "message": {"role": "assistant", "content": choices.text[i]},
