@@ -34,6 +34,12 @@ TINY_MODELS = {
 }
 
 
+def stage_view(outs: list[dict]) -> list[dict]:
+    """The stage API's part of generate's results; the final engine's dicts add more keys
+    (finish_reason, metrics with timings, ...), so compare runs through this view."""
+    return [{"text": o["text"], "token_ids": o["token_ids"]} for o in outs]
+
+
 def random_prompts(lengths: list[int], seed: int, vocab: int = 300) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common import ENGINES, ROOT, engine_module, generate_and_compare, level, load_engine, random_prompts
+from common import ENGINES, ROOT, engine_module, generate_and_compare, level, load_engine, random_prompts, stage_view
 
 TP_ENGINES = [e for e in ENGINES if level(e) >= 7]
 
@@ -55,7 +55,7 @@ def load(layer, *tensors, shard_id=None) -> None:
 
 
 def check_layers_on_rank(rank: int, engine: str, port: int) -> None:
-    parallel = engine_module(engine, "layers.parallel")
+    parallel = engine_module(engine, "distributed" if engine == "final" else "layers.parallel")
     linear = engine_module(engine, "layers.linear")
     embedding = engine_module(engine, "layers.embedding")
     parallel.init_tensor_parallel(rank, 2, "gloo", f"tcp://127.0.0.1:{port}", 30.0)
@@ -136,12 +136,12 @@ def test_tp2_matches_tp1_and_hf(engine, model, model_dir, hf_greedy):
     options = dict(device="cpu", **CASES[model])
     sampled = st.SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True)
     with st.LLM(path, **options) as llm:
-        ref_sampled = llm.generate(prompts[:3], sampled, use_tqdm=False)
+        ref_sampled = stage_view(llm.generate(prompts[:3], sampled, use_tqdm=False))
     with st.LLM(path, tensor_parallel_size=2, **options) as llm:
         assert len(multiprocessing.active_children()) == 1  # rank 1
         assert llm.engine.model_runner.kv_cache.shape[-2] == 1  # 2 KV heads, one per rank
         # rank 0 samples, with the same seeded sampler as TP=1
-        assert llm.generate(prompts[:3], sampled, use_tqdm=False) == ref_sampled
+        assert stage_view(llm.generate(prompts[:3], sampled, use_tqdm=False)) == ref_sampled
         llm.stats.clear()
         generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=24)
         if model == "qwen3":
@@ -157,15 +157,15 @@ def test_tp1_and_tp2_side_by_side(engine, model_dir):
     prompts, params = random_prompts([7, 19], seed=80), st.SamplingParams(temperature=0.0, max_tokens=8)
     with st.LLM(path, device="cpu", max_model_len=64) as llm1:
         assert multiprocessing.active_children() == [] and not dist.is_initialized()
-        expected = llm1.generate(prompts, params, use_tqdm=False)
+        expected = stage_view(llm1.generate(prompts, params, use_tqdm=False))
         with st.LLM(path, device="cpu", max_model_len=64, tensor_parallel_size=2) as llm2:
             with pytest.raises(RuntimeError, match="already initialised"):
                 st.LLM(path, device="cpu", max_model_len=64, tensor_parallel_size=2)
             assert len(multiprocessing.active_children()) == 1  # the refused engine started nothing
             with st.LLM(path, device="cpu", max_model_len=64) as llm1b:  # built while the group exists
-                assert llm1b.generate(prompts, params, use_tqdm=False) == expected
-            assert llm2.generate(prompts, params, use_tqdm=False) == expected
-        assert llm1.generate(prompts, params, use_tqdm=False) == expected
+                assert stage_view(llm1b.generate(prompts, params, use_tqdm=False)) == expected
+            assert stage_view(llm2.generate(prompts, params, use_tqdm=False)) == expected
+        assert stage_view(llm1.generate(prompts, params, use_tqdm=False)) == expected
 
 
 # ---------------------------------------------------------------- errors before anything starts

@@ -226,8 +226,8 @@ def pairs_to_check(root: Path) -> list[tuple[Stage, Stage]]:
     pairs = list(zip(stages, stages[1:]))
     final = final_stage(root)
     if final and stages:
-        if declared_files(final) is None:
-            print(f"skip final: {FINAL_DIR}/{README} {missing_listing(final)}")
+        if declared_files(final) is None:  # the ladder's end: a product written once, not a copy of the last stage
+            print(f"skip final: {FINAL_DIR}/{README} {missing_listing(final)} (the ladder's end, not compared with {stages[-1].name})")
         else:
             pairs.append((stages[-1], final))
     return pairs
