@@ -65,18 +65,18 @@ def serve(args: argparse.Namespace) -> None:
     try:
         from .app import Server, run
     except ImportError as err:
-        sys.exit(f"error: the server needs FastAPI and uvicorn ({err}); install them with pip install 'nanovllm-staged[serve]'")
+        print(f"error: the server needs FastAPI and uvicorn ({err}); install them with pip install 'nanovllm-staged[serve]'", file=sys.stderr)
+        sys.exit(2)
     from .engine_thread import EngineThread
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # while loading: stop cleanly
-    options = engine_options(args)
-    max_pending = args.max_pending_requests or 4 * options.get("max_num_seqs", EngineConfig.max_num_seqs)
-    engine = EngineThread(args.model, options, max_pending)
     try:
+        engine = EngineThread(args.model, engine_options(args), args.max_pending_requests)
         engine.start()
     except (ValueError, FileNotFoundError, OSError) as err:
-        sys.exit(f"error: {err}")
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
     try:

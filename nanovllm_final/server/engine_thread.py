@@ -52,9 +52,10 @@ class Handle:
 class EngineThread:
     """The engine's thread and the loop-side API: submit, abort, call, stop."""
 
-    def __init__(self, model: str, engine_options: dict, max_pending: int, metrics: ServerMetrics | None = None):
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+    def __init__(self, model: str, engine_options: dict, max_pending: int | None = None, metrics: ServerMetrics | None = None):
+        """max_pending: requests in flight past which submit() refuses; None: 4 x max_num_seqs."""
+        if max_pending is not None and (not isinstance(max_pending, int) or max_pending < 1):
+            raise ValueError(f"max_pending must be a positive integer, got {max_pending!r}")
         self.model = model
         self.engine_options = engine_options
         self.max_pending = max_pending
@@ -141,6 +142,7 @@ class EngineThread:
             from .. import LLM
 
             self.llm = LLM(self.model, **self.engine_options)
+            self.max_pending = self.max_pending or 4 * self.llm.config.max_num_seqs
         except BaseException as err:  # noqa: BLE001 - re-raised by start() on the main thread
             self._start_error = err
             self._ready.set()
@@ -241,6 +243,15 @@ class EngineThread:
                 done.append(out.request_id)
                 self.metrics.observe_request(out, time.perf_counter() - handle.start)
         self._finish(done)
-        for handle, outs in by_handle.items():
-            handle.push("outputs", outs)
+        if by_handle:  # one wake-up of the event loop per step, however many requests got tokens
+            loop = next(iter(by_handle)).loop
+            try:
+                loop.call_soon_threadsafe(_put_outputs, list(by_handle.items()))
+            except RuntimeError:
+                pass  # the event loop is closed
+
+
+def _put_outputs(items: list[tuple[Handle, list]]) -> None:
+    for handle, outs in items:
+        handle.queue.put_nowait(("outputs", outs))
 
