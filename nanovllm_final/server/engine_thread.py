@@ -108,6 +108,8 @@ class EngineThread:
             raise RequestError("the server is shutting down", status=503, code="shutting_down")
         if not self.alive:
             raise RequestError(f"the engine is not running: {self.error or 'stopped'}", status=503, code="engine_dead")
+        if len(prompts) > self.max_pending:
+            raise RequestError(f"a batch of {len(prompts)} prompts is more than the {self.max_pending} requests this server takes at once", "prompt")
         with self._lock:
             if self._in_flight + len(prompts) > self.max_pending:
                 self.metrics.rejected("overload")
