@@ -20,6 +20,12 @@ def percentiles(values: list[float]) -> dict | None:
 class EngineMetrics:
     def __init__(self, scheduler: Scheduler, block_manager: BlockManager):
         self.scheduler, self.bm = scheduler, block_manager
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was measured so far (e.g. after a warm-up)."""
+        self.hits_at_reset, self.admitted_at_reset = self.bm.num_hit_tokens, self.bm.num_admitted_tokens
+        self.preemptions_at_reset = self.scheduler.total_preemptions
         self.stats: list[dict] = []  # one record per step, for notebooks and benchmarks
         self.start_time: float | None = None  # first request's arrival
         self.last_time: float | None = None
@@ -70,6 +76,7 @@ class EngineMetrics:
     def summary(self) -> dict:
         """Requests, tokens, throughput, latency percentiles, prefix-cache hit rate, KV usage, preemptions."""
         bm = self.bm
+        hits, admitted = bm.num_hit_tokens - self.hits_at_reset, bm.num_admitted_tokens - self.admitted_at_reset
         elapsed = (self.last_time - self.start_time) if self.start_time and self.last_time else 0.0
         return {
             "requests": self.num_requests,
@@ -81,10 +88,10 @@ class EngineMetrics:
             "generation_throughput_tok_s": self.generation_tokens / elapsed if elapsed else 0.0,
             "ttft_s": percentiles(self.ttfts),
             "tpot_s": percentiles(self.tpots),
-            "prefix_hit_tokens": bm.num_hit_tokens,
-            "prefix_hit_rate": bm.num_hit_tokens / bm.num_admitted_tokens if bm.num_admitted_tokens else 0.0,
+            "prefix_hit_tokens": hits,
+            "prefix_hit_rate": hits / admitted if admitted else 0.0,
             "kv_usage": (bm.num_blocks - bm.num_free_blocks) / bm.num_blocks,
             "kv_usage_peak": self.peak_blocks_used / bm.num_blocks,
-            "preemptions": self.scheduler.total_preemptions,
+            "preemptions": self.scheduler.total_preemptions - self.preemptions_at_reset,
             "steps": len(self.stats),
         }
