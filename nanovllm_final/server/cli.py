@@ -26,8 +26,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m nanovllm_final.server", description=__doc__,
+def main(argv: list[str] | None = None, prog: str = "python -m nanovllm_final.server") -> None:
+    """The whole `serve` command; `nanovllm serve ...` can hand its arguments here (prog="nanovllm serve")."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)
     serve(parser.parse_args(argv))
