@@ -5,8 +5,11 @@
 1. The fused Triton kernels (layers/fused_triton.py) against the layers' PyTorch code, at
    a decode batch (256 tokens) and a full prefill budget (16384 tokens), Qwen3-0.6B shapes.
 2. Prefill attention of prompts without a cached prefix: torch's varlen FlashAttention
-   against our paged Triton kernel with several tile configurations; and prompt chunks
-   after a cached prefix (only the paged kernel can do those), same configurations.
+   (torch.nn.attention.varlen.varlen_attn, on the same K/V packed contiguously) against our
+   paged Triton kernel with several tile configurations; and prompt chunks after a cached
+   prefix (only the paged kernel can do those), same configurations. On the H200 with
+   torch 2.11 the paged kernel at its default tiles was the faster of the two everywhere
+   (results/final_kernels_h200.json), so the engine has no varlen path.
 All times are GPU times of CUDA-graph replays (benchmarks/kernel_bench.py), medians, in ms.
 """
 
@@ -26,6 +29,23 @@ from nanovllm_final.layers import attention_torch, attention_triton, fused_trito
 from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
+
+try:  # torch >= 2.10, CUDA
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None
+
+
+def varlen_prefill(q, k, v, cu, max_len, scale):
+    """Causal prefill of whole prompts with torch's varlen FlashAttention (GQA native in
+    torch 2.11; torch 2.13 asks for enable_gqa=True)."""
+    keywords = inspect.signature(varlen_attn).parameters
+    kwargs = {"window_size": (-1, 0)} if "window_size" in keywords else {"is_causal": True}
+    if "enable_gqa" in keywords:
+        kwargs["enable_gqa"] = q.shape[1] != k.shape[1]
+    if "scale" in keywords:
+        kwargs["scale"] = scale
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) of the paged prefill kernel; the first is the default
 TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 2), (128, 128, 8, 2),
@@ -80,16 +100,16 @@ def prefill(rows: list, batch: int, q_len: int, context: int, reps: int, check: 
     row = {"batch": batch, "q_len": q_len, "context": context, "tiles": {}}
     flops = 4 * batch * heads * head_dim * (q_len * context - q_len * q_len / 2)  # causal
     expected = attention_torch.paged_attention(q, kc, vc, cu, ctx, bt, scale) if check else None
-    if fresh and attention_triton.varlen_supported(q):
+    if fresh and varlen_attn is not None:
         # the same K/V as the paged cache holds, packed: (batch * context, kv_heads, head_dim)
         k, v = (c[bt.long()].reshape(batch, -1, kv_heads, head_dim)[:, :context].reshape(-1, kv_heads, head_dim) for c in (kc, vc))
-        fn = lambda: attention_triton.varlen_prefill_attention(q, k, v, cu, q_len, scale)  # noqa: E731
+        fn = lambda: varlen_prefill(q, k, v, cu, q_len, scale)  # noqa: E731
         row["varlen_ms"] = graph_time_ms(fn, reps)
         row["varlen_TFLOPs"] = flops / row["varlen_ms"] / 1e9
         if check:
             row["varlen_max_err"] = (fn().float() - expected.float()).abs().max().item()
     for bm, bn, w, s in TILES:
-        fn = lambda: attention_triton.paged_prefill_attention(q, kc, vc, cu, ctx, bt, scale, q_len, None, bm, bn, w, s)  # noqa: E731
+        fn = lambda: attention_triton.paged_prefill_attention(q, kc, vc, cu, ctx, bt, scale, q_len, bm, bn, w, s)  # noqa: E731
         try:
             ms = graph_time_ms(fn, reps)
         except Exception as exc:  # e.g. out of shared memory for a large tile
@@ -114,7 +134,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.exit(2, "error: needs a CUDA GPU\n")
-    varlen = attention_triton.varlen_attn
+    varlen = varlen_attn
     record = {"benchmark": "final_kernels", "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
               "varlen_signature": str(inspect.signature(varlen)) if varlen is not None else None,
               "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "elementwise": [], "prefill": []}

@@ -99,8 +99,8 @@ def analyze(events) -> list[dict]:
             steps[int(name[len(STEP):])] = (e.start_ns(), e.end_ns())
         elif name == SAMPLE:
             samples.append((e.start_ns(), e.end_ns()))
-        elif e.activity_type() in ("cuda_runtime", "cuda_driver"):
-            launches[e.correlation_id()] = e.start_ns()  # kernel and graph launches, copies
+        elif name.startswith("cu"):  # CUDA runtime/driver calls: kernel and graph launches, copies
+            launches[e.correlation_id()] = e.start_ns()
     order = sorted(steps, key=lambda i: steps[i][0])
     starts = [steps[i][0] for i in order]
 

@@ -176,7 +176,6 @@ class ModelRunner:
             block_tables=self._tensor(block_tables, torch.int32),
             max_seqlen_q=max_seqlen_q,
             is_decode=max_seqlen_q == 1,  # one new token each: decode kernels (a 1-token chunk is the same shape)
-            no_cached_prefix=all(seq.num_cached_tokens == 0 for seq in seqs),
         )
         hidden = self.forward(self._tensor(input_ids), self._tensor(positions), context)  # (tokens, hidden)
         # NEW in 05_chunked_prefill: sample only where the fed tokens reach the sequence's end

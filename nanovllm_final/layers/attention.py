@@ -49,7 +49,6 @@ class Attention(nn.Module):
         self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_decode:
             return self.backend.paged_decode_attention(q, self.k_cache, self.v_cache, ctx.context_lens, ctx.block_tables, self.scale)
-        new_kv = (k, v) if ctx.no_cached_prefix else None  # whole prompts: the backend may skip the cache
         return self.backend.paged_prefill_attention(
-            q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, self.scale, ctx.max_seqlen_q, new_kv
+            q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, self.scale, ctx.max_seqlen_q
         )  # (tokens, heads, head_dim)

@@ -13,9 +13,6 @@ Kernels
 * ``store_kvcache``          one program per token: copy its K/V rows into the cache.
 * ``paged_prefill_attention`` FlashAttention-style: one program per (query tile, sequence,
                              query head); loops over key tiles, online softmax in fp32.
-                             Prompts without a cached prefix (``new_kv`` given) go to torch's
-                             FlashAttention varlen kernel instead, where torch has one (CUDA,
-                             fp16/bf16): it reads the new K/V directly, at matmul speed.
 * ``paged_decode_attention`` one program per (sequence, kv head[, split]): all query heads
                              of the GQA group share each K/V tile that is loaded. Optional
                              split-K over the context plus a small reduce kernel, so that a
@@ -26,18 +23,9 @@ and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads
 masks). To debug on a CPU, set ``TRITON_INTERPRET=1`` before importing triton.
 """
 
-import inspect
-
 import torch
 import triton
 import triton.language as tl
-
-try:  # torch >= 2.10: FlashAttention on packed variable-length sequences (CUDA only)
-    from torch.nn.attention.varlen import varlen_attn
-
-    _VARLEN_KEYWORDS = set(inspect.signature(varlen_attn).parameters)  # they differ between versions
-except ImportError:
-    varlen_attn, _VARLEN_KEYWORDS = None, set()
 
 # exp(x) == exp2(x * log2(e)): exp2 is the cheaper instruction on GPUs, so the kernels
 # fold log2(e) into the softmax scale once and use exp2 everywhere.
@@ -227,7 +215,6 @@ def paged_prefill_attention(
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32, padded with -1
     scale: float,
     max_seqlen_q: int,  # longest q_len in the batch (sizes the grid, no device sync)
-    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # the new tokens' K/V when they are the whole contexts
     BLOCK_M: int = 64,
     BLOCK_N: int = 64,
     num_warps: int = 4,
@@ -236,11 +223,8 @@ def paged_prefill_attention(
     """Causal attention of packed queries over a paged cache (see attention_torch.py).
 
     The new tokens' K/V must already be in the cache (call store_kvcache first).
-    Query j of sequence i is at position context_lens[i] - q_len_i + j. With `new_kv`
-    (no sequence has a cached prefix) torch's varlen kernel runs on them when it can.
+    Query j of sequence i is at position context_lens[i] - q_len_i + j.
     """
-    if new_kv is not None and varlen_supported(q):
-        return varlen_prefill_attention(q, *new_kv, cu_seqlens_q, max_seqlen_q, scale)
     num_tokens, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     assert num_heads % kv_heads == 0 and k_cache.shape[3] == head_dim
@@ -262,31 +246,6 @@ def paged_prefill_attention(
         num_warps=num_warps, num_stages=num_stages,
     )
     return out
-
-
-def varlen_supported(q: torch.Tensor) -> bool:
-    """Can torch's FlashAttention varlen kernel run on these queries?"""
-    return varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0
-
-
-def varlen_prefill_attention(
-    q: torch.Tensor,  # (N, heads, head_dim), whole prompts packed
-    k: torch.Tensor,  # (N, kv_heads, head_dim), their keys
-    v: torch.Tensor,  # (N, kv_heads, head_dim)
-    cu_seqlens_q: torch.Tensor,  # (num_seqs + 1,) int32, for keys too
-    max_seqlen_q: int,
-    scale: float,
-) -> torch.Tensor:  # (N, heads, head_dim)
-    """Causal attention of prompts that have no cached prefix, on their own contiguous K/V."""
-    kwargs = {"window_size": (-1, 0)} if "window_size" in _VARLEN_KEYWORDS else {"is_causal": True}
-    if "enable_gqa" in _VARLEN_KEYWORDS:
-        kwargs["enable_gqa"] = q.shape[1] != k.shape[1]
-    if "scale" in _VARLEN_KEYWORDS:
-        kwargs["scale"] = scale
-    elif scale != q.shape[-1] ** -0.5:
-        q = q * (scale * q.shape[-1] ** 0.5)  # the kernel's fixed scale is 1/sqrt(head_dim)
-    k, v = k.contiguous(), v.contiguous()  # views into the qkv projection: strided per token
-    return varlen_attn(q.contiguous(), k, v, cu_seqlens_q, cu_seqlens_q, max_seqlen_q, max_seqlen_q, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------

@@ -17,9 +17,6 @@ class Context:
     block_tables: torch.Tensor  # (seqs, max_blocks) int32, padded with -1
     max_seqlen_q: int  # the longest query run in the batch (sizes kernel grids)
     is_decode: bool  # every sequence feeds exactly one token
-    # no sequence has K/V in the cache before this step (whole prompts, nothing cached):
-    # prefill attention may read the new K/V directly instead of the paged cache
-    no_cached_prefix: bool = False
 
 
 _CONTEXT: Context | None = None

@@ -17,6 +17,18 @@ def _warps(block: int) -> int:
     return 1 if block <= 256 else 4 if block <= 2048 else 8
 
 
+@triton.jit
+def _rounded(x, dtype: tl.constexpr):
+    """float32 x rounded to `dtype` (nearest, ties to even) and widened back. For bf16 by
+    integer arithmetic on the bits: a compiler may fold a plain down-and-up cast away."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(dtype).to(tl.float32)
+
+
 # ---------------------------------------------------------------------------------------
 # RMSNorm, optionally after adding the residual stream
 # ---------------------------------------------------------------------------------------
@@ -40,11 +52,10 @@ def _rms_norm_kernel(
     x = x.to(tl.float32)
     if HAS_RESIDUAL:  # H == 1: x + residual, rounded like the reference's add, is the new stream
         r = tl.load(res_ptr + t * stride_rt + offs_d[None, :], mask=mask, other=0.0)
-        x = (x + r.to(tl.float32)).to(dtype)
-        tl.store(res_out_ptr + t * D + offs_d[None, :], x, mask=mask)
-        x = x.to(tl.float32)
+        x = _rounded(x + r.to(tl.float32), dtype)
+        tl.store(res_out_ptr + t * D + offs_d[None, :], x.to(dtype), mask=mask)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # [BLOCK_H]
-    y = (x * rstd[:, None]).to(dtype).to(tl.float32)  # the reference rounds before the weight
+    y = _rounded(x * rstd[:, None], dtype)  # the reference rounds before the weight
     w = tl.load(w_ptr + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)  # [BLOCK_D]
     tl.store(out_ptr + (t * H + offs_h[:, None]) * D + offs_d[None, :], (w[None, :] * y).to(dtype), mask=mask)
 
@@ -90,8 +101,8 @@ def _rotate_rows(src_ptr, dst_ptr, stride_t, stride_h, t, c, s, offs_h, offs_d, 
     dtype = x1.dtype
     x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
     # every product and the sum are rounded to the input dtype, as the reference does
-    o1 = ((x1 * c).to(dtype).to(tl.float32) - (x2 * s).to(dtype).to(tl.float32)).to(dtype)
-    o2 = ((x2 * c).to(dtype).to(tl.float32) + (x1 * s).to(dtype).to(tl.float32)).to(dtype)
+    o1 = (_rounded(x1 * c, dtype) - _rounded(x2 * s, dtype)).to(dtype)
+    o2 = (_rounded(x2 * c, dtype) + _rounded(x1 * s, dtype)).to(dtype)
     out = dst_ptr + (t * H + offs_h[:, None]) * (2 * HALF) + offs_d[None, :]
     tl.store(out, o1, mask=mask)
     tl.store(out + HALF, o2, mask=mask)
@@ -111,8 +122,8 @@ def _rotary_kernel(
     # cos/sin tables are (positions, 2 * HALF) with both halves equal; round them to the
     # inputs' dtype like the reference's `.to(q.dtype)`
     dtype = q_ptr.dtype.element_ty
-    c = tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(dtype).to(tl.float32)[None, :]
-    s = tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(dtype).to(tl.float32)[None, :]
+    c = _rounded(tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype)[None, :]
+    s = _rounded(tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype)[None, :]
     offs_qh = tl.arange(0, BLOCK_QH)
     _rotate_rows(q_ptr, q_out_ptr, stride_qt, stride_qh, t, c, s, offs_qh, offs_d,
                  (offs_qh[:, None] < QH) & d_mask[None, :], QH, HALF)
@@ -160,7 +171,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_xt, N: tl.constexpr, BLOCK: tl.c
     up = tl.load(x_ptr + t * stride_xt + N + offs, mask=mask, other=0.0)
     dtype = gate.dtype
     g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)  # F.silu, rounded like the reference
+    act = _rounded(g / (1.0 + tl.exp(-g)), dtype)  # F.silu, rounded like the reference
     tl.store(out_ptr + t * N + offs, (act * up.to(tl.float32)).to(dtype), mask=mask)
 
 
