@@ -101,6 +101,7 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return nbytes
 
+    @torch.inference_mode()
     def run(self, seqs: list[Sequence]) -> list[int | None]:
         """Feed each sequence's `num_scheduled_tokens` uncached tokens: a whole prompt, a
         chunk of one, or the newest token at decode. Returns one sampled token per
