@@ -213,6 +213,7 @@ class ModelRunner:
             return False
         return True
 
+    @torch.inference_mode()  # no autograd records: the graphs' memory pool holds only what a step needs
     def capture_cudagraphs(self, cfg: ModelConfig) -> None:
         """NEW in 06_cudagraph: record one decode step per batch size of the ladder
         (`graph_batch_sizes`). A graph replays every kernel launch of the
