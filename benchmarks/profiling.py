@@ -94,7 +94,8 @@ def analyze(events) -> list[dict]:
     for e in events:
         name = e.name()
         if _is_gpu(e):
-            gpu.append(e)
+            if not name.startswith((STEP, SAMPLE)):  # the profiler mirrors annotations onto the GPU timeline
+                gpu.append(e)
         elif name.startswith(STEP):
             steps[int(name[len(STEP):])] = (e.start_ns(), e.end_ns())
         elif name == SAMPLE:

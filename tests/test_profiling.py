@@ -44,6 +44,8 @@ def test_gpu_time_is_charged_to_the_launching_step():
         # that runs after step 1's host code has returned (launched inside it: still step 1)
         Event("gemm", 2 * ms, 5 * ms, GPU, 7), Event("norm", 4 * ms, 6 * ms, GPU, 7),
         Event("argmax", 9 * ms, 9 * ms + ms // 2, GPU, 8), Event("attn", 12 * ms, 15 * ms, GPU, 9),
+        # the profiler's copies of the annotations on the GPU timeline are not GPU work
+        Event(f"{STEP}0", 0, 10 * ms, GPU, 0), Event(SAMPLE, 8 * ms, 9 * ms, GPU, 0),
     ]
     rows = analyze(events)
     assert [r["step"] for r in rows] == [0, 1]

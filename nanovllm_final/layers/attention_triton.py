@@ -21,11 +21,6 @@ Kernels
 Conventions: tensors' last dim must be contiguous; every accumulation is fp32; fp32, fp16
 and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads it and
 masks). To debug on a CPU, set ``TRITON_INTERPRET=1`` before importing triton.
-
-Triton compiles a kernel again for every new combination of "integer argument equal to 1
-/ divisible by 16". Arguments that change from step to step (the block-table width, the
-number of splits) are marked ``do_not_specialize``, so a kernel is compiled once, not in
-the middle of a run when a batch first reaches a new width.
 """
 
 import torch
@@ -137,7 +132,7 @@ def _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, mask, APPLY_MASK: tl.
 # ---------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["stride_bt"])
+@triton.jit
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr,
@@ -271,7 +266,7 @@ def _split_size(context_len, num_splits, BLOCK_N: tl.constexpr):
     return tl.maximum(tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N), 1) * BLOCK_N
 
 
-@triton.jit(do_not_specialize=["stride_bt", "num_splits"])
+@triton.jit
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr,
     out_ptr,                                   # (S, H, D) final output (when not SPLIT)
@@ -344,7 +339,7 @@ def _paged_decode_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit
 def _paged_decode_reduce_kernel(
     out_ptr, part_out_ptr, part_lse_ptr, context_lens_ptr,
     stride_os, stride_oh,
