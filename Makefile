@@ -38,11 +38,12 @@ demo: install
 	$(PY) -m tools.tiny_model .models/tiny-qwen3 --arch qwen3 --shape tiny --if-missing
 	$(PY) -m $(subst /,.,$(STAGE)) --model .models/tiny-qwen3 --prompt "$(PROMPT)" --max-tokens 32
 
-# The whole suite: unit and equivalence tests, the stage tool's check, and every notebook under nbval.
+# The whole suite: the stage tool's check, then the unit and equivalence tests and every notebook
+# under nbval, in one pytest run spread over one worker per core (pytest-xdist; WORKERS=0: all in one process).
+WORKERS ?= auto
 test: install
 	$(PY) -m tools.stages check
-	$(PY) -m pytest tests
-	$(PY) -m pytest --nbval notebooks
+	$(PY) -m pytest -n $(WORKERS) tests notebooks --nbval
 
 # One stage, named any way `stages.load` accepts (03, 3, 03_paged, paged, final, ...).
 stage: install

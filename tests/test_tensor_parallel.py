@@ -30,6 +30,7 @@ TP_ENGINES = [e for e in ENGINES if level(e) >= 7]
 pytestmark = [
     pytest.mark.parametrize("engine", TP_ENGINES),
     pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="TP=2 on CPU needs two cores (one process per rank)"),
+    pytest.mark.xdist_group("processes"),  # under pytest-xdist: one after another, on one worker
 ]
 
 
@@ -117,7 +118,18 @@ def check_layers_on_rank(rank: int, engine: str, port: int) -> None:
 
 
 def test_sharded_layers_equal_unsharded(engine):
-    torch.multiprocessing.spawn(check_layers_on_rank, args=(engine, free_port()), nprocs=2)
+    """Rank 0 runs in this process, rank 1 in a spawned one (one interpreter start, not two)."""
+    port = free_port()
+    peer = multiprocessing.get_context("spawn").Process(target=check_layers_on_rank, args=(1, engine, port))
+    peer.start()
+    try:
+        check_layers_on_rank(0, engine, port)
+    finally:
+        peer.join(timeout=60)  # if rank 0 failed, rank 1's next collective fails too: it exits
+        if peer.is_alive():
+            peer.kill()
+            peer.join()
+    assert peer.exitcode == 0, f"rank 1 failed (exit code {peer.exitcode}); its traceback is on stderr"
 
 
 # ---------------------------------------------------------------- the engine
