@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
-from ..distributed import destroy_tensor_parallel, init_tensor_parallel, min_over_ranks, set_tp_rank
+from ..distributed import destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.attention import Attention, make_backend
 from ..layers.context import Context, set_context
 from ..layers.sampler import Sampler, apply_penalties, logprobs_of
@@ -67,6 +67,8 @@ class ModelRunner:
             layer.backend = self.attention_backend
         self.allocate_kv_cache(model_config)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> graph
+        if self.world_size > 1:
+            keep_graphs(self.graphs)  # dropped before the group is left (distributed.py says why)
         self.num_graph_replays = 0
         if self.use_cudagraphs():
             self.capture_cudagraphs(model_config)
