@@ -35,8 +35,8 @@ install: .venv/.installed
 
 # Generate text with the built-in tiny model (random weights, so the text is gibberish).
 demo: install
-	$(PY) -m tools.tiny_model .models/tiny-qwen3 --arch qwen3 --shape tiny --if-missing
-	$(PY) -m $(subst /,.,$(STAGE)) --model .models/tiny-qwen3 --prompt "$(PROMPT)" --max-tokens 32
+	$(PY) -m tools.tiny_model $(TINY) --arch qwen3 --shape tiny --if-missing
+	$(PY) -m nanovllm_final generate --model $(TINY) --prompt "$(PROMPT)" --max-tokens 32
 
 # The whole suite: the stage tool's check, then the unit and equivalence tests and every notebook
 # under nbval, in one pytest run spread over one worker per core (pytest-xdist; WORKERS=0: all in one process).

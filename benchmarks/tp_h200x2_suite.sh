@@ -23,7 +23,7 @@ from benchmarks.run import model_for_shape
 for shape in '$SHAPES'.split(): print(model_for_shape(shape, 'cuda'), flush=True)" > /tmp/models.log 2>&1 &
 models=$!
 
-step 300 $PY -m pytest -q -s -p no:cacheprovider tests/test_gpu_tp.py -k "${TESTS_K:-07}" -rA
+step 420 $PY -m pytest -q -s -p no:cacheprovider tests/test_gpu_tp.py -k "${TESTS_K:-07 or final}" -rA
 tests=$?
 step 60 $PY -m benchmarks.tp_message_cost --out "$OUT/tp_message_cost_h200x2.json"
 wait $models; cat /tmp/models.log

@@ -1,4 +1,4 @@
-"""nanovllm: generate text, chat, or benchmark with the nanovllm_final engine.
+"""nanovllm: generate text, chat, benchmark or serve with the nanovllm_final engine.
 
 examples:
   nanovllm generate --model Qwen/Qwen3-0.6B --prompt "The capital of France is" --max-tokens 32
@@ -6,8 +6,10 @@ examples:
   nanovllm generate --model ./my-checkpoint --prompt-file prompts.txt --n 3 --top-p 0.9 --seed 0 --json
   nanovllm chat --model Qwen/Qwen3-0.6B --system "Answer briefly." --chat-template-kwargs '{"enable_thinking": false}'
   nanovllm bench --model ./my-checkpoint --num-seqs 256 --max-input-len 1024 --max-output-len 1024
+  nanovllm serve Qwen/Qwen3-0.6B --port 8000 --max-num-seqs 128   (an OpenAI-compatible server)
 
---model takes a checkpoint directory or a hub id from the local Hugging Face cache.
+--model (serve: its first argument) takes a checkpoint directory or a hub id from the
+local Hugging Face cache.
 Sampling options left out take the checkpoint's generation_config.json values (as the
 Python API does); `python -m nanovllm_final` is the same program. Each command's --help
 lists its options.
@@ -21,7 +23,8 @@ import sys
 import time
 
 from . import LLM, SamplingParams
-from .config import EngineConfig
+from .engine_flags import MODEL_HELP, add_engine_options, engine_options, flag
+from .server.cli import add_parser as add_serve_parser
 
 SAMPLING_HELP = {
     "n": "completions per prompt (they share the prompt's KV blocks)",
@@ -40,28 +43,6 @@ SAMPLING_HELP = {
     "presence_penalty": "in [-2, 2], subtracted from tokens already generated",
     "frequency_penalty": "in [-2, 2], subtracted per occurrence of tokens already generated",
 }
-ENGINE_HELP = {
-    "device": "cuda or cpu (default: cuda if available)",
-    "dtype": "float32, float16 or bfloat16 (default: the checkpoint's on CUDA, float32 on CPU)",
-    "max_model_len": "longest sequence, prompt plus output",
-    "max_num_seqs": "most sequences in one step",
-    "max_num_batched_tokens": "most tokens in one step (longer prompts are chunked)",
-    "enforce_eager": "no CUDA graphs",
-    "tensor_parallel_size": "GPUs (or CPU processes) to split the model over",
-    "kvcache_block_size": "tokens per KV-cache block",
-    "num_kvcache_blocks": "KV-cache blocks (-1: as many as memory allows)",
-    "gpu_memory_utilization": "share of GPU memory the engine may use",
-    "cpu_kvcache_bytes": "KV-cache bytes on CPU",
-    "attention_backend": "auto, torch, triton or flash_attn",
-    "seed": "seed of the sampler for requests without --seed",
-    "distributed_host": "tensor parallelism: where the ranks meet",
-    "distributed_port": "tensor parallelism: rendezvous port (0: a free one)",
-    "distributed_timeout": "tensor parallelism: seconds to wait for a peer",
-}
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -77,46 +58,30 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag(f.name), type=types.get(f.name, int), help=SAMPLING_HELP[f.name])
 
 
-def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine (LLM options)")
-    group.add_argument("--model", required=True, help="checkpoint directory, or a hub id in the local Hugging Face cache")
-    for f in dataclasses.fields(EngineConfig):
-        if f.name == "model":
-            continue
-        name = "engine_seed" if f.name == "seed" else f.name  # --seed is the request's
-        if isinstance(f.default, bool):
-            group.add_argument(flag(name), dest=f"engine_{f.name}", action="store_true", default=None, help=ENGINE_HELP[f.name])
-        else:
-            kind = type(f.default) if f.default is not None else str
-            group.add_argument(flag(name), dest=f"engine_{f.name}", type=kind, help=f"{ENGINE_HELP[f.name]} (default: {f.default})")
-
-
 def sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplingParams) if getattr(args, f.name) is not None}
     return SamplingParams(**(values | overrides))
 
 
-def engine_options(args: argparse.Namespace) -> dict:
-    return {f.name: getattr(args, f"engine_{f.name}") for f in dataclasses.fields(EngineConfig)
-            if f.name != "model" and getattr(args, f"engine_{f.name}") is not None}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanovllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate,chat,bench}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate,chat,bench,serve}")
     gen = commands.add_parser("generate", help="complete prompts and print the completions",
                               description="Complete each prompt and print it with its completion(s).")
+    gen.set_defaults(func=run_generate)
     gen.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     gen.add_argument("--prompt-file", help="a file with one prompt per line")
     gen.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template (a user turn)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt (all of generate's fields)")
     chat = commands.add_parser("chat", help="talk to the model; replies are streamed",
                                description="An interactive chat: type a message, the reply streams. Ctrl-D or /exit ends it, /reset forgets.")
+    chat.set_defaults(func=run_chat)
     chat.add_argument("--system", help="a system message to start the conversation with")
     chat.add_argument("--chat-template-kwargs", type=json.loads, default=None, help='JSON for the chat template, e.g. \'{"enable_thinking": false}\'')
     bench = commands.add_parser("bench", help="measure throughput on random prompts (nano-vllm's benchmark)",
                                 description="Random token-id prompts and lengths (nano-vllm's bench.py workload), ignore_eos; "
                                             "prints output tokens per second and the engine's metrics.")
+    bench.set_defaults(func=run_bench)
     bench.add_argument("--num-seqs", type=int, default=256)
     bench.add_argument("--min-input-len", type=int, default=100)
     bench.add_argument("--max-input-len", type=int, default=1024)
@@ -125,8 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workload-seed", type=int, default=0)
     bench.add_argument("--out", help="also write the result as JSON to this file")
     for sub in (gen, chat, bench):
+        sub.add_argument("--model", required=True, help=MODEL_HELP)
         add_engine_options(sub)
         add_sampling_options(sub)
+    add_serve_parser(commands)  # nanovllm_final/server/cli.py: its own arguments and run function
     return parser
 
 
@@ -137,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        {"generate": run_generate, "chat": run_chat, "bench": run_bench}[args.command](args)
+        args.func(args)
     except (ValueError, FileNotFoundError) as err:
         parser.exit(2, f"error: {err}\n")
 

@@ -52,7 +52,13 @@ class LLM:
         if self.tokenizer.chat_template is None:
             raise ValueError(f"the tokenizer of {self.model_name} has no chat template")
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {}))
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        """The token ids of a text prompt, as generate sees them (no special tokens added).
+        verbose=False: no transformers warning about the tokenizer's own length limit;
+        max_model_len is what bounds a prompt, and generate checks it."""
+        return self.tokenizer.encode(text, add_special_tokens=False, verbose=False)
 
     # ---- generation ----
 
@@ -141,7 +147,7 @@ class LLM:
         return [self.engine.add_request(ids, p) for ids, p in zip(token_lists, params)]
 
     def _encode(self, index: int, prompt: Prompt) -> list[int]:
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else prompt
+        ids = self.encode(prompt) if isinstance(prompt, str) else prompt
         problem = self.engine.prompt_problem(ids)
         if problem:
             raise ValueError(f"prompt {index} {problem}")

@@ -14,16 +14,36 @@ from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.__main__ import main
 
 
+def nanovllm(*args: str) -> subprocess.CompletedProcess:
+    """`python -m nanovllm_final ARGS` (what the `nanovllm` console script runs) in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "nanovllm_final", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def test_help_teaches(capsys):
-    out = subprocess.run([sys.executable, "-m", "nanovllm_final", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 0 and "generate" in out.stdout and "chat" in out.stdout and "bench" in out.stdout
+    out = nanovllm("--help")
+    assert out.returncode == 0
+    for command in ("generate", "chat", "bench", "serve"):
+        assert f"\n    {command} " in out.stdout, out.stdout  # listed with its one-line help
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     text = capsys.readouterr().out
     for option in ("--top-p", "--top-k", "--min-p", "--seed", "--stop", "--logprobs", "--n", "--tensor-parallel-size", "--engine-seed"):
         assert option in text
     assert '\n[project.scripts]\nnanovllm = "nanovllm_final.__main__:main"\n' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_serve_is_a_command(tmp_path):
+    """`nanovllm serve MODEL ...` is the server's command line (nanovllm_final/server/cli.py), with
+    the same engine flags as the other commands; it reaches the server's start-up."""
+    out = nanovllm("serve", "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: nanovllm serve ") and " model\n" in out.stdout
+    for option in ("--port", "--served-model-name", "--max-pending-requests", "--max-num-seqs", "--tensor-parallel-size", "--engine-seed"):
+        assert option in out.stdout
+    missing = tmp_path / "no-such-model"
+    out = nanovllm("serve", str(missing), "--device", "cpu", "--max-num-seqs", "4")
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and str(missing) in out.stderr, out.stderr
 
 
 def test_generate_json_equals_the_api(model_dir, capsys):

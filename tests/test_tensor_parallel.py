@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common import ENGINES, ROOT, engine_module, generate_and_compare, level, load_engine, random_prompts, stage_view
+from common import ENGINES, ROOT, engine_module, generate_and_compare, level, load_engine, parallel_module, random_prompts, stage_view
 
 TP_ENGINES = [e for e in ENGINES if level(e) >= 7]
 
@@ -58,7 +58,7 @@ def load(layer, *tensors, shard_id=None) -> None:
 
 
 def check_layers_on_rank(rank: int, engine: str, port: int) -> None:
-    parallel = engine_module(engine, "distributed" if engine == "final" else "layers.parallel")
+    parallel = parallel_module(engine)
     linear = engine_module(engine, "layers.linear")
     embedding = engine_module(engine, "layers.embedding")
     parallel.init_tensor_parallel(rank, 2, "gloo", f"tcp://127.0.0.1:{port}", 30.0)
@@ -185,7 +185,8 @@ def test_tp1_and_tp2_side_by_side(engine, model_dir):
 def test_step_message_carries_only_the_step_inputs(engine, model_dir, monkeypatch):
     """Each step rank 0 sends every worker that step's input arrays, not the sequences: a
     decode step's message grows with the block table (4 bytes a block), not with the
-    tokens generated so far."""
+    tokens generated so far. Besides arrays, a step may carry plain scalars (the final
+    engine's max_seqlen_q, is_decode), which cannot grow."""
     st, path = load_engine(engine), model_dir("qwen3")
     group = engine_module(engine, "engine.workers").WorkerGroup
     messages = []
@@ -194,7 +195,7 @@ def test_step_message_carries_only_the_step_inputs(engine, model_dir, monkeypatc
     def send(self, method, *args):
         if method == "execute":
             (step,) = args
-            assert all(isinstance(value, np.ndarray) for value in vars(step).values()), vars(step)
+            assert all(isinstance(value, (np.ndarray, int, float)) for value in vars(step).values()), vars(step)
             messages.append((len(step.input_ids), step.block_tables.shape, len(pickle.dumps((method, args)))))
         return real_send(self, method, *args)
 

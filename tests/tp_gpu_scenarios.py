@@ -1,5 +1,6 @@
 """Tensor-parallel scenarios on two CUDA GPUs (NCCL), each run in its own interpreter by
 tests/test_gpu_tp.py, so that a hang costs one scenario, not the whole test session.
+ENGINE is 07_tensor_parallel or final; outputs are compared through `stage_view`.
 
     python tests/tp_gpu_scenarios.py SCENARIO ENGINE MODEL_DIR
 
@@ -21,7 +22,7 @@ sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent), str(pathlib.Path(_
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from common import engine_module, load_engine, random_prompts  # noqa: E402
+from common import load_engine, parallel_module, random_prompts, stage_view  # noqa: E402
 
 OPTIONS = dict(device="cuda", dtype="float32", max_model_len=1024, max_num_seqs=8)
 GRACEFUL_S = 5.0  # a shutdown must be done well within this (the workers' grace period is 5 s)
@@ -44,13 +45,13 @@ def equal(st, path: str) -> dict:
     prompts = random_prompts([40, 3, 37, 21, 9, 30, 17, 5], seed=70)
     params = st.SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     with st.LLM(path, enforce_eager=True, **OPTIONS) as llm:
-        expected = llm.generate(prompts, params, use_tqdm=False)
+        expected = stage_view(llm.generate(prompts, params, use_tqdm=False))
     result = {}
     for name, eager in (("eager", True), ("graphs", False)):
         llm = st.LLM(path, tensor_parallel_size=2, enforce_eager=eager, **OPTIONS)
         with llm:
             assert len(multiprocessing.active_children()) == 1
-            got = llm.generate(prompts, params, use_tqdm=False)
+            got = stage_view(llm.generate(prompts, params, use_tqdm=False))
             replays = llm.engine.model_runner.num_graph_replays
             start = time.monotonic()
         result[f"{name}_with_exit_s"] = time.monotonic() - start
@@ -70,7 +71,7 @@ def shutdown(st, path: str) -> dict:
     result, outputs = {}, []
     for i in range(2):
         llm = st.LLM(path, tensor_parallel_size=2, **OPTIONS)
-        outputs.append(llm.generate(prompts, params, use_tqdm=False))
+        outputs.append(stage_view(llm.generate(prompts, params, use_tqdm=False)))
         assert llm.engine.model_runner.num_graph_replays > 0
         result[f"shutdown_{i}_s"] = timed_shutdown(llm)
         no_leftovers()
@@ -138,9 +139,9 @@ def kill(st, path: str) -> dict:
     prompts = random_prompts([12, 7, 30], seed=5)
     params = st.SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     with st.LLM(path, enforce_eager=True, **OPTIONS) as llm:
-        expected = llm.generate(prompts, params, use_tqdm=False)
+        expected = stage_view(llm.generate(prompts, params, use_tqdm=False))
     llm = st.LLM(path, tensor_parallel_size=2, **OPTIONS)
-    assert llm.generate(prompts, params, use_tqdm=False) == expected
+    assert stage_view(llm.generate(prompts, params, use_tqdm=False)) == expected
     result["after_shutdown_s"] = timed_shutdown(llm)
     no_leftovers()
     return result
@@ -150,7 +151,7 @@ def worker_raises(st, path: str) -> dict:
     """A worker that raises while rank 0 waits for it in a collective: rank 0 gets the
     worker's traceback within 5 s, and no process is left behind."""
     llm = st.LLM(path, tensor_parallel_size=2, **OPTIONS)
-    parallel = engine_module(ENGINE, "layers.parallel")
+    parallel = parallel_module(ENGINE)
     workers = llm.engine.workers
     start = time.monotonic()
     try:

@@ -1,3 +1,4 @@
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -5,7 +6,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
-from ..distributed import destroy_tensor_parallel, init_tensor_parallel, min_over_ranks, set_tp_rank
+from ..distributed import destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.attention import Attention, make_backend
 from ..layers.context import Context, set_context
 from ..layers.sampler import Sampler, apply_penalties, logprobs_of
@@ -15,6 +16,12 @@ from .sampling_batch import SamplingBatch
 from .step_input import StepInput
 
 logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def log_once(level: int, message: str) -> None:
+    """Logged once per process, not once per engine."""
+    logger.log(level, message)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -80,6 +87,8 @@ class ModelRunner:
             layer.backend = self.attention_backend
         self.allocate_kv_cache(model_config)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> graph
+        if self.world_size > 1:
+            keep_graphs(self.graphs)  # dropped before the group is left (distributed.py says why)
         self.num_graph_replays = 0
         if self.use_cudagraphs():
             self.capture_cudagraphs(model_config)
@@ -241,11 +250,14 @@ class ModelRunner:
     def use_cudagraphs(self) -> bool:
         if self.config.enforce_eager:
             return False
-        if self.device.type != "cuda":
-            logger.warning("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
+        if self.device.type != "cuda":  # eager by nature, nothing to act on: information, not a warning
+            log_once(logging.INFO, f"CUDA graphs need a CUDA device; this {self.device.type} run is eager")
             return False
         if not self.attention_backend.capturable:
-            logger.warning("the %s attention backend cannot be captured in a CUDA graph; running eagerly", self.attention_backend.name)
+            log_once(logging.WARNING, (
+                f"the {self.attention_backend.name} attention backend cannot be captured in a CUDA graph, so decode runs "
+                "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)"
+            ))
             return False
         return True
 

@@ -138,7 +138,7 @@ class Server:
             raise RequestError(f"the model {name!r} does not exist here; this server serves {self.names[0]!r}", "model", code="model_not_found")
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
-        ids = self.llm.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
+        ids = self.llm.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise RequestError("the prompt is empty", "prompt")
         vocab = self.llm.model_config.vocab_size

@@ -7,12 +7,11 @@ with uvicorn. SIGINT or SIGTERM: stop accepting connections, give in-flight requ
 [DONE]), shut the engine down (tensor-parallel workers included) and exit with code 0."""
 
 import argparse
-import dataclasses
 import logging
 import signal
 import sys
 
-from ..config import EngineConfig
+from ..engine_flags import MODEL_HELP, add_engine_options, engine_options
 
 log = logging.getLogger("nanovllm.server")
 
@@ -26,16 +25,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m nanovllm_final.server") -> None:
-    """The whole `serve` command; `nanovllm serve ...` can hand its arguments here (prog="nanovllm serve")."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+def main(argv: list[str] | None = None) -> None:
+    """`python -m nanovllm_final.server`: the `serve` command on its own."""
+    parser = argparse.ArgumentParser(prog="python -m nanovllm_final.server", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)
     serve(parser.parse_args(argv))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="a Hugging Face model directory (or hub id in the local cache)")
+    parser.add_argument("model", help=MODEL_HELP)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     parser.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: the model's name)")
@@ -44,22 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=5.0,
                         help="seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted (default: %(default)s)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    group = parser.add_argument_group("engine options (see nanovllm_final's README)")
-    for f in dataclasses.fields(EngineConfig):
-        if f.name == "model":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):
-            group.add_argument(flag, dest=f.name, action="store_true", default=None)
-        else:
-            kind = int if isinstance(f.default, int) else float if isinstance(f.default, float) else str
-            group.add_argument(flag, dest=f.name, type=kind, default=None, metavar=kind.__name__.upper())
-
-
-def engine_options(args: argparse.Namespace) -> dict:
-    """The engine options given on the command line (the others keep the engine's defaults)."""
-    names = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]
-    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    add_engine_options(parser)
 
 
 def serve(args: argparse.Namespace) -> None:
