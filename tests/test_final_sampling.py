@@ -172,7 +172,9 @@ def test_stop_token_ids_and_min_tokens(llm):
 def test_every_eos_id_counts(llm):
     eos = set(llm.model_config.eos_token_ids)
     assert len(eos) == 2  # <|im_end|> (config.json) and <|endoftext|> (generation_config.json)
-    outs = llm.generate(random_prompts([3] * 10, seed=9), SamplingParams(temperature=1.0, max_tokens=30), use_tqdm=False)
+    # seeded: the outcome must not depend on which tests drew from the engine's generator before
+    params = [SamplingParams(temperature=1.0, max_tokens=30, seed=i) for i in range(10)]
+    outs = llm.generate(random_prompts([3] * 10, seed=9), params, use_tqdm=False)
     for out in outs:
         ids = out["token_ids"]
         ended = [i for i, t in enumerate(ids) if t in eos]
