@@ -79,10 +79,16 @@ def test_sliding_window_is_refused(model_dir, tmp_path):
         LLM(path, device="cpu")
 
 
-def test_vocab_past_the_tokenizer_warns_once(tmp_path, caplog):
+def test_vocab_past_the_tokenizer_warns_once(tmp_path, caplog, monkeypatch):
+    import nanovllm_final.engine.llm_engine as llm_engine
+
+    monkeypatch.setattr(llm_engine, "_warned_vocab", False)  # as in a fresh process
     path = make_model(tmp_path / "wide", arch="qwen3", vocab_size=4096)  # the tokenizer has 500 tokens
-    with LLM(path, device="cpu", max_model_len=64) as llm, caplog.at_level(logging.WARNING, logger="nanovllm_final"):
-        outs = llm.generate(random_prompts([4] * 2, seed=5), SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-    assert sum(t >= 500 for o in outs for t in o["token_ids"]) > 1  # most ids are past the tokenizer
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+    with caplog.at_level(logging.WARNING, logger="nanovllm_final"):
+        for _ in range(2):  # a second engine in the same process does not warn again
+            with LLM(path, device="cpu", max_model_len=64) as llm:
+                outs = llm.generate(random_prompts([4] * 2, seed=5), params, use_tqdm=False)
+            assert sum(t >= 500 for o in outs for t in o["token_ids"]) > 1  # most ids are past the tokenizer
     warnings = [r for r in caplog.records if "tokenizer has only 500 tokens" in r.getMessage()]
     assert len(warnings) == 1
