@@ -304,7 +304,7 @@ def make_model(
     (out_dir / RECORD_FILE).unlink(missing_ok=True)  # until the new files are all written
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", _generation_config(shape))
-    _save_tokenizer(out_dir, config["max_position_embeddings"])
+    save_tokenizer(out_dir, config["max_position_embeddings"])
     params = _write_weights(out_dir, config, seed, torch.device(device))
     _write_json(out_dir / RECORD_FILE, _record(config, shape, seed, device))
     print(f"tiny_model: {shape} {config['model_type']} model, {params / 1e6:.1f}M parameters, "
@@ -327,25 +327,33 @@ def _generation_config(shape: str) -> dict:
     }
 
 
-@cache
-def _trained_tokenizer() -> str:
-    """Train the byte-level BPE tokenizer once per process; returns its tokenizer.json text."""
+def train_bpe(texts: list[str], vocab_size: int) -> str:
+    """A byte-level BPE tokenizer trained on texts, with the special tokens <|endoftext|>,
+    <|im_start|> and <|im_end|> as ids 0, 1, 2; returns its tokenizer.json text."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_SIZE,
+        vocab_size=vocab_size,
         special_tokens=[ENDOFTEXT, IM_START, IM_END],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte has a token
         show_progress=False,
     )
-    tokenizer.train_from_iterator([CORPUS], trainer)
+    tokenizer.train_from_iterator(texts, trainer)
     return tokenizer.to_str()
 
 
-def _save_tokenizer(out_dir: Path, model_max_length: int) -> None:
+@cache
+def _trained_tokenizer() -> str:
+    """Train the tiny models' tokenizer once per process; returns its tokenizer.json text."""
+    return train_bpe([CORPUS], TOKENIZER_SIZE)
+
+
+def save_tokenizer(out_dir: Path, model_max_length: int, tokenizer_json: str | None = None) -> None:
+    """Write the tokenizer files (tokenizer.json, tokenizer_config.json with the ChatML chat
+    template) for tokenizer_json, by default the tiny models' tokenizer."""
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_trained_tokenizer()),
+        tokenizer_object=Tokenizer.from_str(tokenizer_json or _trained_tokenizer()),
         bos_token=ENDOFTEXT,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
