@@ -33,6 +33,7 @@ dependency; the stages import tqdm.auto), so import it before loading a stage.
 """
 
 import json
+import pathlib
 import statistics
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +42,9 @@ import matplotlib.pyplot as plt
 import torch
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # printed once per kernel, with a local path
+
+COURSE_MODEL = pathlib.Path(__file__).resolve().parent.parent / "models" / "course-llama"  # trained: real text
+STORY = "Once upon a time, in a small village by the sea,"  # how the course model's stories start
 
 SAMPLER_LOGITS = (2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2)  # the 8-token vector tests/test_sampler.py uses
 
@@ -214,10 +218,11 @@ def engine_samples(stage, model_dir, prompt_ids: list[int], temperatures, *, n: 
     return {"counts": counts, "stats": stats, "n": n}
 
 
-def plot_engine_samples(samples: dict, reference: dict, *, top: int = 8, axes=None, title=None) -> dict:
+def plot_engine_samples(samples: dict, reference: dict, *, top: int = 8, labels=None, axes=None, title=None) -> dict:
     """Bars: the frequencies of the `top` most likely tokens (and all the others together) among
     the engine's samples; markers: the reference probabilities. One column per temperature, one
-    row for the first token and one for the second. Returns, per (temperature, position), the
+    row for the first token and one for the second; labels(token_id) names a token on the axis
+    (e.g. the tokenizer's decode). Returns, per (temperature, position), the
     largest deviation in standard errors, sqrt(p (1 - p) / n), over the tokens with n*p >= 5."""
     temperatures, n = list(samples["counts"]), samples["n"]
     if axes is None:
@@ -233,7 +238,8 @@ def plot_engine_samples(samples: dict, reference: dict, *, top: int = 8, axes=No
             xs = list(range(top + 1))
             ax.bar(xs, [*freq[tokens].tolist(), 1 - freq[tokens].sum().item()], color="tab:blue", alpha=0.6, label="engine's samples")
             ax.plot(xs, [*p[tokens].tolist(), 1 - p[tokens].sum().item()], "o", color="tab:red", label="model's softmax")
-            ax.set_xticks(xs, [str(i) for i in tokens.tolist()] + ["rest"], fontsize=7, rotation=45)
+            names = [labels(i) if labels else str(i) for i in tokens.tolist()]
+            ax.set_xticks(xs, names + ["rest"], fontsize=7, rotation=45)
             ax.set_title(f"{which} token, T = {t}", fontsize=9)
             ok = n * p >= 5
             z = ((freq - p).abs() / (p * (1 - p) / n).sqrt())[ok]
