@@ -90,7 +90,8 @@ def block_tables(seqs, num_blocks: int, block_size: int, *, highlight: tuple[str
 
 def hash_chains(rows, *, block_size: int, ax=None, title=None):
     """rows: [(name, blocks)], blocks: [{"block_id", "tokens", "hash" (int, or -1 for a block not
-    hashed), "hit" (True: shared from the cache, False: computed)}]. One row of boxes per
+    hashed), "hit" (True: shared from the cache, False: computed), and optionally "text" (shown
+    instead of the token ids)}]. One row of boxes per
     sequence; an arrow carries each block's hash into the next block's."""
     width = max(len(blocks) for _, blocks in rows)
     ax = _ax(ax, (max(8, 2.3 * width + 2), 1.25 * len(rows) + 0.8))
@@ -105,10 +106,12 @@ def hash_chains(rows, *, block_size: int, ax=None, title=None):
             color = legend[state][0]
             tokens = block["tokens"]
             shown = ", ".join(map(str, tokens)) if len(tokens) <= 4 else f"{tokens[0]}, {tokens[1]}, …, {tokens[-1]}"
+            text = block.get("text")
+            shown = f"[{shown}]" if text is None else repr(text if len(text) <= 20 else text[:18] + "…")
             hashed = f"hash {block['hash']:016x}"[:13] + "…" if block["hash"] != -1 else "no hash yet"
             _box(ax, x, y, 1.8, 0.9, color=color, alpha=0.45)
             ax.text(x + 0.9, y + 0.72, f"block {block['block_id']}", ha="center", fontsize=8, weight="bold")
-            ax.text(x + 0.9, y + 0.45, f"[{shown}]", ha="center", va="center", fontsize=7)
+            ax.text(x + 0.9, y + 0.45, shown, ha="center", va="center", fontsize=7)
             ax.text(x + 0.9, y + 0.15, hashed, ha="center", va="center", fontsize=6.5, family="monospace")
             if j:
                 _arrow(ax, (x - 0.5, y + 0.45), (x, y + 0.45), color="0.3")
