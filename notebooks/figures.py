@@ -228,6 +228,8 @@ def tp_shards(layers, *, tp: int, ax=None, title=None):
             if dim is None:
                 break
         how = {0: "rows split\n(column-parallel)", 1: "columns split\n(row-parallel)", None: "whole on every rank"}[dim]
+        if dim == 0 and ("embed" in name or "lm_head" in name):
+            how = "vocabulary split\n(rows)"
         ax.text(x + w / 2, y0 + h + 0.08, f"{name}\n{out}×{inp}", ha="center", va="bottom", fontsize=7.5)
         ax.text(x + w / 2, y0 - 0.08, how, ha="center", va="top", fontsize=7)
         nxt = x + w + 0.55
