@@ -176,12 +176,13 @@ def benchmark(engines, workload="tiny-cpu", *, shape="tiny-qwen3", device="cpu",
 # ---- sampling through a stage's engine, against the model's softmax ----
 
 
-def model_distributions(model_dir, prompt_ids: list[int], temperatures, *, cover: float = 1 - 1e-5) -> dict:
+def model_distributions(model_dir, prompt_ids: list[int], temperatures, *, cover: float = 0.995) -> dict:
     """Hugging Face transformers' float32 model as the reference: for each temperature T, the
     probabilities of the first generated token, softmax(logits / T), and of the second token
     with the first one sampled: sum over t of p(t) * softmax(logits(prompt + t) / T). First
     tokens are taken in order of probability until they `cover` that much of the mass at the
-    highest T; the rest (less than 1 - cover) is left out and the sums renormalised."""
+    highest T, and the sum is renormalised over them: the first tokens left out (less than
+    1 - cover of the mass) move no second-token probability by more than 1 - cover."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
