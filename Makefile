@@ -1,30 +1,64 @@
-# Two commands on a fresh machine:  `make demo`  and  `make test`.
-# Both create .venv on first use. On a CPU machine torch is pinned to 2.13.0, the CPU wheel.
+# Two commands on a fresh machine:  `make demo`  and  `make test`.  `make` alone lists the rest.
+# Every target runs in .venv (created by `make install`, on first use), so no activation is needed.
 PY := .venv/bin/python
 TORCH ?= torch==2.13.0
+# Where pip gets torch. Empty: pip's own configuration. On this course's machines that configuration
+# serves the CPU wheel; on an ordinary CPU-only Linux box, plain `pip install torch` would fetch the
+# multi-GB CUDA build, so there run:  make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 PROMPT ?= The quick brown fox
 STAGE ?= nanovllm_final
+TINY := .models/tiny-qwen3
+MODEL ?= $(TINY)
+ARGS ?=
 
-.PHONY: demo test install clean
+.DEFAULT_GOAL := help
+.PHONY: help demo test install notebooks stage clean
+
+help:
+	@echo "make demo       set up .venv, build the tiny model, generate text with the final engine"
+	@echo "make test       the whole suite: stage-tool check, pytest, every notebook under nbval"
+	@echo "make stage      one stage on a model:  make stage STAGE=03 PROMPT='Hello' [MODEL=dir] [ARGS='--max-tokens 16']"
+	@echo "                (STAGE: 01..07, a name such as 03_paged or paged, or final (the default); MODEL: the tiny model)"
+	@echo "make notebooks  install JupyterLab (the 'notebook' extra) and open notebooks/"
+	@echo "make install    only create .venv (torch: TORCH=$(TORCH), TORCH_INDEX=$(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configuration))"
+	@echo "make clean      remove .venv and .models"
+	@echo "Anything else: run it with $(PY), or after 'source .venv/bin/activate' with python."
 
 install: .venv/.installed
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
 # Generate text with the built-in tiny model (random weights, so the text is gibberish).
 demo: install
-	$(PY) -m tools.tiny_model .models/tiny-qwen3 --arch qwen3 --shape tiny --if-missing
-	$(PY) -m $(subst /,.,$(STAGE)) --model .models/tiny-qwen3 --prompt "$(PROMPT)" --max-tokens 32
+	$(PY) -m tools.tiny_model $(TINY) --arch qwen3 --shape tiny --if-missing
+	$(PY) -m nanovllm_final generate --model $(TINY) --prompt "$(PROMPT)" --max-tokens 32
 
-# The whole suite: unit and equivalence tests, the stage tool's check, and every notebook under nbval.
+# The whole suite: the stage tool's check, then the unit and equivalence tests and every notebook
+# under nbval, in one pytest run spread over one worker per core (pytest-xdist; WORKERS=0: all in one process).
+WORKERS ?= auto
 test: install
 	$(PY) -m tools.stages check
-	$(PY) -m pytest tests
-	$(PY) -m pytest --nbval notebooks
+	$(PY) -m pytest -n $(WORKERS) tests notebooks --nbval
+
+# One stage, named any way `stages.load` accepts (03, 3, 03_paged, paged, final, ...).
+stage: install
+ifeq ($(MODEL),$(TINY))
+	$(PY) -m tools.tiny_model $(TINY) --arch qwen3 --shape tiny --if-missing
+endif
+	$(PY) -m stages $(STAGE) --model "$(MODEL)" --prompt "$(PROMPT)" $(ARGS)
+
+.venv/.notebook: .venv/.installed
+	$(PY) -m pip install -q -e ".[dev,notebook]"
+	touch $@
+
+# JupyterLab on notebooks/ (add JUPYTER_ARGS='--no-browser --ip=0.0.0.0' on a remote machine).
+notebooks: .venv/.notebook
+	$(PY) -m jupyter lab --notebook-dir=notebooks $(JUPYTER_ARGS)
 
 clean:
 	rm -rf .venv .models

@@ -1,10 +1,11 @@
 """Decode step latency with and without CUDA graphs (stage 06 or later, CUDA only).
 
-    python -m benchmarks.decode_latency --engine 06_cudagraph --shape qwen3-0.6b --out benchmarks/results/decode_latency_h200.json
+    python -m benchmarks.decode_latency --engine final --shape qwen3-0.6b --out benchmarks/results/decode_latency_h200.json
 
-For each batch size, `batch` prompts of 32 random tokens generate 64 tokens each
-(ignore_eos); the latency is the median wall time of the pure decode steps in
-`llm.stats` (scheduling, the forward pass and sampling included)."""
+For each batch size, `batch` prompts of 32 random tokens (`--prompt-len`) generate 64
+tokens each (ignore_eos, greedy); the latency is the median wall time of the pure decode
+steps in `llm.stats` (scheduling, the forward pass and sampling included). Batch 1 is the
+per-token latency of a single stream."""
 
 import argparse
 import json
@@ -16,24 +17,25 @@ import torch
 from benchmarks.run import model_for_shape, resolve_engine, versions
 
 
-def measure(st, path, batch: int, eager: bool, dtype: str) -> float:
+def measure(st, path, batch: int, eager: bool, dtype: str, prompt_len: int = 32) -> float:
     g = torch.Generator().manual_seed(batch)
-    prompts = [torch.randint(0, 10000, (32,), generator=g).tolist() for _ in range(batch)]
+    prompts = [torch.randint(0, 10000, (prompt_len,), generator=g).tolist() for _ in range(batch)]
     params = st.SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     with st.LLM(path, dtype=dtype, enforce_eager=eager, max_num_seqs=max(batch, 1), max_model_len=256) as llm:
         llm.generate(prompts, params, use_tqdm=False)  # warm-up
-        llm.engine.stats.clear()
+        before = len(llm.stats)
         llm.generate(prompts, params, use_tqdm=False)
-        decode = [s["seconds"] for s in llm.stats if not s["is_prefill"] and s["num_seqs"] == batch]
+        decode = [s["seconds"] for s in list(llm.stats)[before:] if not s["is_prefill"] and s["num_seqs"] == batch]
     return statistics.median(decode) * 1e3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", default="06_cudagraph")
+    parser.add_argument("--engine", default="final")
     parser.add_argument("--shape", default="qwen3-0.6b")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--out")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -42,11 +44,12 @@ def main() -> None:
     path = model_for_shape(args.shape, "cuda")
     rows = []
     for batch in args.batches:
-        eager, graph = (measure(st, path, batch, e, args.dtype) for e in (True, False))
+        eager, graph = (measure(st, path, batch, e, args.dtype, args.prompt_len) for e in (True, False))
         rows.append({"batch": batch, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph})
         print(f"batch {batch:4d}: eager {eager:7.2f} ms   graph {graph:7.2f} ms   x{eager / graph:.2f}", flush=True)
     record = {
         "benchmark": "decode_latency", "engine": args.engine, "shape": args.shape, "dtype": args.dtype,
+        "prompt_len": args.prompt_len, "max_tokens": 64,
         "device_name": torch.cuda.get_device_name(), "rows": rows, "versions": versions(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }

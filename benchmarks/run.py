@@ -43,6 +43,7 @@ from benchmarks.results import HEADER, summary_row  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MAX_MODEL_LEN = 4096  # EngineConfig.max_model_len's default
 FINAL_NAMES = ("final", "nanovllm_final")
+HF_NAMES = ("hf", "transformers")
 WARMUP_LENGTHS = (16, 32)  # prompt lengths of the two warm-up requests
 WARMUP_MAX_TOKENS = 8
 SUMMED_STATS = ("preemptions", "recomputed_tokens", "prefix_hit_tokens")  # per-step keys some stages record
@@ -58,7 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", action="append", required=True,
-                        help="a stage (03_paged, paged or 3) or 'final'; repeat to run several in turn")
+                        help="a stage (03_paged, paged or 3), 'final', or 'hf' (Hugging Face transformers' "
+                             "continuous batching); repeat to run several in turn")
     parser.add_argument("--workload", default="nanovllm", choices=tuple(workloads.WORKLOADS))
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", type=Path, help="a Hugging Face model directory")
@@ -75,6 +77,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="an engine option, e.g. max_num_seqs=64 or enforce_eager=true (repeatable)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads); default: torch's")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="after the timed generate, run the workload again under torch.profiler (a window of "
+                             "steps out of every 50) and record per-step host, GPU and sampling time")
     parser.add_argument("--out", help="write the JSON here ('-' for stdout); a list if several engines")
     args = parser.parse_args(argv)
     args.error = parser.error
@@ -106,7 +111,10 @@ def parse_pairs(pairs: list[str], what: str) -> dict:
 # ---- engines ----
 
 def resolve_engine(name: str) -> tuple[str, ModuleType]:
-    """('03_paged', module) for '03_paged', 'paged' or '3'; ('final', nanovllm_final) for 'final'."""
+    """('03_paged', module) for '03_paged', 'paged' or '3'; ('final', nanovllm_final) for 'final';
+    ('hf', None) for Hugging Face transformers' continuous batching."""
+    if name in HF_NAMES:
+        return "hf", None
     if name in FINAL_NAMES:
         try:
             module = importlib.import_module("nanovllm_final")
@@ -125,8 +133,9 @@ def resolve_engine(name: str) -> tuple[str, ModuleType]:
 
 
 def ladder_level(engine: str) -> int:
-    """1 for 01_naive ... 7 for 07_tensor_parallel; 8 for the final engine."""
-    return 8 if engine == "final" else int(engine[:2])
+    """1 for 01_naive ... 7 for 07_tensor_parallel; 8 for the final engine; 0 for Hugging Face."""
+    levels = {"final": 8, "hf": 0}
+    return levels[engine] if engine in levels else int(engine[:2])
 
 
 # ---- models ----
@@ -280,6 +289,9 @@ def summarize_stats(steps: list[dict]) -> dict:
             summary[key] = sum(values(key))
     if any("is_prefill" in s for s in steps):
         summary["prefill_steps"] = sum(1 for s in steps if s.get("is_prefill"))
+        for kind, is_prefill in (("prefill", True), ("decode", False)):
+            secs = [s["seconds"] for s in steps if bool(s.get("is_prefill")) == is_prefill and "seconds" in s]
+            summary[f"{kind}_step_ms_mean"] = 1e3 * sum(secs) / len(secs) if secs else None
     if any("blocks_used" in s for s in steps):
         summary["max_blocks_used"] = max(values("blocks_used"), default=None)
     return summary
@@ -315,8 +327,10 @@ def timed_generate(llm, module: ModuleType, prompts: list[list[int]], params: li
     return {"outputs": outs, "seconds": seconds, "stats": summarize_stats(steps)}
 
 
-def run_engine(module: ModuleType, setup: dict) -> dict:
+def run_engine(module: ModuleType | None, setup: dict, breakdown: bool = False) -> dict:
     """Load one engine, time it, free it; returns the measured part of the record."""
+    if module is None:
+        return run_hf(setup)
     options, prompts, params = setup["options"], setup["prompts"], setup["params"]
     device = options["device"]
     if device.startswith("cuda"):
@@ -324,8 +338,15 @@ def run_engine(module: ModuleType, setup: dict) -> dict:
     start = time.perf_counter()
     llm = module.LLM(str(setup["model_dir"]), **options)
     load_seconds = time.perf_counter() - start
+    after_load = memory_now(device, llm)
     try:
         measured = timed_generate(llm, module, prompts, params, device, setup["config"]["vocab_size"])
+        if breakdown:
+            try:
+                measured["breakdown"] = step_breakdown(llm, module, prompts, params, measured["stats"])
+            except Exception as err:  # the timed numbers stand without it
+                traceback.print_exc()
+                measured["breakdown"] = {"error": f"{type(err).__name__}: {err}"}
     finally:
         llm.shutdown()
         del llm
@@ -345,7 +366,111 @@ def run_engine(module: ModuleType, setup: dict) -> dict:
         "total_tokens_per_s": (input_tokens + output_tokens) / seconds,
         "load_seconds": load_seconds,
         "peak_memory": peak_memory(device),
+        "memory_after_load": after_load,
         "stats": measured["stats"],
+    } | ({"breakdown": measured["breakdown"]} if "breakdown" in measured else {})
+
+
+def step_breakdown(llm, module: ModuleType, prompts: list[list[int]], params: list[dict], stats: dict) -> dict:
+    """The workload once more, under torch.profiler for 5 steps out of every 50 or so
+    (benchmarks/profiling.py): per kind of step, the GPU busy time, the sampler's GPU time
+    and the kernels that take the most. `host_ms` is the timed run's mean step time minus
+    that GPU time: what the host adds while the GPU waits (engines that sync every step)."""
+    from benchmarks.profiling import profile_generate
+
+    every = max(7, min(50, stats["num_steps"] // 4))  # a few windows even in short runs
+    report = profile_generate(llm, prompts, [module.SamplingParams(**p) for p in params], every=every, active=min(5, every - 2))
+    out = {"profiled_steps": report["profiled_steps"], "top_kernels": report["top_kernels"]}
+    for kind, s in report["summary"].items():
+        step_ms = stats.get(f"{kind}_step_ms_mean")
+        out[kind] = {"profiled_steps": s["steps"], "step_ms": step_ms, "gpu_ms": s["mean_gpu_ms"],
+                     "sampling_gpu_ms": s["mean_sampling_ms"], "kernels": s["mean_kernels"],
+                     "host_ms": None if step_ms is None else max(0.0, step_ms - s["mean_gpu_ms"]),
+                     "profiled_wall_ms": s["mean_wall_ms"]}
+    return out
+
+
+# ---- Hugging Face transformers, continuous batching ----
+
+def hf_generate(manager, prompts: list[list[int]], max_tokens: list[int], tag: str, timeout: float = 600.0) -> list[list[int]]:
+    """Submit every request to a running ContinuousBatchingManager and wait for all of them."""
+    ids = [f"{tag}-{i}" for i in range(len(prompts))]
+    for request_id, prompt, n in zip(ids, prompts, max_tokens):
+        manager.add_request(input_ids=prompt, request_id=request_id, max_new_tokens=n)
+    results = {}
+    while len(results) < len(ids):
+        result = manager.get_result(timeout=timeout)
+        if result is None:
+            raise RuntimeError(f"transformers' continuous batching returned nothing for {timeout:.0f} s "
+                               f"(running: {manager.is_running()})")
+        if result.is_finished():
+            if getattr(result, "error", None):
+                raise RuntimeError(f"request {result.request_id} failed: {result.error}")
+            results[result.request_id] = result.generated_tokens
+    return [list(results[i]) for i in ids]
+
+
+def run_hf(setup: dict) -> dict:
+    """Hugging Face transformers' continuous batching (`init_continuous_batching`, the
+    machinery of `generate_batch`) on the same requests: sampling at the workload's
+    temperature with no top-k/top-p, no EOS (max_new_tokens per request), warmed up first."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    options, prompts, params = setup["options"], setup["prompts"], setup["params"]
+    device = options["device"]
+    temperatures = {p.get("temperature", 1.0) for p in params}
+    if len(temperatures) != 1:
+        raise UsageError("the hf engine needs one temperature for every request")
+    temperature = temperatures.pop()
+    dtype = getattr(torch, effective_dtype(options, setup["config"]))
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(setup["model_dir"], dtype=dtype).to(device).eval()
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    config = GenerationConfig(**sampling, max_new_tokens=max(p["max_tokens"] for p in params), pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=config)  # eos_token_id None: no EOS
+    manager.start()
+    try:
+        warm = warmup_prompts(setup["config"]["vocab_size"])
+        hf_generate(manager, warm, [WARMUP_MAX_TOKENS] * len(warm), "warmup")
+        load_seconds = time.perf_counter() - start
+        synchronize(device)
+        start = time.perf_counter()
+        outputs = hf_generate(manager, prompts, [p["max_tokens"] for p in params], "timed")
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    finally:
+        manager.stop(block=True)
+        if hasattr(model, "destroy_cached_continuous_batching_manager"):
+            model.destroy_cached_continuous_batching_manager()
+        del model, manager
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    input_tokens, output_tokens = sum(len(p) for p in prompts), sum(len(o) for o in outputs)
+    return {
+        "num_seqs": len(prompts), "input_tokens": input_tokens, "output_tokens": output_tokens,
+        "requested_output_tokens": sum(p["max_tokens"] for p in params), "seconds": seconds,
+        "output_tokens_per_s": output_tokens / seconds, "total_tokens_per_s": (input_tokens + output_tokens) / seconds,
+        "load_seconds": load_seconds, "peak_memory": peak_memory(device), "stats": None,
+    }
+
+
+def memory_now(device: str, llm) -> dict | None:
+    """CUDA memory once the engine is loaded (weights, KV cache, CUDA graphs): device-wide use
+    (what `gpu_memory_utilization` bounds, with nothing else on the GPU) and the KV cache's share."""
+    if not device.startswith("cuda"):
+        return None
+    index = torch.device(device).index
+    free, total = torch.cuda.mem_get_info(index)
+    runner = getattr(getattr(llm, "engine", None), "model_runner", None)
+    kv = getattr(runner, "kv_cache", None)
+    return {
+        "device_used_bytes": total - free, "device_total_bytes": total, "used_fraction": (total - free) / total,
+        "allocated_bytes": torch.cuda.memory_allocated(index), "reserved_bytes": torch.cuda.memory_reserved(index),
+        "kv_cache_bytes": kv.numel() * kv.element_size() if isinstance(kv, torch.Tensor) else None,
+        "num_kvcache_blocks": getattr(runner, "num_kvcache_blocks", None),
     }
 
 
@@ -441,12 +566,18 @@ def main(argv: list[str] | None = None) -> int:
     for engine, module in setup["engines"]:
         record = base_record(engine, setup, args)
         try:
-            record |= run_engine(module, setup)
+            record |= run_engine(module, setup, args.breakdown)
         except Exception as err:  # one engine failing (e.g. out of memory) must not lose the others
             traceback.print_exc()
             record["error"] = f"{type(err).__name__}: {err}"
         records.append(record)
         print(summary_row(record), file=log, flush=True)
+    hf = next((r for r in records if r["engine"] == "hf" and "error" not in r), None)
+    if hf is not None:  # same requests, same process: the ratio is the comparison
+        for r in records:
+            if r is not hf and "error" not in r:
+                r["vs_hf"] = r["output_tokens_per_s"] / hf["output_tokens_per_s"]
+                print(f"{r['engine']} / hf: {r['vs_hf']:.1f}x output tokens/s", file=log, flush=True)
     if args.out:
         write_json(records, args.out)
     return 1 if any("error" in r for r in records) else 0

@@ -1,39 +1,194 @@
-"""Command line: python -m stages.<stage> --model DIR --prompt "..." """
+"""nanovllm: generate text, chat, benchmark or serve with the nanovllm_final engine.
+
+examples:
+  nanovllm generate --model Qwen/Qwen3-0.6B --prompt "The capital of France is" --max-tokens 32
+  nanovllm generate --model ./my-checkpoint --prompt "Hi" --prompt "Bonjour" --chat --temperature 0
+  nanovllm generate --model ./my-checkpoint --prompt-file prompts.txt --n 3 --top-p 0.9 --seed 0 --json
+  nanovllm chat --model Qwen/Qwen3-0.6B --system "Answer briefly." --chat-template-kwargs '{"enable_thinking": false}'
+  nanovllm bench --model ./my-checkpoint --num-seqs 256 --max-input-len 1024 --max-output-len 1024
+  nanovllm serve Qwen/Qwen3-0.6B --port 8000 --max-num-seqs 128   (an OpenAI-compatible server)
+
+--model (serve: its first argument) takes a checkpoint directory or a hub id from the
+local Hugging Face cache.
+Sampling options left out take the checkpoint's generation_config.json values (as the
+Python API does); `python -m nanovllm_final` is the same program. Each command's --help
+lists its options.
+"""
 
 import argparse
+import dataclasses
+import json
+import random
+import sys
+import time
 
 from . import LLM, SamplingParams
+from .engine_flags import MODEL_HELP, add_engine_options, engine_options, flag
+from .server.cli import add_parser as add_serve_parser
+
+SAMPLING_HELP = {
+    "n": "completions per prompt (they share the prompt's KV blocks)",
+    "temperature": "0 is greedy; default: generation_config.json's, else 1.0",
+    "top_p": "nucleus: keep the most likely tokens up to this probability mass (0, 1]",
+    "top_k": "keep the k most likely tokens (0 or -1: all)",
+    "min_p": "drop tokens below min_p times the most likely token's probability",
+    "seed": "this request's random seed (the same tokens whatever else runs)",
+    "max_tokens": "most tokens to generate per completion",
+    "min_tokens": "suppress EOS and stop ids until this many tokens",
+    "stop": "a string that ends the completion (repeat for several)",
+    "stop_token_ids": "a token id that ends the completion (repeat for several)",
+    "ignore_eos": "keep going past EOS tokens",
+    "logprobs": "return the log-probabilities of the k most likely tokens at each step (with --json)",
+    "repetition_penalty": "> 1 discourages tokens of the prompt and the output",
+    "presence_penalty": "in [-2, 2], subtracted from tokens already generated",
+    "frequency_penalty": "in [-2, 2], subtracted per occurrence of tokens already generated",
+}
+
+
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling (SamplingParams; unset: the checkpoint's generation_config.json, else vLLM's defaults)")
+    types = {"temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
+             "presence_penalty": float, "frequency_penalty": float}
+    for f in dataclasses.fields(SamplingParams):
+        if f.name == "ignore_eos":
+            group.add_argument(flag(f.name), action="store_true", default=None, help=SAMPLING_HELP[f.name])
+        elif f.name in ("stop", "stop_token_ids"):
+            group.add_argument(flag(f.name), action="append", type=int if f.name == "stop_token_ids" else str, help=SAMPLING_HELP[f.name])
+        else:
+            group.add_argument(flag(f.name), type=types.get(f.name, int), help=SAMPLING_HELP[f.name])
+
+
+def sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplingParams) if getattr(args, f.name) is not None}
+    return SamplingParams(**(values | overrides))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nanovllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate,chat,bench,serve}")
+    gen = commands.add_parser("generate", help="complete prompts and print the completions",
+                              description="Complete each prompt and print it with its completion(s).")
+    gen.set_defaults(func=run_generate)
+    gen.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
+    gen.add_argument("--prompt-file", help="a file with one prompt per line")
+    gen.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template (a user turn)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt (all of generate's fields)")
+    chat = commands.add_parser("chat", help="talk to the model; replies are streamed",
+                               description="An interactive chat: type a message, the reply streams. Ctrl-D or /exit ends it, /reset forgets.")
+    chat.set_defaults(func=run_chat)
+    chat.add_argument("--system", help="a system message to start the conversation with")
+    chat.add_argument("--chat-template-kwargs", type=json.loads, default=None, help='JSON for the chat template, e.g. \'{"enable_thinking": false}\'')
+    bench = commands.add_parser("bench", help="measure throughput on random prompts (nano-vllm's benchmark)",
+                                description="Random token-id prompts and lengths (nano-vllm's bench.py workload), ignore_eos; "
+                                            "prints output tokens per second and the engine's metrics.")
+    bench.set_defaults(func=run_bench)
+    bench.add_argument("--num-seqs", type=int, default=256)
+    bench.add_argument("--min-input-len", type=int, default=100)
+    bench.add_argument("--max-input-len", type=int, default=1024)
+    bench.add_argument("--min-output-len", type=int, default=100)
+    bench.add_argument("--max-output-len", type=int, default=1024)
+    bench.add_argument("--workload-seed", type=int, default=0)
+    bench.add_argument("--out", help="also write the result as JSON to this file")
+    for sub in (gen, chat, bench):
+        sub.add_argument("--model", required=True, help=MODEL_HELP)
+        add_engine_options(sub)
+        add_sampling_options(sub)
+    add_serve_parser(commands)  # nanovllm_final/server/cli.py: its own arguments and run function
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", required=True, help="Hugging Face model directory")
-    parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--ignore-eos", action="store_true")
-    parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default=None)
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="NEW in 07: ranks (devices) to split the model over")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("--") and argv[0] != "--help":
+        argv = ["generate", *argv]  # the stages' form: python -m nanovllm_final --model DIR --prompt ...
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        run(args)
+        args.func(args)
     except (ValueError, FileNotFoundError) as err:
         parser.exit(2, f"error: {err}\n")
 
 
-def run(args: argparse.Namespace) -> None:
-    with LLM(args.model, device=args.device, dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size) as llm:
-        prompts = args.prompt
-        if args.chat:
-            prompts = [
-                llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-                for p in prompts
-            ]
-        params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
-        for prompt, out in zip(args.prompt, llm.generate(prompts, params, use_tqdm=False)):
-            print(f"### {prompt}\n{out['text']}\n")
+def run_generate(args: argparse.Namespace) -> None:
+    prompts = list(args.prompt)
+    if args.prompt_file:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            prompts += [line.rstrip("\n") for line in f if line.strip()]
+    if not prompts:
+        raise ValueError("give at least one --prompt or a --prompt-file")
+    params = sampling_params(args)
+    with LLM(args.model, **engine_options(args)) as llm:
+        inputs = [llm.encode_chat([{"role": "user", "content": p}]) for p in prompts] if args.chat else prompts
+        outs = llm.generate(inputs, params, use_tqdm=len(prompts) > 1)
+    for prompt, out in zip(prompts, outs):
+        if args.json:
+            print(json.dumps({"prompt": prompt, **out}))
+            continue
+        print(f"### {prompt}")
+        for c in out["outputs"]:
+            print(c["text"] if len(out["outputs"]) == 1 else f"--- {c['finish_reason']}\n{c['text']}")
+        print()
+
+
+def run_chat(args: argparse.Namespace) -> None:
+    params = sampling_params(args, max_tokens=args.max_tokens or 1024)
+    if params.n != 1:
+        raise ValueError("chat streams one reply: n must be 1")
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    with LLM(args.model, **engine_options(args)) as llm:
+        messages = list(start)
+        print("(Ctrl-D or /exit to leave, /reset to start over)", file=sys.stderr)
+        while True:
+            try:
+                line = input("you> ")
+            except EOFError:
+                print()
+                return
+            if line.strip() == "/exit":
+                return
+            if line.strip() == "/reset":
+                messages = list(start)
+                continue
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line})
+            reply = []
+            print("assistant> ", end="", flush=True)
+            for event in llm.stream([llm.encode_chat(messages, args.chat_template_kwargs)], params):
+                reply.append(event["text"])
+                print(event["text"], end="", flush=True)
+            print()
+            messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def run_bench(args: argparse.Namespace) -> None:
+    rng = random.Random(args.workload_seed)
+    with LLM(args.model, **engine_options(args)) as llm:
+        high = min(10000, llm.model_config.vocab_size - 1)
+        room = llm.config.max_model_len - 1
+        prompts, params = [], []
+        for _ in range(args.num_seqs):
+            out_len = min(rng.randint(args.min_output_len, args.max_output_len), room - 1)
+            in_len = min(rng.randint(args.min_input_len, args.max_input_len), room - out_len)
+            prompts.append([rng.randint(0, high) for _ in range(in_len)])
+            params.append(sampling_params(args, max_tokens=out_len, ignore_eos=True, **({} if args.temperature is not None else {"temperature": 0.6})))
+        llm.generate([[1] * 16], sampling_params(args, max_tokens=4), use_tqdm=False)  # warm-up
+        llm.engine.metrics.reset()
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=True)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(c["token_ids"]) for o in outs for c in o["outputs"])
+        result = {"model": llm.model_name, "num_seqs": args.num_seqs, "output_tokens": tokens, "seconds": seconds,
+                  "output_tokens_per_s": tokens / seconds, "metrics": llm.metrics()}
+    print(f"{tokens} output tokens in {seconds:.2f} s: {tokens / seconds:,.0f} tokens/s")
+    m = result["metrics"]
+    if m["ttft_s"]:
+        print(f"TTFT p50 {m['ttft_s']['p50'] * 1e3:.0f} ms, p99 {m['ttft_s']['p99'] * 1e3:.0f} ms; "
+              f"TPOT p50 {m['tpot_s']['p50'] * 1e3:.1f} ms" if m["tpot_s"] else "")
+    print(f"KV usage peak {m['kv_usage_peak']:.0%}, preemptions {m['preemptions']}, prefix hit rate {m['prefix_hit_rate']:.1%}")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from .sampling_params import GENERATION_CONFIG_FIELDS
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 
@@ -22,8 +24,7 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
 
 @dataclass
 class EngineConfig:
-    """Every engine option of the public API. Every stage accepts all of them;
-    a stage ignores the ones whose mechanism it does not have yet."""
+    """Every engine option of the public API."""
 
     model: str
     device: str | None = None  # None: "cuda" if available, else "cpu"
@@ -38,8 +39,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     cpu_kvcache_bytes: int = 1 << 30
     attention_backend: str = "auto"
-    seed: int = 0
-    # NEW in 07_tensor_parallel: where the ranks meet (torch.distributed's TCP rendezvous)
+    seed: int = 0  # seeds the sampler of requests without their own seed
+    # where the tensor-parallel ranks meet (torch.distributed's TCP rendezvous)
     distributed_host: str = "127.0.0.1"
     distributed_port: int = 0  # 0: rank 0 picks a free port at start-up (and writes it back here)
     distributed_timeout: float = 120.0  # seconds the rendezvous or a collective may wait for a live peer
@@ -71,7 +72,7 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r} was asked for, but CUDA is not available here; use device='cpu'")
         if self.dtype is not None:
             self.dtype = parse_dtype(self.dtype)
-        # NEW in 07_tensor_parallel: one device per rank (on CPU, one process per rank: at most one per core)
+        # one device per rank (on CPU, one process per rank: at most one per core)
         if self.device.startswith("cuda"):
             available, kind = torch.cuda.device_count(), "CUDA devices are visible"
         else:
@@ -87,7 +88,7 @@ class EngineConfig:
 
     @property
     def distributed_init_method(self) -> str:
-        """NEW in 07_tensor_parallel: the address every rank gives torch.distributed to meet."""
+        """The address every rank gives torch.distributed to meet."""
         host = f"[{self.distributed_host}]" if ":" in self.distributed_host else self.distributed_host  # IPv6
         return f"tcp://{host}:{self.distributed_port}"
 
@@ -111,7 +112,9 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     torch_dtype: torch.dtype
-    eos_token_ids: list[int] = field(default_factory=list)
+    eos_token_ids: list[int] = field(default_factory=list)  # config.json's and generation_config.json's
+    generation_defaults: dict = field(default_factory=dict)  # generation_config.json's sampling fields
+    use_sliding_window: bool = False
 
     @classmethod
     def from_dir(cls, model_dir: str | pathlib.Path) -> "ModelConfig":
@@ -121,7 +124,7 @@ class ModelConfig:
         config_file = path / "config.json"
         if not config_file.exists():
             raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
-        if not any(path.glob("*.safetensors")):
+        if not any(path.glob("*.safetensors")):  # one file, or the shards of model.safetensors.index.json
             raise FileNotFoundError(f"{path} has no *.safetensors weight files")
         raw = json.loads(config_file.read_text())
         gen_file = path / "generation_config.json"
@@ -170,12 +173,13 @@ class ModelConfig:
             attention_bias=raw.get("attention_bias", False),
             torch_dtype=parse_dtype(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
             eos_token_ids=eos,
+            generation_defaults={k: v for k, v in (generation_config or {}).items() if k in GENERATION_CONFIG_FIELDS and v is not None},
+            use_sliding_window=bool(raw.get("use_sliding_window", False)),
         )
 
 
 def check_tensor_parallel(config: EngineConfig, model_config: ModelConfig) -> None:
-    """NEW in 07_tensor_parallel: every rank takes an equal share of the heads, the MLP and
-    the vocabulary, so the TP size must divide each of them. Checked before any process starts."""
+    """Every rank takes an equal share of the heads, the MLP and the vocabulary, so the TP size must divide each of them. Checked before any process starts."""
     tp = config.tensor_parallel_size
     names = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
     bad = [f"{name}={getattr(model_config, name)}" for name in names if getattr(model_config, name) % tp]

@@ -20,6 +20,11 @@ def engine_module(name: str, submodule: str):
     return importlib.import_module(f"{load_engine(name).__name__}.{submodule}")
 
 
+def parallel_module(name: str):
+    """An engine's tensor-parallel group module (stage 07's layers/parallel.py, the final engine's distributed.py)."""
+    return engine_module(name, "distributed" if name == "final" else "layers.parallel")
+
+
 def level(name: str) -> int:
     """Ladder position: 1 for 01_naive ... 7 for 07_tensor_parallel, 8 for the final engine."""
     return 8 if name == "final" else int(name[:2])
@@ -32,6 +37,12 @@ TINY_MODELS = {
     "llama": dict(arch="llama", tie_word_embeddings=False, seed=2),  # untied, GQA
     "llama3-rope": dict(arch="llama", rope_scaling="llama3", derive_head_dim=True, config_layout="hf5", seed=3),
 }
+
+
+def stage_view(outs: list[dict]) -> list[dict]:
+    """The stage API's part of generate's results; the final engine's dicts add more keys
+    (finish_reason, metrics with timings, ...), so compare runs through this view."""
+    return [{"text": o["text"], "token_ids": o["token_ids"]} for o in outs]
 
 
 def random_prompts(lengths: list[int], seed: int, vocab: int = 300) -> list[list[int]]:

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from common import ENGINES, load_engine, random_prompts
+from common import ENGINES, load_engine, random_prompts, stage_view
 
 
 @pytest.fixture(params=ENGINES)
@@ -29,17 +29,18 @@ def llm(st, model_dir, shared_llm_cache):
 def test_outputs_in_prompt_order_with_text(st, llm):
     prompts = ["hello world", "the cat", "a"]
     outs = llm.generate(prompts, st.SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)
-    assert [sorted(o) for o in outs] == [["text", "token_ids"]] * 3
+    for out in outs:  # the final engine's results add keys (finish_reason, metrics, ...)
+        assert sorted(out) == ["text", "token_ids"] or (st.__name__ == "nanovllm_final" and {"text", "token_ids"} < set(out))
     for prompt, out in zip(prompts, outs):
-        single = llm.generate([prompt], st.SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)[0]
-        assert out == single
+        single = llm.generate([prompt], st.SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)
+        assert stage_view([out]) == stage_view(single)
         assert out["text"] == llm.tokenizer.decode(out["token_ids"], skip_special_tokens=True)
 
 
 def test_string_and_token_prompts_agree(st, llm):
     ids = llm.tokenizer.encode("the quick brown fox", add_special_tokens=False)
     params = st.SamplingParams(temperature=0.0, max_tokens=6)
-    a, b = llm.generate(["the quick brown fox", ids], params, use_tqdm=False)
+    a, b = stage_view(llm.generate(["the quick brown fox", ids], params, use_tqdm=False))
     assert a == b
 
 
@@ -64,6 +65,17 @@ def test_per_prompt_sampling_params(st, llm):
     params = [st.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (2, 5)]
     outs = llm.generate(random_prompts([3, 3], seed=3), params, use_tqdm=False)
     assert [len(o["token_ids"]) for o in outs] == [2, 5]
+
+
+def test_stats_mark_prefill_steps(st, llm):
+    """From 02 on, a step that feeds whole prompts is a prefill; the steps after it decode."""
+    before = len(llm.stats)
+    llm.generate(random_prompts([5, 3], seed=5), st.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    steps = llm.stats[before:]
+    if st.__name__.endswith("01_naive"):  # no cache: every step feeds every token
+        assert all("is_prefill" not in step for step in steps)
+    else:
+        assert [step["is_prefill"] for step in steps] == [True, False, False, False]
 
 
 def test_empty_generate(st, llm):
@@ -94,7 +106,8 @@ def test_bad_prompts(st, llm, prompts, params, message):
         params = [st.SamplingParams()]
     with pytest.raises(ValueError, match=message):
         llm.generate(prompts, params, use_tqdm=False)
-    assert llm.engine.is_finished()  # nothing was queued by a rejected call
+    engine = llm.engine  # nothing was queued by a rejected call
+    assert not engine.has_unfinished_requests() if st.__name__ == "nanovllm_final" else engine.is_finished()
 
 
 @pytest.mark.parametrize("kwargs, message", [(dict(temperature=-0.1), "temperature"), (dict(max_tokens=0), "max_tokens")])

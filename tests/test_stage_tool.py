@@ -216,6 +216,38 @@ def test_sync_nothing_to_do_and_bad_ref(repo: Path, capsys: pytest.CaptureFixtur
     assert "'nope' is not a commit" in capsys.readouterr().err
 
 
+def test_sync_says_where_a_change_to_an_inherited_file_belongs(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(repo, {"stages/02_kvcache/model.py": "model fixed\n"})  # 02 has model.py from 01, unchanged
+    assert run(repo, "sync", "02") == 0
+    out = capsys.readouterr().out
+    assert ("note: stages/02_kvcache/model.py is inherited unchanged from 01_naive: make the change there "
+            "and run `sync 01` (as it is, check will fail for 02_kvcache)") in out
+    assert run(repo, "check") == 1  # the note is right: check fails
+    assert "stages/02_kvcache/model.py: modified vs 01_naive but not listed" in capsys.readouterr().out
+    write(repo, {"stages/01_naive/model.py": "model fixed\n"})  # following the note
+    assert run(repo, "sync", "01") == 0
+    assert "up-to-date stages/02_kvcache/model.py" in capsys.readouterr().out
+    assert run(repo, "check") == 0
+
+
+def test_sync_names_the_stage_that_last_changed_the_file(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(repo, {"stages/03_paged/engine.py": edit(edit(ENGINE, 2, "line 2 kv"), 11, "line 11 fixed"),  # 02's version
+                 "stages/03_paged/model.py": "model v3\n"})  # 01's version
+    assert run(repo, "sync", "paged") == 0
+    out = capsys.readouterr().out
+    assert "note: stages/03_paged/engine.py is inherited unchanged from 02_kvcache: make the change there and run `sync 02`" in out
+    assert "note: stages/03_paged/model.py is inherited unchanged from 01_naive: make the change there and run `sync 01`" in out
+
+
+def test_sync_notes_only_what_check_will_reject(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(repo, {"stages/02_kvcache/engine.py": edit(edit(ENGINE, 2, "line 2 kv"), 11, "x"),  # listed in 02's README
+                 "stages/02_kvcache/helpers.py": "new\n"})  # new, not listed
+    assert run(repo, "sync", "02") == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == ["note: stages/02_kvcache/helpers.py is not listed under '## Files changed' in "
+                     "stages/02_kvcache/README.md: list it there, or check will fail for 02_kvcache"]
+
+
 # ---------------------------------------------------------------------------------------------- list
 
 

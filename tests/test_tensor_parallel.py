@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import pathlib
+import pickle
 import shutil
 import signal
 import socket
@@ -16,18 +17,20 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common import ENGINES, ROOT, engine_module, generate_and_compare, level, load_engine, random_prompts
+from common import ENGINES, ROOT, engine_module, generate_and_compare, level, load_engine, parallel_module, random_prompts, stage_view
 
 TP_ENGINES = [e for e in ENGINES if level(e) >= 7]
 
 pytestmark = [
     pytest.mark.parametrize("engine", TP_ENGINES),
     pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="TP=2 on CPU needs two cores (one process per rank)"),
+    pytest.mark.xdist_group("processes"),  # under pytest-xdist: one after another, on one worker
 ]
 
 
@@ -55,7 +58,7 @@ def load(layer, *tensors, shard_id=None) -> None:
 
 
 def check_layers_on_rank(rank: int, engine: str, port: int) -> None:
-    parallel = engine_module(engine, "layers.parallel")
+    parallel = parallel_module(engine)
     linear = engine_module(engine, "layers.linear")
     embedding = engine_module(engine, "layers.embedding")
     parallel.init_tensor_parallel(rank, 2, "gloo", f"tcp://127.0.0.1:{port}", 30.0)
@@ -115,7 +118,18 @@ def check_layers_on_rank(rank: int, engine: str, port: int) -> None:
 
 
 def test_sharded_layers_equal_unsharded(engine):
-    torch.multiprocessing.spawn(check_layers_on_rank, args=(engine, free_port()), nprocs=2)
+    """Rank 0 runs in this process, rank 1 in a spawned one (one interpreter start, not two)."""
+    port = free_port()
+    peer = multiprocessing.get_context("spawn").Process(target=check_layers_on_rank, args=(1, engine, port))
+    peer.start()
+    try:
+        check_layers_on_rank(0, engine, port)
+    finally:
+        peer.join(timeout=60)  # if rank 0 failed, rank 1's next collective fails too: it exits
+        if peer.is_alive():
+            peer.kill()
+            peer.join()
+    assert peer.exitcode == 0, f"rank 1 failed (exit code {peer.exitcode}); its traceback is on stderr"
 
 
 # ---------------------------------------------------------------- the engine
@@ -136,12 +150,12 @@ def test_tp2_matches_tp1_and_hf(engine, model, model_dir, hf_greedy):
     options = dict(device="cpu", **CASES[model])
     sampled = st.SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True)
     with st.LLM(path, **options) as llm:
-        ref_sampled = llm.generate(prompts[:3], sampled, use_tqdm=False)
+        ref_sampled = stage_view(llm.generate(prompts[:3], sampled, use_tqdm=False))
     with st.LLM(path, tensor_parallel_size=2, **options) as llm:
         assert len(multiprocessing.active_children()) == 1  # rank 1
         assert llm.engine.model_runner.kv_cache.shape[-2] == 1  # 2 KV heads, one per rank
         # rank 0 samples, with the same seeded sampler as TP=1
-        assert llm.generate(prompts[:3], sampled, use_tqdm=False) == ref_sampled
+        assert stage_view(llm.generate(prompts[:3], sampled, use_tqdm=False)) == ref_sampled
         llm.stats.clear()
         generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=24)
         if model == "qwen3":
@@ -157,15 +171,43 @@ def test_tp1_and_tp2_side_by_side(engine, model_dir):
     prompts, params = random_prompts([7, 19], seed=80), st.SamplingParams(temperature=0.0, max_tokens=8)
     with st.LLM(path, device="cpu", max_model_len=64) as llm1:
         assert multiprocessing.active_children() == [] and not dist.is_initialized()
-        expected = llm1.generate(prompts, params, use_tqdm=False)
+        expected = stage_view(llm1.generate(prompts, params, use_tqdm=False))
         with st.LLM(path, device="cpu", max_model_len=64, tensor_parallel_size=2) as llm2:
             with pytest.raises(RuntimeError, match="already initialised"):
                 st.LLM(path, device="cpu", max_model_len=64, tensor_parallel_size=2)
             assert len(multiprocessing.active_children()) == 1  # the refused engine started nothing
             with st.LLM(path, device="cpu", max_model_len=64) as llm1b:  # built while the group exists
-                assert llm1b.generate(prompts, params, use_tqdm=False) == expected
-            assert llm2.generate(prompts, params, use_tqdm=False) == expected
-        assert llm1.generate(prompts, params, use_tqdm=False) == expected
+                assert stage_view(llm1b.generate(prompts, params, use_tqdm=False)) == expected
+            assert stage_view(llm2.generate(prompts, params, use_tqdm=False)) == expected
+        assert stage_view(llm1.generate(prompts, params, use_tqdm=False)) == expected
+
+
+def test_step_message_carries_only_the_step_inputs(engine, model_dir, monkeypatch):
+    """Each step rank 0 sends every worker that step's input arrays, not the sequences: a
+    decode step's message grows with the block table (4 bytes a block), not with the
+    tokens generated so far. Besides arrays, a step may carry plain scalars (the final
+    engine's max_seqlen_q, is_decode), which cannot grow."""
+    st, path = load_engine(engine), model_dir("qwen3")
+    group = engine_module(engine, "engine.workers").WorkerGroup
+    messages = []
+    real_send = group.send
+
+    def send(self, method, *args):
+        if method == "execute":
+            (step,) = args
+            assert all(isinstance(value, (np.ndarray, int, float)) for value in vars(step).values()), vars(step)
+            messages.append((len(step.input_ids), step.block_tables.shape, len(pickle.dumps((method, args)))))
+        return real_send(self, method, *args)
+
+    monkeypatch.setattr(group, "send", send)
+    with st.LLM(path, device="cpu", max_model_len=512, kvcache_block_size=16, tensor_parallel_size=2) as llm:
+        out = llm.generate([[5, 6, 7]], st.SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True), use_tqdm=False)
+    assert len(out[0]["token_ids"]) == 300
+    decode = [m for m in messages if m[0] == 1]  # one token fed
+    assert len(decode) == 299
+    (_, first_table, first_bytes), (_, last_table, last_bytes) = decode[0], decode[-1]
+    assert first_table == (1, 1) and last_table == (1, 19)  # 4 and 302 tokens in the cache
+    assert last_bytes - first_bytes <= 4 * 18 + 16  # the 18 new blocks (+ pickle framing), not 298 tokens
 
 
 # ---------------------------------------------------------------- errors before anything starts

@@ -267,3 +267,12 @@ def test_cli_if_missing_matches_cached_model(tmp_path, monkeypatch):
     cached_model("tiny-qwen3", arch="qwen3")  # same model, however it is asked for: kept
     tiny_model.main([str(tmp_path / "tiny-qwen3"), "--if-missing"])
     assert (tmp_path / "tiny-qwen3" / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_cli_if_missing_reports_the_final_directory(tmp_path, capsys):
+    out_dir = tmp_path / "models" / "tiny-qwen3"
+    tiny_model.main([str(out_dir), "--if-missing"])
+    printed = capsys.readouterr().out
+    assert f"model, 0.1M parameters, in {out_dir} (" in printed  # not the temporary build directory
+    assert ".tiny-qwen3-" not in printed
+    assert [p.name for p in out_dir.parent.iterdir()] == ["tiny-qwen3"]

@@ -11,7 +11,7 @@ the last stage with the same layout. A stage's README.md declares the files its 
 Usage (every command also takes ``--root PATH``, default: the repo root)::
 
     python -m tools.stages list
-    python -m tools.stages diff 03 04 [--stat]        # names: 03_paged, 03, 3, paged, final
+    python -m tools.stages diff 03 04 [--stat]        # names: 03_paged, 03, 3, paged, stages/03_paged, final
     python -m tools.stages check                      # each stage vs the previous one, against its README
     python -m tools.stages sync 02 [--ref HEAD] [--dry-run]   # carry 02's edits into 03.. and final
 """
@@ -27,10 +27,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from stages import FINAL, resolve as resolve_name  # the one stage-name resolver, shared with stages.load
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STAGES_DIR = "stages"
 FINAL_DIR = "nanovllm_final"
-FINAL = "final"
 STAGE_NAME = re.compile(r"\d\d_.+")
 IGNORED_DIRS = {"__pycache__", ".ipynb_checkpoints"}
 IGNORED_SUFFIXES = (".pyc",)
@@ -77,22 +78,17 @@ def full_ladder(root: Path) -> list[Stage]:
     return ladder(root) + ([final] if final else [])
 
 
-def _matches(stage: Stage, name: str) -> bool:
-    if stage.name == FINAL:
-        return name == FINAL
-    if name.isdigit():
-        return int(name) == int(stage.name[:2])
-    return name in (stage.name, stage.name[3:])
-
-
 def resolve(root: Path, name: str) -> Stage:
-    """Find a stage by folder name ("03_paged"), number ("03", "3"), bare name ("paged") or "final"."""
+    """Find a stage by any name stages.load accepts: folder name ("03_paged"), number ("03", "3"),
+    bare name ("paged"), path ("stages/03_paged"), module ("stages.03_paged") or "final"."""
     choices = full_ladder(root)
-    found = [stage for stage in choices if _matches(stage, name)]
-    if len(found) != 1:
-        valid = ", ".join(stage.name for stage in choices) or f"none (no {STAGES_DIR}/NN_name folders under {root})"
-        raise StageError(f"unknown stage {name!r}; valid stages: {valid}")
-    return found[0]
+    if not choices:
+        raise StageError(f"unknown stage {name!r}: no {STAGES_DIR}/NN_name folders under {root}")
+    try:
+        found = resolve_name(name, [stage.name for stage in choices])
+    except ValueError as err:
+        raise StageError(str(err)) from None
+    return next(stage for stage in choices if stage.name == found)
 
 
 def is_ignored(rel: str) -> bool:
@@ -226,8 +222,8 @@ def pairs_to_check(root: Path) -> list[tuple[Stage, Stage]]:
     pairs = list(zip(stages, stages[1:]))
     final = final_stage(root)
     if final and stages:
-        if declared_files(final) is None:
-            print(f"skip final: {FINAL_DIR}/{README} {missing_listing(final)}")
+        if declared_files(final) is None:  # the ladder's end: a product written once, not a copy of the last stage
+            print(f"skip final: {FINAL_DIR}/{README} {missing_listing(final)} (the ladder's end, not compared with {stages[-1].name})")
         else:
             pairs.append((stages[-1], final))
     return pairs
@@ -309,6 +305,40 @@ def plan(current: bytes | None, base: bytes | None, new: bytes | None, src: Stag
     return Action("CONFLICT", note=f"{reason}; left untouched")
 
 
+def inherited_from(earlier: list[Stage], path: str, content: bytes) -> Stage | None:
+    """The first stage of the unbroken run at the end of `earlier` whose `path` holds `content`."""
+    origin = None
+    for stage in reversed(earlier):
+        file = stage.path / path
+        if not file.is_file() or file.read_bytes() != content:
+            break
+        origin = stage
+    return origin
+
+
+def placement_hints(src: Stage, changes: dict[str, tuple[bytes | None, bytes | None]]) -> list[str]:
+    """For each change that `check` will reject (src now differs from the stage before it in a file
+    its README does not list): where the change belongs instead."""
+    rungs = full_ladder(src.root)
+    earlier = rungs[: rungs.index(src)]
+    if not earlier:
+        return []
+    prev, listed = earlier[-1], declared_files(src) or set()
+    hints = []
+    for path, (base, new) in changes.items():
+        prev_file = prev.path / path
+        if path == README or path in listed or (prev_file.read_bytes() if prev_file.is_file() else None) == new:
+            continue
+        origin = inherited_from(earlier, path, base) if base is not None else None
+        if origin:
+            hints.append(f"{src.rel}/{path} is inherited unchanged from {origin.name}: make the change there "
+                         f"and run `sync {origin.name[:2]}` (as it is, check will fail for {src.name})")
+        else:
+            hints.append(f"{src.rel}/{path} is not listed under '{SECTION}' in {src.rel}/{README}: "
+                         f"list it there, or check will fail for {src.name}")
+    return hints
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     src = resolve(args.root, args.src)
     stages = full_ladder(args.root)
@@ -333,6 +363,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
             counts[action.status] += 1
             print(f"{action.status:<10} {target.rel}/{path}" + (f" ({action.note})" if action.note else ""))
     print(f"sync {src.name} (vs {args.ref}): " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    for hint in placement_hints(src, changes):
+        print(f"note: {hint}")
     return 1 if counts["CONFLICT"] else 0
 
 

@@ -36,7 +36,7 @@ from transformers import PreTrainedTokenizerFast
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 MODELS_DIR = Path(__file__).resolve().parents[1] / ".models"
 FULL_SHAPES = ("qwen3-0.6b", "qwen3-8b", "llama-3.2-1b", "tinyllama-1.1b")
-ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 MAX_SHARD_BYTES = 4 * 1024**3  # weights above this are split into model-0000i-of-0000n files
 FACTORY_VERSION = 1  # bump when make_model writes different files, so cached models are rebuilt
 RECORD_FILE = "tiny_model.json"  # how make_model built a directory; written last, once complete
@@ -130,7 +130,7 @@ def build_config(
 ) -> dict:
     """The config.json that make_model writes for this architecture, shape and overrides.
 
-    arch: "qwen3" or "llama"; None means qwen3 for "tiny" and the shape's own for the others.
+    arch: "qwen3", "qwen2" or "llama"; None means qwen3 for "tiny" and the shape's own for the others.
     Overrides left at None keep the shape's value. derive_head_dim=True leaves head_dim out,
     so readers must compute hidden_size / num_attention_heads. rope_scaling: "llama3" (Llama
     3 scaling, factor 8, original context max_position_embeddings / 16) or a dict written as
@@ -202,9 +202,11 @@ def _tiny_config(arch: str) -> dict:
         "torch_dtype": "float32",
         "use_cache": True,
     }
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen2"):
         config |= {"max_window_layers": 2, "sliding_window": None, "use_sliding_window": False}
-    else:
+    if arch == "qwen2":  # q, k, v always have a bias, o_proj never: no attention_bias field
+        del config["attention_bias"]
+    elif arch == "llama":
         config |= {"mlp_bias": False, "pretraining_tp": 1}
     return config
 
@@ -256,17 +258,18 @@ def param_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or hidden // heads
-    bias = config["attention_bias"]
+    qkv_bias = config.get("attention_bias", False) or config["model_type"] == "qwen2"
+    o_bias = config.get("attention_bias", False)
     shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden)}
     for layer in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
         shapes[prefix + "input_layernorm.weight"] = (hidden,)
         for proj, rows in (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
             shapes[f"{prefix}self_attn.{proj}_proj.weight"] = (rows, hidden)
-            if bias:
+            if qkv_bias:
                 shapes[f"{prefix}self_attn.{proj}_proj.bias"] = (rows,)
         shapes[prefix + "self_attn.o_proj.weight"] = (hidden, heads * head_dim)
-        if bias:
+        if o_bias:
             shapes[prefix + "self_attn.o_proj.bias"] = (hidden,)
         if config["model_type"] == "qwen3":
             shapes[prefix + "self_attn.q_norm.weight"] = (head_dim,)
@@ -297,6 +300,11 @@ def make_model(
     drawn tensor by tensor on device ("cuda" makes the full shapes fast), so the same seed
     and device give the same bytes; CPU and CUDA draw different numbers.
     """
+    return _make_model(out_dir, arch, shape, seed, device=device, **overrides)
+
+
+def _make_model(out_dir, arch, shape, seed, *, device, report_as: Path | None = None, **overrides) -> Path:
+    """make_model; its closing line names report_as (where the model will end up) if given."""
     start = time.perf_counter()
     config = build_config(arch, shape, **overrides)
     out_dir = Path(out_dir)
@@ -308,7 +316,7 @@ def make_model(
     params = _write_weights(out_dir, config, seed, torch.device(device))
     _write_json(out_dir / RECORD_FILE, _record(config, shape, seed, device))
     print(f"tiny_model: {shape} {config['model_type']} model, {params / 1e6:.1f}M parameters, "
-          f"in {out_dir} ({time.perf_counter() - start:.1f} s)")
+          f"in {report_as or out_dir} ({time.perf_counter() - start:.1f} s)")
     return out_dir
 
 
@@ -448,7 +456,7 @@ def build_if_missing(
         raise FileExistsError(f"{out_dir} exists and was not made by tools.tiny_model")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}-", dir=out_dir.parent) as tmp:
-        build = make_model(Path(tmp) / out_dir.name, arch, shape, seed, device=device, **overrides)
+        build = _make_model(Path(tmp) / out_dir.name, arch, shape, seed, device=device, report_as=out_dir, **overrides)
         if out_dir.exists():
             shutil.rmtree(out_dir)  # made with other arguments or by an older factory
         try:

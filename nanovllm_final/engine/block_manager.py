@@ -7,7 +7,7 @@ from .sequence import Sequence
 
 
 def block_hash(token_ids: list[int], prefix_hash: int) -> int:
-    """NEW in 04_prefix_cache: a chained hash. Block i's hash covers its own tokens and
+    """A chained hash. Block i's hash covers its own tokens and
     the hash of block i-1, so equal hashes mean equal *prefixes*, not just equal blocks."""
     h = xxhash.xxh64()
     if prefix_hash != -1:
@@ -33,7 +33,7 @@ class BlockManager:
     A sequence's `block_table` lists its physical blocks in order: token position p
     lives in block `block_table[p // block_size]` at offset `p % block_size`.
 
-    NEW in 04_prefix_cache: full blocks are hashed and remembered in `hash_to_block_id`.
+    Prefix caching: full blocks are hashed and remembered in `hash_to_block_id`.
     A new sequence whose leading blocks hash the same (and hold the same tokens)
     shares those blocks instead of computing them again; reference counts say when a
     block is free. A freed block keeps its hash, so it can still be found until the
@@ -46,6 +46,7 @@ class BlockManager:
         self.free_block_ids: deque[int] = deque(range(num_blocks))
         self.hash_to_block_id: dict[int, int] = {}
         self.num_hit_tokens = 0  # tokens served from the cache so far (for stats)
+        self.num_admitted_tokens = 0  # tokens of the sequences allocate() was asked for
 
     @property
     def num_free_blocks(self) -> int:
@@ -74,6 +75,7 @@ class BlockManager:
         """Give the sequence its blocks, sharing cached ones for its leading full blocks.
         The block holding the last token is always computed, so the step has a query."""
         assert not seq.block_table, "sequence already holds blocks"
+        self.num_admitted_tokens += len(seq)
         prefix_hash, cache_miss = -1, False
         for i in range(self.blocks_needed(len(seq))):
             token_ids = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]

@@ -1,74 +1,166 @@
+import itertools
+import logging
 import time
 
 from ..config import EngineConfig, ModelConfig, check_tensor_parallel
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
+from .metrics import EngineMetrics
 from .model_runner import ModelRunner
+from .request import Request
+from .sampling_batch import build_sampling_batch
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .step_input import build_step_input
 from .workers import WorkerGroup
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    """The engine loop: schedule, run the model once, append the sampled tokens."""
+    """Requests in, outputs out, one model step at a time:
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig):
-        # NEW in 07_tensor_parallel: check the sizes, start ranks 1..N-1; this process is rank 0
+        rid = engine.add_request(prompt_token_ids, params)
+        while engine.has_unfinished_requests():
+            for out in engine.step(): ...   # a RequestOutput per request with news
+
+    A step schedules sequences, runs the model once on every rank, samples on rank 0,
+    appends the tokens, detokenizes, and ends the sequences that stop."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, tokenizer):
         check_tensor_parallel(config, model_config)
-        self.workers = WorkerGroup(config, model_config) if config.tensor_parallel_size > 1 else None
-        try:
-            self.model_runner = ModelRunner(config, model_config, rank=0, workers=self.workers)
-            if self.workers is not None:
-                self.workers.receive()  # every worker has its shard of the weights and KV cache
-        except BaseException as err:
-            if self.workers is not None:
-                self.workers.after_local_error(err)  # stops them; a WorkerError if one of them failed
-            raise
-        # NEW in 03_paged: the runner sized the block pool; the scheduler hands it out
+        self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
+        self.eos_token_ids = list(model_config.eos_token_ids)  # every one of them ends a sequence
+        self.eos_set = set(self.eos_token_ids)
+        self.tokenizer_size = len(tokenizer)
+        self.warned_vocab = False
+        # tensor parallelism: this process is rank 0; ranks 1.. are worker processes
+        self.workers = WorkerGroup(config, model_config, ModelRunner) if config.tensor_parallel_size > 1 else None
+        if self.workers is None:
+            self.model_runner = ModelRunner(config, model_config, rank=0)
+        else:
+            self.model_runner = self.workers.run_here(ModelRunner, config, model_config, 0)  # and wait for every worker's
         self.block_manager = BlockManager(self.model_runner.num_kvcache_blocks, config.kvcache_block_size)
-        self.scheduler = Scheduler(config, model_config.eos_token_ids, self.block_manager)
-        self.stats: list[dict] = []  # one record per step, for notebooks and benchmarks
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.metrics = EngineMetrics(self.scheduler, self.block_manager)
+        self.requests: dict[str, Request] = {}
+        self.pending: list[RequestOutput] = []  # outputs of aborted requests, handed out by the next step
+        self._ids = itertools.count()
 
-    def add(self, seq: Sequence) -> None:
-        self.scheduler.add(seq)
+    # ---- requests ----
 
-    def is_finished(self) -> bool:
-        return self.scheduler.is_finished()
+    def prompt_problem(self, token_ids: list[int]) -> str | None:
+        """What is wrong with a prompt, if anything: it must be a non-empty list of vocabulary
+        ids that leaves room for one generated token."""
+        if not isinstance(token_ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+            return f"must be a string or a list of ints, got {type(token_ids).__name__}"
+        if not token_ids:
+            return "is empty"
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            return f"has token ids {bad[:5]} outside the vocabulary [0, {vocab})"
+        if len(token_ids) >= self.config.max_model_len:
+            return (f"has {len(token_ids)} tokens; max_model_len is {self.config.max_model_len}, "
+                    "which must leave room for at least one generated token")
+        return None
 
-    def step(self) -> list[Sequence]:
-        """One model forward; returns the sequences that finished in it."""
+    def check_params(self, params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if params.logprobs is not None and params.logprobs > self.model_config.vocab_size:
+            raise ValueError(f"logprobs={params.logprobs} is more than the vocabulary's {self.model_config.vocab_size} tokens")
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """Queue a prompt; returns its request id. Bad input is a ValueError, and nothing is queued."""
+        problem = self.prompt_problem(prompt_token_ids)
+        if problem:
+            raise ValueError(f"the prompt {problem}")
+        self.check_params(params)
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request = Request(request_id, prompt_token_ids, params.resolve(self.model_config.generation_defaults), self.tokenizer)
+        self.requests[request_id] = request
+        for seq in request.seqs:
+            self.scheduler.add(seq)
+        self.metrics.on_arrival()
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now (between steps): its blocks are freed, and the next step hands out
+        its last output, with finish_reason "abort". Unknown or finished ids are ignored."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+        self.pending.append(request.output())
+        self.metrics.on_finish(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests or self.pending)
+
+    @property
+    def num_running(self) -> int:
+        """Sequences holding KV blocks (a request with n completions counts n)."""
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # ---- the loop ----
+
+    def step(self, finished_only: bool = False) -> list[RequestOutput]:
+        """One model step; returns an output for every request that got tokens or finished
+        (`finished_only`: for the finished ones only, which spares decoding text nobody reads)."""
+        outputs, self.pending = self.pending, []
         start = time.perf_counter()
-        hits_before = self.block_manager.num_hit_tokens  # NEW in 04_prefix_cache
-        seqs = self.scheduler.schedule()  # NEW in 05_chunked_prefill: decode tokens and prompt chunks mix
-        num_tokens = sum(seq.num_scheduled_tokens for seq in seqs)
-        is_prefill = any(seq.num_cached_tokens < len(seq) - 1 for seq in seqs)  # not only decodes
-        chunked = sum(1 for seq in seqs if seq.num_cached_tokens + seq.num_scheduled_tokens < len(seq))
-        hit_tokens = self.block_manager.num_hit_tokens - hits_before  # blocks admission reused
-        token_ids = self.model_runner.call("run", seqs)  # NEW in 07_tensor_parallel: on every rank
-        finished = self.scheduler.postprocess(seqs, token_ids)
-        bm = self.block_manager
-        self.stats.append({
-            "step": len(self.stats),
-            "num_seqs": len(seqs),
-            "num_tokens": num_tokens,  # tokens run through the model
-            "is_prefill": is_prefill,
-            "seconds": time.perf_counter() - start,
-            # slots held by blocks in use vs slots holding real K/V
-            "kv_slots_reserved": (bm.num_blocks - bm.num_free_blocks) * bm.block_size,
-            "kv_slots_used": sum(seq.num_cached_tokens for seq in self.scheduler.running),
-            "kv_slots_allocated": bm.num_blocks * bm.block_size,
-            # NEW in 03_paged: the block pool and the queues
-            "blocks_used": bm.num_blocks - bm.num_free_blocks,
-            "blocks_free": bm.num_free_blocks,
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "preemptions": self.scheduler.num_preemptions,
-            "prefix_hit_tokens": hit_tokens,
-            "prefix_hit_blocks": hit_tokens // bm.block_size,
-            "chunked_prefills": chunked,  # sequences that fed only part of their prompt
-        })
-        return finished
+        hits_before = self.block_manager.num_hit_tokens
+        seqs = self.scheduler.schedule()
+        if not seqs:
+            return outputs
+        step = build_step_input(seqs, self.config.kvcache_block_size)
+        logits = self.model_runner.execute(step) if self.workers is None else self.workers.call("execute", self.model_runner.execute, step)
+        sampling = [seq for seq in seqs if seq.samples_this_step]
+        sampled = self.model_runner.sample(logits, build_sampling_batch(sampling, self.eos_token_ids)) if sampling else None
+        ids = iter(sampled.token_ids if sampled else [])
+        self.scheduler.postprocess(seqs, [next(ids) if seq.samples_this_step else None for seq in seqs])
+        now = time.perf_counter()
+        news: dict[str, Request] = {}
+        for row, seq in enumerate(sampling):
+            request = self.requests[seq.request_id]
+            token_id = sampled.token_ids[row]
+            self._check_vocab(token_id)
+            logprob = sampled.logprobs[row] if sampled.logprobs else None
+            reason = request.on_token(seq, token_id, logprob, now, self.eos_set, self.config.max_model_len)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+            news[request.request_id] = request
+        for request in news.values():
+            if request.finished or not finished_only:
+                outputs.append(request.output())
+            if request.finished:
+                del self.requests[request.request_id]
+                self.metrics.on_finish(request)
+        self.metrics.on_step(step, len(seqs), self.block_manager.num_hit_tokens - hits_before, time.perf_counter() - start)
+        return outputs
+
+    def _check_vocab(self, token_id: int) -> None:
+        if token_id >= self.tokenizer_size and not self.warned_vocab:
+            self.warned_vocab = True
+            logger.warning(
+                "sampled token id %d, but the tokenizer has only %d tokens: such ids decode to no text "
+                "(is this a random-weight model whose vocab_size exceeds its tokenizer?)", token_id, self.tokenizer_size,
+            )
+
+    @property
+    def stats(self) -> list[dict]:
+        return self.metrics.stats
 
     def shutdown(self) -> None:
-        if self.workers is not None:  # NEW in 07_tensor_parallel
+        if self.workers is not None:
             self.workers.shutdown()
         self.model_runner.shutdown()

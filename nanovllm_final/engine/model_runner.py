@@ -1,23 +1,32 @@
+import functools
 import logging
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
-from ..layers.attention import Attention, resolve_backend
+from ..distributed import destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
+from ..layers.attention import Attention, make_backend
 from ..layers.context import Context, set_context
-from ..layers.parallel import destroy_tensor_parallel, init_tensor_parallel, min_over_ranks, set_tp_rank
-from ..layers.sampler import Sampler
+from ..layers.sampler import Sampler, apply_penalties, logprobs_of
 from ..models import build_model
 from ..models.loader import load_weights
-from ..sampling_params import SamplingParams
-from .sequence import Sequence
+from .sampling_batch import SamplingBatch
+from .step_input import StepInput
 
 logger = logging.getLogger(__name__)
 
 
+@functools.cache
+def log_once(level: int, message: str) -> None:
+    """Logged once per process, not once per engine."""
+    logger.log(level, message)
+
+
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """NEW in 06_cudagraph: the batch sizes to capture: 1, 2, 4, 8, then multiples of 16 up
-    to max_num_seqs (at most 512), and max_num_seqs itself."""
+    """The decode batch sizes to capture: 1, 2, 4, 8, then multiples of 16 up to
+    max_num_seqs (at most 512), and max_num_seqs itself."""
     max_bs = min(max_num_seqs, 512)
     return sorted({bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs})
 
@@ -27,51 +36,75 @@ def graph_for(num_seqs: int, sizes: list[int]) -> int:
     return next(size for size in sizes if size >= num_seqs)
 
 
+def warmup_lengths(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int) -> list[int]:
+    """Prompt lengths of the warm-up step: as many tokens as a step may hold (the token
+    budget, or one prompt of max_model_len when that is longer) in as many sequences as a
+    step may sample (max_num_seqs, as at decode), the first one as long as a prompt may be."""
+    num_tokens = min(max(max_num_batched_tokens, max_model_len), max_num_seqs * max_model_len)
+    num_seqs = min(max_num_seqs, num_tokens)
+    first = min(max_model_len, num_tokens - (num_seqs - 1))
+    rest, extra = divmod(num_tokens - first, num_seqs - 1) if num_seqs > 1 else (0, 0)
+    return [first] + [rest + (i < extra) for i in range(num_seqs - 1)]
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]  # one per sampling row
+    logprobs: list[dict] | None  # per row {"token_id", "logprob", "top_logprobs"}; None if no row asked
+
+
 class ModelRunner:
-    """Owns the model on its device and turns a list of sequences into next tokens.
+    """Owns the model on its device: the weights, the KV cache, the CUDA graphs.
 
-    NEW in 07_tensor_parallel: one runner per rank, each holding its shard of the weights
-    and of the KV cache. Rank 0's runner lives in the engine and drives the others
-    (`workers`, see engine/workers.py) through `call`; only rank 0 samples."""
+    One runner per tensor-parallel rank, each holding its shard of the weights and of the
+    KV cache; every rank runs `execute` on the same StepInput (engine/workers.py delivers
+    it). Only rank 0 gets logits and samples (`sample`). The runner knows nothing of
+    sequences, schedules or worker processes."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0, workers: "WorkerGroup | None" = None):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0):
         self.config = config
         self.block_size = config.kvcache_block_size
         self.device = torch.device(config.device)
-        # NEW in 07_tensor_parallel: join the group, then build this rank's shard (rank r uses cuda:r)
-        self.rank, self.world_size, self.workers = rank, config.tensor_parallel_size, workers
-        self.num_kv_heads = model_config.num_key_value_heads // self.world_size  # this rank's KV heads
-        if self.world_size > 1:
+        self.rank, self.world_size = rank, config.tensor_parallel_size
+        if self.world_size > 1:  # join the group (rank r uses cuda:r), then build this rank's shard
             if self.device.type == "cuda":
                 self.device = torch.device("cuda", rank)
                 torch.cuda.set_device(self.device)
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             init_tensor_parallel(rank, self.world_size, backend, config.distributed_init_method, config.distributed_timeout)
-        set_tp_rank(rank, self.world_size)
+        else:
+            set_tp_rank(0, 1)
         self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
+        # device memory free before this engine took any: what it uses is measured from here
+        self.free_at_start = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
         self.model = build_model(model_config, config.max_model_len, self.dtype, self.device)
         load_weights(self.model, config.model)
         self.sampler = Sampler(config.seed, self.device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.attention_backend = resolve_backend(config.attention_backend, self.device, self.block_size)
+        self.num_kv_heads = self.attention_layers[0].num_kv_heads  # this rank's
+        self.attention_backend = make_backend(config.attention_backend, self.device, self.block_size)
         for layer in self.attention_layers:
-            layer.set_backend(self.attention_backend)
+            layer.backend = self.attention_backend
         self.allocate_kv_cache(model_config)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # NEW in 06_cudagraph: batch size -> graph
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> graph
+        if self.world_size > 1:
+            keep_graphs(self.graphs)  # dropped before the group is left (distributed.py says why)
         self.num_graph_replays = 0
         if self.use_cudagraphs():
             self.capture_cudagraphs(model_config)
 
+    # ---- the KV cache ----
+
     def allocate_kv_cache(self, cfg: ModelConfig) -> None:
-        """NEW in 03_paged: a pool of blocks of `block_size` slots, as many as memory allows
-        (or `num_kvcache_blocks`). Sequences take blocks as they grow."""
+        """A pool of blocks of `block_size` slots, as many as memory allows (or
+        `num_kvcache_blocks`). Sequences take blocks as they grow."""
         block_bytes = 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * cfg.head_dim * self.dtype.itemsize
         one_seq = -(-self.config.max_model_len // self.block_size)  # blocks for one max-length sequence
         num_blocks = self.config.num_kvcache_blocks
         if num_blocks == -1:
             # never more than every batch slot at full length could use
             num_blocks = min(self.kv_budget_bytes(cfg) // block_bytes, self.config.max_num_seqs * one_seq)
-            if self.world_size > 1:  # NEW in 07_tensor_parallel: the same block ids on every rank
+            if self.world_size > 1:  # the same block ids on every rank
                 num_blocks = min_over_ranks(num_blocks, self.device)
         if num_blocks < one_seq:
             raise ValueError(
@@ -89,93 +122,120 @@ class ModelRunner:
             layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]  # (blocks, block_size, kv_heads, head_dim)
 
     def kv_budget_bytes(self, cfg: ModelConfig) -> int:
-        """CPU: a fixed budget. CUDA: what `gpu_memory_utilization` of the card leaves after the
-        weights and the activations of the largest step, measured by a warm-up pass."""
+        """CPU: a fixed budget. CUDA: what is left of `gpu_memory_utilization` of the card
+        once this engine's memory (weights, CUDA context) and what its largest step needs on
+        top (activations, logits, sampler buffers; measured by a warm-up step) are counted."""
         if self.device.type != "cuda":
             return self.config.cpu_kvcache_bytes
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         warmup_bytes = self.warmup(cfg)
-        peak = torch.cuda.max_memory_allocated(self.device) - warmup_bytes
-        current = torch.cuda.memory_allocated(self.device)
+        step_bytes = torch.cuda.max_memory_allocated(self.device) - warmup_bytes - torch.cuda.memory_allocated(self.device)
         free, total = torch.cuda.mem_get_info(self.device)
-        return int(total * self.config.gpu_memory_utilization - (total - free) - (peak - current))
+        engine_bytes = self.free_at_start - free  # held by this engine now
+        budget = total * self.config.gpu_memory_utilization - engine_bytes - step_bytes
+        return int(min(budget, free - step_bytes))  # other processes' memory is not ours to take
 
     def warmup(self, cfg: ModelConfig) -> int:
-        """Run the largest prefill the scheduler may send, with a throwaway cache; return its size."""
-        length = self.config.max_model_len
-        num_seqs = max(1, min(self.config.max_num_batched_tokens // length, self.config.max_num_seqs))
-        blocks_per_seq = -(-length // self.block_size)
-        shape = (2, cfg.num_hidden_layers, num_seqs * blocks_per_seq, self.block_size, self.num_kv_heads, cfg.head_dim)
+        """Run the largest step the scheduler may send, with a throwaway cache; return its size.
+        It holds the most tokens a step may hold and samples the most rows a step may sample,
+        so its peak memory covers every step's activations, logits and sampler buffers."""
+        lengths = warmup_lengths(self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs)
+        blocks = [-(-n // self.block_size) for n in lengths]  # blocks per sequence
+        shape = (2, cfg.num_hidden_layers, sum(blocks), self.block_size, self.num_kv_heads, cfg.head_dim)
         scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.bind_kv_cache(scratch)
-        seqs = []
-        for i in range(num_seqs):
-            seq = Sequence([0] * length, SamplingParams(temperature=0.0, max_tokens=1))
-            seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
-            seq.num_scheduled_tokens = length
-            seqs.append(seq)
-        self.run(seqs)
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)  # (seqs+1,)
+        first_block = np.concatenate([[0], np.cumsum(blocks)[:-1]])  # (seqs,) each sequence's first block
+        seq_of_token = np.repeat(np.arange(len(lengths)), lengths)  # (tokens,)
+        positions = np.arange(cu[-1]) - cu[seq_of_token]  # (tokens,)
+        table = np.full((len(lengths), max(blocks)), -1, np.int32)  # (seqs, max_blocks)
+        for i, (start, n) in enumerate(zip(first_block, blocks)):
+            table[i, :n] = np.arange(start, start + n)
+        logits = self.execute(StepInput(
+            input_ids=np.zeros(cu[-1], np.int64),
+            positions=positions.astype(np.int64),
+            slot_mapping=(first_block[seq_of_token] * self.block_size + positions).astype(np.int64),
+            cu_seqlens_q=cu,
+            context_lens=np.array(lengths, np.int32),
+            block_tables=table,
+            sample_rows=(cu[1:] - 1).astype(np.int64),
+            max_seqlen_q=max(lengths),
+            is_decode=False,
+        ))
+        if logits is not None:  # rank 0 samples: take the costliest path (masks sort the vocabulary, seeded noise)
+            rows = len(lengths)
+            self.sample(logits, SamplingBatch(
+                temperatures=np.ones(rows, np.float32), top_k=np.full(rows, 50, np.int64),
+                top_p=np.full(rows, 0.9, np.float32), min_p=np.full(rows, 0.05, np.float32),
+                seeds=np.arange(rows, dtype=np.int64), positions=np.zeros(rows, np.int64),
+                penalties=None, suppress=None, num_logprobs=None,
+            ))
         nbytes = scratch.numel() * scratch.element_size()
         del scratch
         torch.cuda.empty_cache()
         return nbytes
 
-    def call(self, method: str, *args):
-        """NEW in 07_tensor_parallel: run `method` on every rank. Rank 0 sends the call to the
-        workers, runs it itself, then collects their replies; collectives inside the method
-        keep the ranks in step. With one rank it is a plain method call."""
-        if self.workers is None:
-            return getattr(self, method)(*args)
-        try:
-            self.workers.send(method, *args)
-            result = getattr(self, method)(*args)
-            self.workers.receive()
-        except BaseException as err:  # out of step now: stop the workers (WorkerError if one died)
-            self.workers.after_local_error(err)
-            raise
-        return result
+    # ---- a step ----
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device, non_blocking=True)
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence]) -> list[int | None]:
-        """Feed each sequence's `num_scheduled_tokens` uncached tokens: a whole prompt, a
-        chunk of one, or the newest token at decode. Returns one sampled token per
-        sequence, or None for a prompt chunk that does not reach the prompt's end."""
-        input_ids, positions, cu_seqlens, slots = [], [], [0], []
-        for seq in seqs:
-            start = seq.num_cached_tokens
-            end = start + seq.num_scheduled_tokens  # NEW in 05_chunked_prefill: maybe a chunk
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            cu_seqlens.append(cu_seqlens[-1] + end - start)
-            slots.extend(seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end))
-        max_blocks = max(len(seq.block_table) for seq in seqs)
-        block_tables = [seq.block_table + [-1] * (max_blocks - len(seq.block_table)) for seq in seqs]
-        max_seqlen_q = max(b - a for a, b in zip(cu_seqlens, cu_seqlens[1:]))
+    def execute(self, step: StepInput) -> torch.Tensor | None:
+        """Run the model on the step's tokens; logits (rows, vocab) of the sampling rows on rank 0,
+        None on the other ranks (and when no row samples)."""
         context = Context(
-            cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
-            slot_mapping=self._tensor(slots),
-            context_lens=self._tensor([seq.num_cached_tokens + seq.num_scheduled_tokens for seq in seqs], torch.int32),
-            block_tables=self._tensor(block_tables, torch.int32),
-            max_seqlen_q=max_seqlen_q,
-            is_decode=max_seqlen_q == 1,  # one new token each: decode kernels (a 1-token chunk is the same shape)
+            cu_seqlens_q=self._tensor(step.cu_seqlens_q),
+            slot_mapping=self._tensor(step.slot_mapping),
+            context_lens=self._tensor(step.context_lens),
+            block_tables=self._tensor(step.block_tables),
+            max_seqlen_q=step.max_seqlen_q,
+            is_decode=step.is_decode,
         )
-        hidden = self.forward(self._tensor(input_ids), self._tensor(positions), context)  # (tokens, hidden)
-        # NEW in 05_chunked_prefill: sample only where the fed tokens reach the sequence's end
-        rows = [i for i, seq in enumerate(seqs) if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq)]
-        if not rows:
-            return [None] * len(seqs)
-        last = self._tensor([cu_seqlens[i + 1] - 1 for i in rows])  # (rows,)
-        logits = self.model.compute_logits(hidden[last])  # (rows, vocab)
-        if logits is None:
-            return [None] * len(seqs)  # NEW in 07_tensor_parallel: a worker rank; rank 0 samples
-        temperatures = torch.tensor([seqs[i].temperature for i in rows], dtype=torch.float32, device=self.device)
-        sampled = dict(zip(rows, self.sampler(logits, temperatures).tolist()))
-        return [sampled.get(i) for i in range(len(seqs))]
+        hidden = self.forward(self._tensor(step.input_ids), self._tensor(step.positions), context)  # (tokens, hidden)
+        if not len(step.sample_rows):
+            return None
+        return self.model.compute_logits(hidden[self._tensor(step.sample_rows)])  # (rows, vocab) on rank 0
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """Rank 0: penalties, masks and Gumbel-max; logprobs from the raw logits."""
+        logits = logits.float()  # (rows, vocab)
+        raw = logits
+        if batch.penalties is not None:
+            p = batch.penalties
+            logits = apply_penalties(
+                logits, self._counts(p["output_ids"], logits.shape[1]), self._counts(p["prompt_ids"], logits.shape[1]) > 0,
+                self._tensor(p["repetition"]), self._tensor(p["presence"]), self._tensor(p["frequency"]),
+            )
+        if batch.suppress is not None:
+            rows, ids = batch.suppress
+            logits = logits.index_put((self._tensor(rows), self._tensor(ids)), torch.tensor(float("-inf"), device=self.device))
+        optional = {name: None if getattr(batch, name) is None else self._tensor(getattr(batch, name)) for name in ("top_k", "top_p", "min_p", "seeds")}
+        token_ids = self.sampler(logits, self._tensor(batch.temperatures), positions=self._tensor(batch.positions), **optional)
+        if batch.num_logprobs is None:
+            return SamplerOutput(token_ids.tolist(), None)  # the step's one device-to-host copy
+        chosen, top_values, top_ids = logprobs_of(raw, token_ids, batch.num_logprobs)
+        ids, chosen, top_values, top_ids = token_ids.tolist(), chosen.tolist(), top_values.tolist(), top_ids.tolist()
+        logprobs = [
+            {"token_id": t, "logprob": lp, "top_logprobs": dict(zip(i, v))} for t, lp, v, i in zip(ids, chosen, top_values, top_ids)
+        ]
+        return SamplerOutput(ids, logprobs)
+
+    def _counts(self, token_lists: list[list[int]], vocab_size: int) -> torch.Tensor:
+        """(rows, vocab) float32: how often each token occurs in each row's list."""
+        width = max(1, max(len(ids) for ids in token_lists))
+        padded = np.full((len(token_lists), width), vocab_size, np.int64)  # vocab_size: padding, dropped below
+        for i, ids in enumerate(token_lists):
+            padded[i, : len(ids)] = ids
+        index = self._tensor(padded)
+        counts = torch.zeros(len(token_lists), vocab_size + 1, device=self.device)
+        return counts.scatter_add_(1, index, torch.ones_like(index, dtype=counts.dtype))[:, :vocab_size]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
-        """NEW in 06_cudagraph: a decode step replays the graph captured for the next batch
-        size up; everything else runs eagerly."""
+        """A decode step replays the graph captured for the next batch size up; everything
+        else runs eagerly."""
         num_seqs = len(input_ids)
         if context.is_decode and self.graphs and num_seqs <= self.graph_sizes[-1]:
             return self.replay(input_ids, positions, context)
@@ -185,21 +245,27 @@ class ModelRunner:
         finally:
             set_context(None)
 
+    # ---- CUDA graphs ----
+
     def use_cudagraphs(self) -> bool:
         if self.config.enforce_eager:
             return False
-        if self.device.type != "cuda":
-            logger.warning("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
+        if self.device.type != "cuda":  # eager by nature, nothing to act on: information, not a warning
+            log_once(logging.INFO, f"CUDA graphs need a CUDA device; this {self.device.type} run is eager")
             return False
-        if self.attention_backend == "torch":
-            logger.warning("the torch attention backend reads sizes on the host and cannot be captured; running eagerly")
+        if not self.attention_backend.capturable:
+            log_once(logging.WARNING, (
+                f"the {self.attention_backend.name} attention backend cannot be captured in a CUDA graph, so decode runs "
+                "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)"
+            ))
             return False
         return True
 
+    @torch.inference_mode()  # no autograd records: the graphs' memory pool holds only what a step needs
     def capture_cudagraphs(self, cfg: ModelConfig) -> None:
-        """NEW in 06_cudagraph: record one decode step per batch size of the ladder
-        (`graph_batch_sizes`). A graph replays every kernel launch of the
-        step with one call, on fixed buffers: the inputs are copied into them before a replay."""
+        """Record one decode step per batch size of the ladder (`graph_batch_sizes`). A graph
+        replays every kernel launch of the step with one call, on fixed buffers: the inputs
+        are copied into them before a replay."""
         self.graph_sizes = graph_batch_sizes(self.config.max_num_seqs)
         max_bs = self.graph_sizes[-1]
         max_blocks = -(-self.config.max_model_len // self.block_size)
@@ -252,11 +318,8 @@ class ModelRunner:
         self.num_graph_replays += 1
         return self.graph_output[:n]  # (seqs, hidden)
 
-    def _tensor(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=self.device)
-
     def shutdown(self) -> None:
         self.graphs.clear()
         del self.model, self.kv_cache
         if self.world_size > 1:
-            destroy_tensor_parallel()  # NEW in 07_tensor_parallel: leave the group
+            destroy_tensor_parallel()  # leave the group

@@ -8,25 +8,25 @@ from .sequence import Sequence, SequenceStatus
 class Scheduler:
     """Continuous batching over a paged KV cache, with chunked prefill.
 
-    Requests join as soon as there is room. When decode runs out of blocks, the most
-    recently admitted sequence is preempted: its blocks are freed and it goes back to
-    the front of the queue, to be recomputed from its tokens later.
+    Every step fills one budget of `max_num_batched_tokens` tokens. Running sequences
+    come first, in admission order (one token each at decode, or the next chunk of a
+    prompt still being prefilled), then waiting prompts are admitted in arrival order
+    while blocks, batch slots and budget last; the last one admitted may get only a
+    chunk. When decode runs out of blocks, the most recently admitted sequence is
+    preempted: its blocks are freed and it goes back to the front of the queue, to be
+    recomputed from its tokens (the prefix cache often still holds most of them).
 
-    NEW in 05_chunked_prefill: every step fills one budget of `max_num_batched_tokens`
-    tokens. Running sequences come first (one token each for decode, or the next chunk
-    of a prompt that is still being prefilled), then chunks of waiting prompts. A
-    prompt longer than what is left of the budget is split across steps, so no step is
-    longer than the budget and decoding sequences never stall behind a long prompt."""
+    The scheduler moves tokens and blocks; when a sequence is finished is the engine's
+    call (`finish`)."""
 
-    def __init__(self, config: EngineConfig, eos_token_ids: list[int], block_manager: BlockManager):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.max_model_len = config.max_model_len
-        self.eos_token_ids = set(eos_token_ids)
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
-        self.num_preemptions = 0  # in the current step, for stats
+        self.num_preemptions = 0  # in the current step
+        self.total_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -71,9 +71,14 @@ class Scheduler:
         scheduled = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            leader = seq.leader
+            if leader is not None and leader.status == SequenceStatus.RUNNING and leader.num_cached_tokens < leader.num_prompt_tokens:
+                break  # a sibling waits while its leader computes the prompt, to find its blocks in the cache
             if not self.block_manager.can_allocate(seq):
                 break
             self.block_manager.allocate(seq)
+            if seq.num_completion_tokens == 0 and not seq.num_prompt_hit_tokens:
+                seq.num_prompt_hit_tokens = seq.num_cached_tokens  # what the prefix cache served
             seq.num_scheduled_tokens = min(len(seq) - seq.num_cached_tokens, budget)
             budget -= seq.num_scheduled_tokens
             seq.status = SequenceStatus.RUNNING
@@ -87,27 +92,26 @@ class Scheduler:
         seq.num_cached_tokens = 0  # its K/V are gone: recompute from the tokens
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        self.total_preemptions += 1
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
-        """Append each sampled token; return the sequences that just finished (their blocks are freed)."""
-        finished = []
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> None:
+        """Record what the step computed: the fed tokens' K/V are cached (their full blocks now
+        shareable), and each sequence whose feed reached its end gets its sampled token."""
         for seq, token_id in zip(seqs, token_ids):
             num_tokens = seq.num_cached_tokens + seq.num_scheduled_tokens  # K/V in the cache now
-            self.block_manager.hash_blocks(seq, num_tokens)  # NEW in 04_prefix_cache: now shareable
+            self.block_manager.hash_blocks(seq, num_tokens)
             seq.num_cached_tokens = num_tokens
-            if num_tokens < len(seq):
-                continue  # NEW in 05_chunked_prefill: a prompt chunk; nothing is sampled yet
-            seq.append_token(token_id)
-            if self.should_stop(seq, token_id):
-                seq.status = SequenceStatus.FINISHED
-                self.block_manager.deallocate(seq)
-                self.running.remove(seq)
-                finished.append(seq)
-        return finished
+            seq.num_scheduled_tokens = 0
+            if token_id is not None:
+                seq.append_token(token_id)
 
-    def should_stop(self, seq: Sequence, token_id: int) -> bool:
-        return (
-            (not seq.ignore_eos and token_id in self.eos_token_ids)
-            or seq.num_completion_tokens >= seq.max_tokens
-            or len(seq) >= self.max_model_len
-        )
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End the sequence (stopped, at its length limit, or aborted) and free its blocks."""
+        if seq.is_finished:
+            return
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        self.block_manager.deallocate(seq)

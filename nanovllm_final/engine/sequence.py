@@ -11,24 +11,27 @@ class SequenceStatus(Enum):
 
 
 class Sequence:
-    """One request: its prompt, the tokens generated so far, and how to sample."""
+    """One completion being generated: its prompt, the tokens generated so far, how to
+    sample, and where its K/V live. A request with n completions has n sequences."""
 
     _ids = itertools.count()
 
-    def __init__(self, token_ids: list[int], params: SamplingParams):
+    def __init__(self, token_ids: list[int], params: SamplingParams, index: int = 0, leader: "Sequence | None" = None):
         self.seq_id = next(Sequence._ids)
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
-        self.temperature = params.temperature
-        self.max_tokens = params.max_tokens
-        self.ignore_eos = params.ignore_eos
-        # how many of its tokens already have their K/V in the cache (only the rest are fed)
-        self.num_cached_tokens = 0
-        # NEW in 03_paged: the physical KV blocks holding this sequence, in token order
-        self.block_table: list[int] = []
-        # NEW in 05_chunked_prefill: tokens fed this step (a prompt may take several steps)
-        self.num_scheduled_tokens = 0
+        self.params = params  # resolved: no None fields left but max_tokens
+        self.request_id = ""  # set by its Request
+        self.index = index  # which of its request's n completions
+        # The sibling that computes the shared prompt first; while it does, this one waits,
+        # so that it finds the prompt's blocks in the cache when admitted.
+        self.leader = leader
+        self.num_cached_tokens = 0  # tokens whose K/V are in the cache (only the rest are fed)
+        self.num_prompt_hit_tokens = 0  # prompt tokens the prefix cache served at first admission
+        self.block_table: list[int] = []  # the physical KV blocks holding this sequence, in token order
+        self.num_scheduled_tokens = 0  # tokens fed this step (a prompt may take several steps)
+        self.finish_reason: str | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -44,6 +47,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    @property
+    def samples_this_step(self) -> bool:
+        """Does this step's feed reach the sequence's end (so a token is sampled)?"""
+        return self.num_cached_tokens + self.num_scheduled_tokens == len(self)
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

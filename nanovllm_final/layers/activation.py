@@ -2,10 +2,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+try:
+    from . import fused_triton
+except ImportError:  # no Triton on this platform: the PyTorch code below everywhere
+    fused_triton = None
+
 
 class SiluAndMul(nn.Module):
-    """SwiGLU's gate: the input holds [gate | up] side by side; returns silu(gate) * up."""
+    """SwiGLU's gate: the input holds [gate | up] side by side; returns silu(gate) * up.
+    On CUDA one Triton kernel (fused_triton.silu_and_mul); the PyTorch code is the reference."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and fused_triton is not None:
+            return fused_triton.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)  # (tokens, intermediate) each
         return F.silu(gate) * up

@@ -92,15 +92,3 @@ def paged_attention(
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
-
-
-# The backend interface the Attention layer calls (same names in every backend module).
-
-
-def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q):
-    return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
-
-
-def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale):
-    cu_seqlens_q = torch.arange(len(context_lens) + 1, dtype=torch.int32)  # one query per sequence
-    return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)

@@ -2,13 +2,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .parallel import all_reduce, divide, gather_to_first, get_tp_rank, get_tp_size
+from ..distributed import all_reduce, divide, gather_to_first, get_tp_rank, get_tp_size
 
 
 class VocabParallelEmbedding(nn.Module):
     """Token embedding table (vocab, hidden).
 
-    NEW in 07_tensor_parallel: the vocabulary is split across ranks; rank r holds rows
+    The vocabulary is split across ranks; rank r holds rows
     [r * vocab/tp, (r+1) * vocab/tp). Each rank looks up the ids it holds, writes zeros
     for the others, and an all-reduce sums the ranks' rows into the full embedding."""
 
@@ -38,7 +38,7 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits; may share its weight with the embedding.
 
-    NEW in 07_tensor_parallel: each rank computes the logits of its vocabulary slice;
+    Each rank computes the logits of its vocabulary slice;
     they are gathered on rank 0, which samples. The other ranks get None."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:

@@ -2,14 +2,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .parallel import all_reduce, divide, get_tp_rank, get_tp_size
+from ..distributed import all_reduce, divide, get_tp_rank, get_tp_size
 
 
 class Linear(nn.Module):
     """y = x W^T (+ b). Each parameter carries a `weight_loader` that copies a
     checkpoint tensor into it; fused layers below override it to fill one slice.
 
-    NEW in 07_tensor_parallel: `tp_dim` says which dimension of W is split across the
+    Tensor parallelism: `tp_dim` says which dimension of W is split across the
     ranks: None (every rank holds all of W), 0 (column parallel: rank r holds a block of
     output rows) or 1 (row parallel: a block of input columns). The loader always
     receives the full checkpoint tensor and keeps this rank's block."""
@@ -18,7 +18,7 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
-        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()  # NEW in 07_tensor_parallel
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         if self.tp_dim == 0:
             out_features = divide(out_features, "output features")
         elif self.tp_dim == 1:
@@ -32,13 +32,13 @@ class Linear(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         target = param.data if shard_id is None else self.shard(param.data, shard_id)
-        loaded = self.rank_part(param, loaded)  # NEW in 07_tensor_parallel
+        loaded = self.rank_part(param, loaded)
         if target.shape != loaded.shape:
             raise ValueError(f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit a parameter slice of shape {tuple(target.shape)}")
         target.copy_(loaded)
 
     def rank_part(self, param: nn.Parameter, loaded: torch.Tensor) -> torch.Tensor:
-        """NEW in 07_tensor_parallel: this rank's block of a full checkpoint tensor.
+        """This rank's block of a full checkpoint tensor.
         A column-parallel bias is split like the rows; a row-parallel bias is whole."""
         dim = self.tp_dim if param is self.weight else (0 if self.tp_dim == 0 else None)
         if dim is None or self.tp_size == 1:
@@ -54,14 +54,14 @@ class Linear(nn.Module):
 
 
 class ColumnParallelLinear(Linear):
-    """NEW in 07_tensor_parallel: W's output rows are split across ranks. Each rank
+    """W's output rows are split across ranks. Each rank
     computes its own slice of y (tokens, out / tp) from the full x; no communication."""
 
     tp_dim = 0
 
 
 class RowParallelLinear(Linear):
-    """NEW in 07_tensor_parallel: W's input columns are split across ranks. Each rank
+    """W's input columns are split across ranks. Each rank
     multiplies its slice of x (tokens, in / tp), typically the output of a column-parallel
     layer, and the partial sums are added up over the ranks (all-reduce)."""
 
@@ -77,8 +77,7 @@ class RowParallelLinear(Linear):
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several projections of the same input in one matmul (gate_proj and up_proj).
     Shard i of the checkpoint fills rows [sum(sizes[:i]), sum(sizes[:i+1])).
-
-    NEW in 07_tensor_parallel: every projection is split across ranks, so rank r holds
+    Every projection is split across ranks, so rank r holds
     [gate rows of rank r | up rows of rank r]: sizes[i] / tp rows of each."""
 
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
@@ -93,13 +92,15 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(MergedColumnParallelLinear):
     """q_proj, k_proj and v_proj fused: rows are [q (heads*d) | k (kv_heads*d) | v (kv_heads*d)].
 
-    NEW in 07_tensor_parallel: split by heads, so rank r holds heads/tp query heads and
-    kv_heads/tp key/value heads: a whole GQA group stays on one rank. Sizes are the
-    model's totals; the layer divides them."""
+    Split by heads, so rank r holds heads/tp query heads and kv_heads/tp key/value heads:
+    a whole GQA group stays on one rank. Sizes are the model's totals; this layer divides
+    them, and `num_heads` / `num_kv_heads` are this rank's counts (the one place they are
+    computed: attention and the KV cache read them from here)."""
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
         sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
         super().__init__(hidden_size, sizes, bias)
+        self.num_heads, self.num_kv_heads = divide(num_heads, "num_attention_heads"), divide(num_kv_heads, "num_key_value_heads")
 
     def shard(self, data: torch.Tensor, shard_id: str) -> torch.Tensor:
         return super().shard(data, "qkv".index(shard_id))

@@ -1,13 +1,19 @@
 import torch
 from torch import nn
 
+try:
+    from . import fused_triton
+except ImportError:  # no Triton on this platform: the PyTorch code below everywhere
+    fused_triton = None
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in float32 like Hugging Face's.
 
     Called as ``norm(x)`` it returns the normalised x. Called as ``norm(x, residual)``
     it first adds the residual stream (the fused add of pre-norm transformers) and
-    returns ``(normalised, new_residual)``."""
+    returns ``(normalised, new_residual)``. On CUDA one Triton kernel does it all
+    (fused_triton.rms_norm); the PyTorch code is the reference and the CPU path."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -21,6 +27,8 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.is_cuda and fused_triton is not None:
+            return fused_triton.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual  # (tokens, hidden)

@@ -3,6 +3,11 @@ import math
 import torch
 from torch import nn
 
+try:
+    from . import fused_triton
+except ImportError:  # no Triton on this platform: the PyTorch code below everywhere
+    fused_triton = None
+
 
 def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     """Llama-3's frequency scaling: slow the low frequencies by `factor`, keep the high
@@ -21,7 +26,8 @@ def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (the "rotate half" layout of Llama and Qwen3).
 
-    cos/sin are precomputed for every position up to `max_positions`."""
+    cos/sin are precomputed for every position up to `max_positions`. On CUDA one Triton
+    kernel rotates q and k (fused_triton.rotary); the PyTorch code is the reference."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
         super().__init__()
@@ -37,6 +43,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin(), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        if q.is_cuda and fused_triton is not None:
+            return fused_triton.rotary(positions, q, k, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # (tokens, 1, head_dim)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

@@ -1,24 +1,121 @@
+"""From logits to tokens: penalties, temperature, top-k / top-p / min-p masks and
+Gumbel-max sampling, for a whole batch in one pass on the device.
+
+Gumbel-max: argmax(p_i / E_i) with E_i ~ Exp(1) picks token i with probability
+p_i / sum(p): -log E_i is Gumbel noise, and argmax(log p_i + Gumbel_i) ~ p. A mask that
+sets p_i = 0 removes token i; nothing needs renormalising. A row with a seed draws its
+noise from a counter-based hash of (seed, output position, token id), so its tokens do
+not depend on the rest of the batch, its order, or preemption; the other rows draw from
+the engine's generator."""
+
 import torch
 from torch import nn
 
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32), without overflowing int64."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser: every input bit flips about half the output bits."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Exp(1) noise (rows, vocab) that is a pure function of (seed, position, token id)."""
+    key = _mix32(_mix32(seeds & _M32) ^ ((seeds >> 32) & _M32))  # (rows,)
+    key = _mix32(key ^ _mul32(positions & _M32, 0x9E3779B1))  # (rows,)
+    tokens = _mul32(torch.arange(vocab_size, device=seeds.device, dtype=torch.int64), 0x27D4EB2F)  # (vocab,)
+    h = _mix32(_mix32(key[:, None] ^ tokens[None, :]) ^ key[:, None])  # (rows, vocab)
+    u = ((h >> 8).float() + 0.5) * 2.0**-24  # uniform in (0, 1), 24 bits
+    return -torch.log(u)
+
+
+def apply_penalties(
+    logits: torch.Tensor,  # (rows, vocab) float32
+    output_counts: torch.Tensor,  # (rows, vocab) how often each token was generated
+    prompt_mask: torch.Tensor,  # (rows, vocab) bool: in the prompt
+    repetition: torch.Tensor,  # (rows,) 1 = off
+    presence: torch.Tensor,  # (rows,) 0 = off
+    frequency: torch.Tensor,  # (rows,) 0 = off
+) -> torch.Tensor:
+    """vLLM's penalties: repetition divides positive (multiplies negative) logits of every token
+    seen in the prompt or the output; presence and frequency subtract from generated tokens."""
+    generated = output_counts > 0
+    r = repetition.unsqueeze(1)  # (rows, 1)
+    logits = torch.where(prompt_mask | generated, torch.where(logits > 0, logits / r, logits * r), logits)
+    return logits - frequency.unsqueeze(1) * output_counts - presence.unsqueeze(1) * generated
+
+
+def mask_probs(
+    probs: torch.Tensor,  # (rows, vocab), softmax(logits / T)
+    top_k: torch.Tensor | None,  # (rows,) int, 0 = all
+    top_p: torch.Tensor | None,  # (rows,) float, 1 = all
+    min_p: torch.Tensor | None,  # (rows,) float, 0 = all
+) -> torch.Tensor:
+    """Zero the tokens the masks drop: top_k keeps the k most likely; top_p then keeps the most
+    likely tokens until (the top-k renormalised) mass reaches p; min_p drops tokens below
+    min_p times the most likely one's probability. The most likely token always stays."""
+    vocab = probs.shape[-1]
+    if top_k is None and top_p is None:
+        keep = torch.ones_like(probs, dtype=torch.bool)
+    else:
+        sorted_p, order = probs.sort(dim=-1, descending=True)  # (rows, vocab)
+        keep_sorted = torch.ones_like(sorted_p, dtype=torch.bool)
+        if top_k is not None:
+            k = torch.where(top_k > 0, top_k, vocab).unsqueeze(1)  # (rows, 1)
+            keep_sorted &= torch.arange(vocab, device=probs.device) < k
+            sorted_p = sorted_p * keep_sorted
+        if top_p is not None:
+            total = sorted_p.sum(-1, keepdim=True)  # (rows, 1): the mass top-k kept
+            before = sorted_p.cumsum(-1) - sorted_p  # (rows, vocab): mass of the more likely tokens
+            keep_sorted &= (before < top_p.unsqueeze(1) * total) | (top_p >= 1).unsqueeze(1)
+        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    if min_p is not None:
+        keep &= probs >= min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+    return probs.masked_fill(~keep, 0.0)
+
 
 class Sampler(nn.Module):
-    """Greedy for temperature 0, Gumbel-max sampling otherwise.
-
-    Gumbel-max: argmax(p_i / E_i) with E_i ~ Exp(1) picks token i with probability
-    p_i, because -log E_i is Gumbel noise and argmax(log p_i + Gumbel_i) ~ p. One
-    batched argmax, no sorting and no cumulative sums."""
+    """Greedy for temperature 0, masked Gumbel-max sampling otherwise."""
 
     def __init__(self, seed: int, device: torch.device):
         super().__init__()
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
-    def forward(self, logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-        logits = logits.float()  # (seqs, vocab)
-        greedy = logits.argmax(dim=-1)  # (seqs,)
-        safe_t = temperatures.clamp(min=1e-5).unsqueeze(1)  # (seqs, 1)
-        probs = torch.softmax(logits / safe_t, dim=-1)  # (seqs, vocab)
+    def forward(
+        self,
+        logits: torch.Tensor,  # (rows, vocab), after penalties
+        temperatures: torch.Tensor,  # (rows,) float32, 0 = greedy
+        top_k: torch.Tensor | None = None,
+        top_p: torch.Tensor | None = None,
+        min_p: torch.Tensor | None = None,
+        seeds: torch.Tensor | None = None,  # (rows,) int64, -1 = no seed (the engine's generator)
+        positions: torch.Tensor | None = None,  # (rows,) int64: the output index each row samples
+    ) -> torch.Tensor:  # (rows,) int64
+        logits = logits.float()
+        greedy = logits.argmax(dim=-1)  # (rows,)
+        safe_t = temperatures.clamp(min=1e-5).unsqueeze(1)  # (rows, 1)
+        probs = mask_probs(torch.softmax(logits / safe_t, dim=-1), top_k, top_p, min_p)  # (rows, vocab)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)  # Exp(1)
-        sampled = (probs / noise).argmax(dim=-1)  # (seqs,)
+        if seeds is not None:
+            seeded = seeds >= 0  # (rows,)
+            noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, probs.shape[-1]), noise)
+        sampled = (probs / noise).argmax(dim=-1)  # (rows,)
         return torch.where(temperatures == 0, greedy, sampled)
+
+
+def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log_softmax of the raw logits in float32: the sampled tokens' (rows,), and the top k's
+    values and ids (rows, k)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)  # (rows, vocab)
+    top = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], token_ids[:, None][:, :0])
+    return lp.gather(1, token_ids.unsqueeze(1)).squeeze(1), top[0], top[1]

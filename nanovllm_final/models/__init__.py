@@ -1,27 +1,47 @@
-"""Model construction from a ModelConfig: which architectures we support and how."""
+"""Model construction: the architectures we support, keyed by config.json's `architectures`."""
+
+from dataclasses import dataclass
 
 import torch
 
 from ..config import ModelConfig
 from .transformer import CausalLM
 
-# architecture name in config.json -> does it normalise q and k per head?
-SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": True, "LlamaForCausalLM": False}
+
+@dataclass(frozen=True)
+class Architecture:
+    """How one family departs from the plain pre-norm decoder of transformer.py."""
+
+    qk_norm: bool = False  # RMSNorm on each head of q and k (Qwen3)
+    qkv_bias: bool | None = None  # bias on q, k, v; None: config.json's attention_bias
+    o_bias: bool | None = None  # bias on o_proj; None: config.json's attention_bias
 
 
-def check_architecture(cfg: ModelConfig) -> None:
-    if cfg.architecture not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"architecture {cfg.architecture!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+ARCHITECTURES = {
+    "Qwen3ForCausalLM": Architecture(qk_norm=True),
+    "LlamaForCausalLM": Architecture(),
+    "Qwen2ForCausalLM": Architecture(qkv_bias=True, o_bias=False),  # Qwen2 and Qwen2.5
+}
+
+
+def check_architecture(cfg: ModelConfig) -> Architecture:
+    if cfg.architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture {cfg.architecture!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    if cfg.use_sliding_window:
+        raise ValueError("use_sliding_window=true in config.json: sliding-window attention is not supported")
+    return ARCHITECTURES[cfg.architecture]
 
 
 def build_model(cfg: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device) -> CausalLM:
     """Create the model's parameters directly on `device` in `dtype` (uninitialised: the loader fills them)."""
-    check_architecture(cfg)
+    arch = check_architecture(cfg)
+    qkv_bias = cfg.attention_bias if arch.qkv_bias is None else arch.qkv_bias
+    o_bias = cfg.attention_bias if arch.o_bias is None else arch.o_bias
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = CausalLM(cfg, SUPPORTED_ARCHITECTURES[cfg.architecture], max_positions)
+            model = CausalLM(cfg, max_positions, qk_norm=arch.qk_norm, qkv_bias=qkv_bias, o_bias=o_bias)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()

@@ -1,5 +1,7 @@
-"""Fill a model's parameters from the safetensors files of a Hugging Face checkpoint."""
+"""Fill a model's parameters from the safetensors files of a Hugging Face checkpoint:
+one model.safetensors, or the shards that model.safetensors.index.json lists."""
 
+import json
 import pathlib
 
 from safetensors import safe_open
@@ -15,6 +17,18 @@ PACKED_MODULES = {
 }
 
 
+def weight_files(model_dir: str | pathlib.Path) -> list[pathlib.Path]:
+    path = pathlib.Path(model_dir)
+    index = path / "model.safetensors.index.json"
+    if not index.exists():
+        return sorted(path.glob("*.safetensors"))
+    files = sorted({path / name for name in json.loads(index.read_text())["weight_map"].values()})
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"{index} lists shards that are missing: {', '.join(missing)}")
+    return files
+
+
 def load_weights(model: nn.Module, model_dir: str | pathlib.Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = getattr(model.lm_head, "weight", None) is model.model.embed_tokens.weight
@@ -22,7 +36,7 @@ def load_weights(model: nn.Module, model_dir: str | pathlib.Path) -> None:
     needed = {name: {shard for frag, (fused, shard) in PACKED_MODULES.items() if f".{fused}." in name} or {None} for name in params}
     if tied:
         del needed["lm_head.weight"]
-    for file in sorted(pathlib.Path(model_dir).glob("*.safetensors")):
+    for file in weight_files(model_dir):
         with safe_open(file, "pt", "cpu") as f:
             for name in f.keys():
                 if tied and name == "lm_head.weight":

@@ -1,7 +1,9 @@
-"""One decoder-only transformer that covers Qwen3 and Llama.
+"""One decoder-only transformer that covers Qwen3, Qwen2 and Llama.
 
-The two architectures differ in two switches: Qwen3 normalises q and k per head
-(`qk_norm`), and some checkpoints add a bias to q/k/v (`attention_bias`)."""
+The families differ in three switches (models/__init__.py sets them): Qwen3 normalises
+q and k per head (`qk_norm`), Qwen2 adds a bias to q, k and v (`qkv_bias`), and some
+checkpoints add one to o_proj too (`o_bias`). Every layer holds this rank's shard of the
+weights (layers/linear.py); QKVParallelLinear says how many heads that is."""
 
 import torch
 from torch import nn
@@ -12,18 +14,16 @@ from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ..layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from ..layers.norm import RMSNorm
-from ..layers.parallel import get_tp_size
 from ..layers.rotary import RotaryEmbedding
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_positions: int, qk_norm: bool, qkv_bias: bool, o_bias: bool):
         super().__init__()
-        # NEW in 07_tensor_parallel: this rank's heads; q/k/v are split by heads, o_proj by its inputs
-        tp = get_tp_size()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads // tp, cfg.num_key_value_heads // tp, cfg.head_dim
-        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attention_bias)
-        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, cfg.attention_bias)
+        # q/k/v are split across the ranks by heads, o_proj by its inputs
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, qkv_bias)
+        self.num_heads, self.num_kv_heads, self.head_dim = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, o_bias)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
@@ -45,7 +45,7 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        # NEW in 07_tensor_parallel: each rank holds intermediate / tp of the gate, up and down weights
+        # each rank holds intermediate / tp of the gate, up and down weights
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
         self.act = SiluAndMul()
@@ -55,9 +55,9 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_positions: int, **switches):
         super().__init__()
-        self.self_attn = SelfAttention(cfg, qk_norm, max_positions)
+        self.self_attn = SelfAttention(cfg, max_positions, **switches)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -74,20 +74,20 @@ class DecoderLayer(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_positions: int, **switches):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, qk_norm, max_positions) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, max_positions, **switches) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
     """`forward(input_ids, positions)` -> hidden states (tokens, hidden);
-    `compute_logits(hidden)` -> (rows, vocab), on rank 0 only (NEW in 07_tensor_parallel: None elsewhere)."""
+    `compute_logits(hidden)` -> (rows, vocab) on rank 0, None on the other ranks."""
 
-    def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_positions: int, *, qk_norm: bool, qkv_bias: bool, o_bias: bool):
         super().__init__()
-        self.model = Model(cfg, qk_norm, max_positions)
+        self.model = Model(cfg, max_positions, qk_norm=qk_norm, qkv_bias=qkv_bias, o_bias=o_bias)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -21,8 +21,9 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
 
 @dataclass
 class EngineConfig:
-    """Every engine option of the public API. Every stage accepts all of them;
-    a stage ignores the ones whose mechanism it does not have yet."""
+    """Every engine option of the public API. Every stage accepts all of them. An option that
+    only tunes a mechanism this stage does not have yet (kvcache_block_size before paging, say)
+    is ignored; a value that asks for such a mechanism is refused, naming the stage where it arrives."""
 
     model: str
     device: str | None = None  # None: "cuda" if available, else "cpu"
@@ -60,6 +61,12 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.attention_backend in ("triton", "flash_attn"):  # 'torch' is what this stage does anyway
+            raise ValueError(f"attention_backend={self.attention_backend!r} is a paged-attention backend: it arrives in "
+                             f"stage 03_paged; {__package__} has only 'torch'")
+        if self.tensor_parallel_size > 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} asks for tensor parallelism: it arrives in "
+                             f"stage 07_tensor_parallel; {__package__} runs on one device")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device.startswith("cuda") and not torch.cuda.is_available():

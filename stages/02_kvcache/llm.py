@@ -60,7 +60,8 @@ class LLM:
 
     def _encode(self, index: int, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            # verbose=False: no transformers warning about the tokenizer's own length limit; max_model_len is checked below
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False, verbose=False)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]

@@ -22,8 +22,9 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
 
 @dataclass
 class EngineConfig:
-    """Every engine option of the public API. Every stage accepts all of them;
-    a stage ignores the ones whose mechanism it does not have yet."""
+    """Every engine option of the public API. Every stage accepts all of them. An option that
+    only tunes a mechanism this stage does not have yet (kvcache_block_size before paging, say)
+    is ignored; a value that asks for such a mechanism is refused, naming the stage where it arrives."""
 
     model: str
     device: str | None = None  # None: "cuda" if available, else "cpu"

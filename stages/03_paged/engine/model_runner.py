@@ -10,6 +10,17 @@ from ..sampling_params import SamplingParams
 from .sequence import Sequence
 
 
+def warmup_lengths(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int) -> list[int]:
+    """Prompt lengths of the warm-up step: as many tokens as a step may hold (the token
+    budget, or one prompt of max_model_len when that is longer) in as many sequences as a
+    step may sample (max_num_seqs, as at decode), the first one as long as a prompt may be."""
+    num_tokens = min(max(max_num_batched_tokens, max_model_len), max_num_seqs * max_model_len)
+    num_seqs = min(max_num_seqs, num_tokens)
+    first = min(max_model_len, num_tokens - (num_seqs - 1))
+    rest, extra = divmod(num_tokens - first, num_seqs - 1) if num_seqs > 1 else (0, 0)
+    return [first] + [rest + (i < extra) for i in range(num_seqs - 1)]
+
+
 class ModelRunner:
     """Owns the model on its device and turns a list of sequences into next tokens."""
 
@@ -18,6 +29,8 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.device = torch.device(config.device)
         self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
+        # device memory free before this engine took any: what it uses is measured from here
+        self.free_at_start = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
         self.model = build_model(model_config, config.max_model_len, self.dtype, self.device)
         load_weights(self.model, config.model)
         self.sampler = Sampler(config.seed, self.device)
@@ -52,30 +65,34 @@ class ModelRunner:
             layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]  # (blocks, block_size, kv_heads, head_dim)
 
     def kv_budget_bytes(self, cfg: ModelConfig) -> int:
-        """CPU: a fixed budget. CUDA: what `gpu_memory_utilization` of the card leaves after the
-        weights and the activations of the largest step, measured by a warm-up pass."""
+        """CPU: a fixed budget. CUDA: what is left of `gpu_memory_utilization` of the card
+        once this engine's memory (weights, CUDA context) and what its largest step needs on
+        top (activations, logits, sampler buffers; measured by a warm-up step) are counted."""
         if self.device.type != "cuda":
             return self.config.cpu_kvcache_bytes
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         warmup_bytes = self.warmup(cfg)
-        peak = torch.cuda.max_memory_allocated(self.device) - warmup_bytes
-        current = torch.cuda.memory_allocated(self.device)
+        step_bytes = torch.cuda.max_memory_allocated(self.device) - warmup_bytes - torch.cuda.memory_allocated(self.device)
         free, total = torch.cuda.mem_get_info(self.device)
-        return int(total * self.config.gpu_memory_utilization - (total - free) - (peak - current))
+        engine_bytes = self.free_at_start - free  # held by this engine now
+        budget = total * self.config.gpu_memory_utilization - engine_bytes - step_bytes
+        return int(min(budget, free - step_bytes))  # other processes' memory is not ours to take
 
     def warmup(self, cfg: ModelConfig) -> int:
-        """Run the largest prefill the scheduler may send, with a throwaway cache; return its size."""
-        length = self.config.max_model_len
-        num_seqs = max(1, min(self.config.max_num_batched_tokens // length, self.config.max_num_seqs))
-        blocks_per_seq = -(-length // self.block_size)
-        shape = (2, cfg.num_hidden_layers, num_seqs * blocks_per_seq, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        """Run the largest step the scheduler may send, with a throwaway cache; return its size.
+        It holds the most tokens a step may hold and samples the most rows a step may sample,
+        so its peak memory covers every step's activations, logits and sampler buffers."""
+        lengths = warmup_lengths(self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs)
+        blocks = [-(-n // self.block_size) for n in lengths]  # blocks per sequence
+        shape = (2, cfg.num_hidden_layers, sum(blocks), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.bind_kv_cache(scratch)
-        seqs = []
-        for i in range(num_seqs):
-            seq = Sequence([0] * length, SamplingParams(temperature=0.0, max_tokens=1))
-            seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
+        seqs, first_block = [], 0
+        for length, num_blocks in zip(lengths, blocks):
+            seq = Sequence([0] * length, SamplingParams(temperature=1.0, max_tokens=1))
+            seq.block_table = list(range(first_block, first_block + num_blocks))
+            first_block += num_blocks
             seqs.append(seq)
         self.run(seqs, is_prefill=True)
         nbytes = scratch.numel() * scratch.element_size()

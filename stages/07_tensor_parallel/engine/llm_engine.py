@@ -43,7 +43,7 @@ class LLMEngine:
         is_prefill = any(seq.num_cached_tokens < len(seq) - 1 for seq in seqs)  # not only decodes
         chunked = sum(1 for seq in seqs if seq.num_cached_tokens + seq.num_scheduled_tokens < len(seq))
         hit_tokens = self.block_manager.num_hit_tokens - hits_before  # blocks admission reused
-        token_ids = self.model_runner.call("run", seqs)  # NEW in 07_tensor_parallel: on every rank
+        token_ids = self.model_runner.run(seqs)
         finished = self.scheduler.postprocess(seqs, token_ids)
         bm = self.block_manager
         self.stats.append({

@@ -1,11 +1,14 @@
+import functools
 import logging
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..layers.attention import Attention, resolve_backend
 from ..layers.context import Context, set_context
-from ..layers.parallel import destroy_tensor_parallel, init_tensor_parallel, min_over_ranks, set_tp_rank
+from ..layers.parallel import destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.sampler import Sampler
 from ..models import build_model
 from ..models.loader import load_weights
@@ -13,6 +16,12 @@ from ..sampling_params import SamplingParams
 from .sequence import Sequence
 
 logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def warn_once(message: str) -> None:
+    """A warning is logged once per process, not once per engine."""
+    logger.warning(message)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -25,6 +34,33 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 def graph_for(num_seqs: int, sizes: list[int]) -> int:
     """The captured size a decode step of `num_seqs` sequences is padded up to."""
     return next(size for size in sizes if size >= num_seqs)
+
+
+def warmup_lengths(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int) -> list[int]:
+    """Prompt lengths of the warm-up step: as many tokens as a step may hold (the token
+    budget, or one prompt of max_model_len when that is longer) in as many sequences as a
+    step may sample (max_num_seqs, as at decode), the first one as long as a prompt may be."""
+    num_tokens = min(max(max_num_batched_tokens, max_model_len), max_num_seqs * max_model_len)
+    num_seqs = min(max_num_seqs, num_tokens)
+    first = min(max_model_len, num_tokens - (num_seqs - 1))
+    rest, extra = divmod(num_tokens - first, num_seqs - 1) if num_seqs > 1 else (0, 0)
+    return [first] + [rest + (i < extra) for i in range(num_seqs - 1)]
+
+
+@dataclass
+class StepInputs:
+    """NEW in 07_tensor_parallel: one step's model inputs as flat arrays. Rank 0 builds them
+    from its sequences and sends the same object to every worker: a few KB, where the
+    sequences themselves would carry token lists that grow with every step."""
+
+    input_ids: np.ndarray  # (tokens,) int64: the fed tokens, sequence after sequence
+    positions: np.ndarray  # (tokens,) int64
+    cu_seqlens: np.ndarray  # (seqs+1,) int32: where each sequence's tokens start
+    slot_mapping: np.ndarray  # (tokens,) int64: the cache slot of each fed token
+    context_lens: np.ndarray  # (seqs,) int32: tokens in the cache after this step
+    block_tables: np.ndarray  # (seqs, max_blocks) int32, padded with -1
+    sample_rows: np.ndarray  # (rows,) int64: the sequences whose fed tokens reach their end
+    temperatures: np.ndarray  # (rows,) float32: theirs (only rank 0 samples)
 
 
 class ModelRunner:
@@ -49,6 +85,8 @@ class ModelRunner:
             init_tensor_parallel(rank, self.world_size, backend, config.distributed_init_method, config.distributed_timeout)
         set_tp_rank(rank, self.world_size)
         self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
+        # device memory free before this engine took any: what it uses is measured from here
+        self.free_at_start = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
         self.model = build_model(model_config, config.max_model_len, self.dtype, self.device)
         load_weights(self.model, config.model)
         self.sampler = Sampler(config.seed, self.device)
@@ -58,6 +96,8 @@ class ModelRunner:
             layer.set_backend(self.attention_backend)
         self.allocate_kv_cache(model_config)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # NEW in 06_cudagraph: batch size -> graph
+        if self.world_size > 1:
+            keep_graphs(self.graphs)  # NEW in 07_tensor_parallel: dropped before the group is left
         self.num_graph_replays = 0
         if self.use_cudagraphs():
             self.capture_cudagraphs(model_config)
@@ -89,33 +129,37 @@ class ModelRunner:
             layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]  # (blocks, block_size, kv_heads, head_dim)
 
     def kv_budget_bytes(self, cfg: ModelConfig) -> int:
-        """CPU: a fixed budget. CUDA: what `gpu_memory_utilization` of the card leaves after the
-        weights and the activations of the largest step, measured by a warm-up pass."""
+        """CPU: a fixed budget. CUDA: what is left of `gpu_memory_utilization` of the card
+        once this engine's memory (weights, CUDA context) and what its largest step needs on
+        top (activations, logits, sampler buffers; measured by a warm-up step) are counted."""
         if self.device.type != "cuda":
             return self.config.cpu_kvcache_bytes
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         warmup_bytes = self.warmup(cfg)
-        peak = torch.cuda.max_memory_allocated(self.device) - warmup_bytes
-        current = torch.cuda.memory_allocated(self.device)
+        step_bytes = torch.cuda.max_memory_allocated(self.device) - warmup_bytes - torch.cuda.memory_allocated(self.device)
         free, total = torch.cuda.mem_get_info(self.device)
-        return int(total * self.config.gpu_memory_utilization - (total - free) - (peak - current))
+        engine_bytes = self.free_at_start - free  # held by this engine now
+        budget = total * self.config.gpu_memory_utilization - engine_bytes - step_bytes
+        return int(min(budget, free - step_bytes))  # other processes' memory is not ours to take
 
     def warmup(self, cfg: ModelConfig) -> int:
-        """Run the largest prefill the scheduler may send, with a throwaway cache; return its size."""
-        length = self.config.max_model_len
-        num_seqs = max(1, min(self.config.max_num_batched_tokens // length, self.config.max_num_seqs))
-        blocks_per_seq = -(-length // self.block_size)
-        shape = (2, cfg.num_hidden_layers, num_seqs * blocks_per_seq, self.block_size, self.num_kv_heads, cfg.head_dim)
+        """Run the largest step the scheduler may send, with a throwaway cache; return its size.
+        It holds the most tokens a step may hold and samples the most rows a step may sample,
+        so its peak memory covers every step's activations, logits and sampler buffers."""
+        lengths = warmup_lengths(self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs)
+        blocks = [-(-n // self.block_size) for n in lengths]  # blocks per sequence
+        shape = (2, cfg.num_hidden_layers, sum(blocks), self.block_size, self.num_kv_heads, cfg.head_dim)
         scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.bind_kv_cache(scratch)
-        seqs = []
-        for i in range(num_seqs):
-            seq = Sequence([0] * length, SamplingParams(temperature=0.0, max_tokens=1))
-            seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
+        seqs, first_block = [], 0
+        for length, num_blocks in zip(lengths, blocks):
+            seq = Sequence([0] * length, SamplingParams(temperature=1.0, max_tokens=1))
+            seq.block_table = list(range(first_block, first_block + num_blocks))
             seq.num_scheduled_tokens = length
+            first_block += num_blocks
             seqs.append(seq)
-        self.run(seqs)
+        self.execute(self.prepare(seqs))  # this rank only: every rank warms up on its own
         nbytes = scratch.numel() * scratch.element_size()
         del scratch
         torch.cuda.empty_cache()
@@ -136,11 +180,19 @@ class ModelRunner:
             raise
         return result
 
-    @torch.inference_mode()
     def run(self, seqs: list[Sequence]) -> list[int | None]:
         """Feed each sequence's `num_scheduled_tokens` uncached tokens: a whole prompt, a
         chunk of one, or the newest token at decode. Returns one sampled token per
         sequence, or None for a prompt chunk that does not reach the prompt's end."""
+        step = self.prepare(seqs)
+        sampled = self.call("execute", step)  # NEW in 07_tensor_parallel: on every rank
+        tokens: list[int | None] = [None] * len(seqs)
+        for row, token in zip(step.sample_rows.tolist(), sampled):
+            tokens[row] = token
+        return tokens
+
+    def prepare(self, seqs: list[Sequence]) -> StepInputs:
+        """NEW in 07_tensor_parallel: the step's inputs, built on rank 0 from its sequences."""
         input_ids, positions, cu_seqlens, slots = [], [], [0], []
         for seq in seqs:
             start = seq.num_cached_tokens
@@ -151,27 +203,40 @@ class ModelRunner:
             slots.extend(seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end))
         max_blocks = max(len(seq.block_table) for seq in seqs)
         block_tables = [seq.block_table + [-1] * (max_blocks - len(seq.block_table)) for seq in seqs]
-        max_seqlen_q = max(b - a for a, b in zip(cu_seqlens, cu_seqlens[1:]))
+        # NEW in 05_chunked_prefill: sample only where the fed tokens reach the sequence's end
+        rows = [i for i, seq in enumerate(seqs) if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq)]
+        return StepInputs(
+            input_ids=np.array(input_ids, dtype=np.int64),
+            positions=np.array(positions, dtype=np.int64),
+            cu_seqlens=np.array(cu_seqlens, dtype=np.int32),
+            slot_mapping=np.array(slots, dtype=np.int64),
+            context_lens=np.array([seq.num_cached_tokens + seq.num_scheduled_tokens for seq in seqs], dtype=np.int32),
+            block_tables=np.array(block_tables, dtype=np.int32),
+            sample_rows=np.array(rows, dtype=np.int64),
+            temperatures=np.array([seqs[i].temperature for i in rows], dtype=np.float32),
+        )
+
+    @torch.inference_mode()
+    def execute(self, step: StepInputs) -> list[int]:
+        """NEW in 07_tensor_parallel: run one step on this rank. Rank 0 returns the sampled
+        token of each of `step.sample_rows`; a worker returns []."""
+        max_seqlen_q = int(np.diff(step.cu_seqlens).max())
         context = Context(
-            cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
-            slot_mapping=self._tensor(slots),
-            context_lens=self._tensor([seq.num_cached_tokens + seq.num_scheduled_tokens for seq in seqs], torch.int32),
-            block_tables=self._tensor(block_tables, torch.int32),
+            cu_seqlens_q=self._tensor(step.cu_seqlens),
+            slot_mapping=self._tensor(step.slot_mapping),
+            context_lens=self._tensor(step.context_lens),
+            block_tables=self._tensor(step.block_tables),
             max_seqlen_q=max_seqlen_q,
             is_decode=max_seqlen_q == 1,  # one new token each: decode kernels (a 1-token chunk is the same shape)
         )
-        hidden = self.forward(self._tensor(input_ids), self._tensor(positions), context)  # (tokens, hidden)
-        # NEW in 05_chunked_prefill: sample only where the fed tokens reach the sequence's end
-        rows = [i for i, seq in enumerate(seqs) if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq)]
-        if not rows:
-            return [None] * len(seqs)
-        last = self._tensor([cu_seqlens[i + 1] - 1 for i in rows])  # (rows,)
+        hidden = self.forward(self._tensor(step.input_ids), self._tensor(step.positions), context)  # (tokens, hidden)
+        if not len(step.sample_rows):
+            return []
+        last = self._tensor(step.cu_seqlens[step.sample_rows + 1].astype(np.int64) - 1)  # (rows,)
         logits = self.model.compute_logits(hidden[last])  # (rows, vocab)
         if logits is None:
-            return [None] * len(seqs)  # NEW in 07_tensor_parallel: a worker rank; rank 0 samples
-        temperatures = torch.tensor([seqs[i].temperature for i in rows], dtype=torch.float32, device=self.device)
-        sampled = dict(zip(rows, self.sampler(logits, temperatures).tolist()))
-        return [sampled.get(i) for i in range(len(seqs))]
+            return []  # a worker rank; rank 0 samples
+        return self.sampler(logits, self._tensor(step.temperatures)).tolist()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
         """NEW in 06_cudagraph: a decode step replays the graph captured for the next batch
@@ -188,14 +253,16 @@ class ModelRunner:
     def use_cudagraphs(self) -> bool:
         if self.config.enforce_eager:
             return False
-        if self.device.type != "cuda":
-            logger.warning("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
+        if self.device.type != "cuda":  # eager by nature, nothing to act on: information, not a warning
+            logger.info("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
             return False
         if self.attention_backend == "torch":
-            logger.warning("the torch attention backend reads sizes on the host and cannot be captured; running eagerly")
+            warn_once("the torch attention backend reads sizes on the host and cannot be captured, so decode runs eagerly; "
+                      "attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
             return False
         return True
 
+    @torch.inference_mode()  # no autograd records: the graphs' memory pool holds only what a step needs
     def capture_cudagraphs(self, cfg: ModelConfig) -> None:
         """NEW in 06_cudagraph: record one decode step per batch size of the ladder
         (`graph_batch_sizes`). A graph replays every kernel launch of the
@@ -252,8 +319,8 @@ class ModelRunner:
         self.num_graph_replays += 1
         return self.graph_output[:n]  # (seqs, hidden)
 
-    def _tensor(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=self.device)
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.tensor(array, device=self.device)
 
     def shutdown(self) -> None:
         self.graphs.clear()

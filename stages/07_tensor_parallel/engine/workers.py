@@ -4,30 +4,37 @@ Rank 0 is the user's process: it schedules and samples. Every other rank is a pr
 started with multiprocessing "spawn" (a fresh interpreter: CUDA cannot be forked) that
 builds the same ModelRunner on its own device and then waits for calls.
 
-Driving. Each worker holds one end of a Pipe. `ModelRunner.call("run", seqs)` on rank 0
-sends the pickled ("run", (seqs,)) down every pipe, runs the method itself, then reads
-one reply per worker: ("ok", None) or ("error", traceback). Inside the method the ranks
-meet in collectives (all-reduce, gather) that keep them in step. A Pipe carries a
-message of any size and tells each side when the other is gone (EOF), which is why we
-use it rather than nano-vllm's fixed-size SharedMemory buffer and Events.
+Driving. Each worker holds one end of a Pipe. Every step, `ModelRunner.call("execute", step)`
+on rank 0 sends the pickled ("execute", (step,)) down every pipe, runs the method itself,
+then reads one reply per worker: ("ok", None) or ("error", traceback). `step` holds only
+that step's input arrays (token ids, positions, slots, block tables: a few KB), never the
+sequences themselves, whose token lists grow with every step. Inside the method the ranks
+meet in collectives (all-reduce, gather) that keep them in step. A Pipe carries a message
+of any size and tells each side when the other is gone (EOF), which is why we use it
+rather than nano-vllm's fixed-size SharedMemory buffer and Events.
 
-Failure. A worker that raises sends its traceback and exits. Rank 0 notices a dead worker
-before a call (its exit code), while it waits for replies (it waits on the process
-sentinel as well as the pipe), and inside a collective (gloo fails as soon as the peer's
-socket closes; for NCCL a watchdog thread aborts the group). It then stops the other
-workers and raises WorkerError: the engine cannot go on. A worker whose pipe reaches EOF
-(rank 0 is gone) exits.
+Failure. A worker that raises sends its traceback and exits at once. Rank 0 notices a dead
+worker before a call (its exit code), while it waits for replies (it waits on the process
+sentinel as well as the pipe), and inside a collective: gloo fails as soon as the peer's
+socket closes; an NCCL kernel would wait for the dead peer until the timeout, so a
+watchdog thread aborts the group the moment a worker's process ends (layers/parallel.py
+says why the CUDA graphs go first), which makes the waiting kernels return. Rank 0 then
+stops the other workers and raises WorkerError: the engine cannot go on. A worker exits
+when its pipe reaches EOF or its parent process ends (rank 0 is gone).
 
-Cleanup. `shutdown()` asks the workers to leave, joins them, then terminates and kills
-stragglers. It is idempotent and also runs when the group is garbage-collected and at
-interpreter exit (weakref.finalize); the processes are daemons as a last resort."""
+Cleanup. `shutdown()` asks every worker to leave. Each says goodbye, drops its CUDA
+graphs and leaves the group; rank 0 leaves it with them (leaving waits for every rank).
+A worker that does not say goodbye within SHUTDOWN_GRACE_S, or ranks out of step after an
+error (a rank may be waiting in a collective that will never come), make rank 0 kill the
+workers and abort the group instead. It is idempotent and also runs when the group is
+garbage-collected and at interpreter exit (weakref.finalize); the processes are daemons
+as a last resort."""
 
 import multiprocessing as mp
 import os
 import pickle
 import signal
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -41,7 +48,7 @@ from ..config import EngineConfig, ModelConfig
 from ..layers.parallel import abort_tensor_parallel, destroy_tensor_parallel, require_no_process_group
 from .model_runner import ModelRunner
 
-SHUTDOWN_GRACE_S = 5.0  # how long a worker may take to leave before it is terminated
+SHUTDOWN_GRACE_S = 5.0  # how long a worker may take to say goodbye, then to leave, before it is killed
 START_HINT = (
     "It died while starting. Workers are spawned: each one imports your main module again, so a "
     "script that creates a tensor-parallel LLM must do so under `if __name__ == \"__main__\":`."
@@ -76,8 +83,13 @@ class WorkerGroup:
         self.conns: list[Connection] = []
         self.failure: str | None = None  # why the group was stopped, if it failed
         stop_reader, self._stop_writer = mp.Pipe(duplex=False)  # closing the writer ends the watchdog
+        self._watchdogs: list[threading.Thread] = []
+        self._aborted = threading.Event()  # the watchdog abandoned the group: a worker died
+        self._out_of_step = threading.Event()  # a call failed: the ranks cannot leave together
         # registered before the first start, so a half-started group is cleaned up too
-        self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns, self._stop_writer)
+        self._finalizer = weakref.finalize(
+            self, _stop, self.processes, self.conns, self._stop_writer, self._watchdogs, self._out_of_step
+        )
         ctx = mp.get_context("spawn")
         for rank in range(1, config.tensor_parallel_size):
             ours, theirs = ctx.Pipe()
@@ -88,7 +100,9 @@ class WorkerGroup:
             self.conns.append(ours)
         if config.device.startswith("cuda"):
             sentinels = [p.sentinel for p in self.processes]
-            threading.Thread(target=_watchdog, args=(sentinels, stop_reader), name="tp-watchdog", daemon=True).start()
+            events = (self._aborted, self._out_of_step)
+            self._watchdogs.append(threading.Thread(target=_watchdog, args=(sentinels, stop_reader, events), name="tp-watchdog", daemon=True))
+            self._watchdogs[0].start()
         try:
             self.receive()  # each worker says hello once it has started, before it joins the group
         except WorkerError as err:
@@ -129,8 +143,11 @@ class WorkerGroup:
         step now, so the workers are stopped; otherwise the caller re-raises `err`."""
         if not self._finalizer.alive:
             return  # stopped already
-        # our own input errors (every rank raises the same) and Ctrl-C need no diagnosis
-        note = None if isinstance(err, (ValueError, KeyboardInterrupt)) else self.find_failure(2.0)
+        self._out_of_step.set()
+        # our own input errors (every rank raises the same) and Ctrl-C need no diagnosis, unless
+        # the watchdog aborted the group (then any collective raises, a ValueError among others)
+        own = isinstance(err, (ValueError, KeyboardInterrupt)) and not self._aborted.is_set()
+        note = None if own else self.find_failure(2.0)
         if note:
             self.fail(note, err)
         self.failure = f"rank 0 raised {type(err).__name__}: {err}"
@@ -166,6 +183,7 @@ class WorkerGroup:
     def fail(self, message: str, cause: BaseException | None = None) -> NoReturn:
         """Stop every worker and raise WorkerError(message)."""
         self.failure = self.failure or message
+        self._out_of_step.set()
         self.shutdown()
         raise WorkerError(f"{message}; the engine cannot continue: create a new LLM") from cause
 
@@ -176,15 +194,27 @@ class WorkerGroup:
         self._finalizer()
 
 
-def _stop(processes: list[mp.Process], conns: list[Connection], stop_writer: Connection) -> None:
+def _stop(processes: list[mp.Process], conns: list[Connection], stop_writer: Connection,
+          watchdogs: list[threading.Thread], out_of_step: threading.Event) -> None:
     """The finalizer: no reference to the group, so that it can be garbage-collected."""
-    stop_writer.close()  # first: a watchdog must not take the workers' exit for a death
+    stop_writer.close()  # first: a watchdog must not take the workers' exit for a death ...
+    for thread in watchdogs:
+        thread.join()  # ... and finishes an abort it has begun
+    message = pickle.dumps(("shutdown", ()))
     for conn in conns:
         try:
-            conn.send_bytes(pickle.dumps(("shutdown", ())))
+            conn.send_bytes(message)
         except (OSError, ValueError):
             pass  # it is gone already
-    destroy_tensor_parallel()  # rank 0 leaves; a worker stuck in a collective now fails and exits
+    deadline = time.monotonic() + SHUTDOWN_GRACE_S
+    if not out_of_step.is_set() and all(_says_goodbye(proc, conn, deadline) for proc, conn in zip(processes, conns)):
+        destroy_tensor_parallel()  # every rank leaves together (each waits for the others)
+    else:  # a rank may wait for a peer that never comes: kill the workers, abandon the group
+        for proc in processes:
+            proc.kill()
+            proc.join(2.0)
+        abort_tensor_parallel()
+        destroy_tensor_parallel()  # forgets the abandoned group
     deadline = time.monotonic() + SHUTDOWN_GRACE_S
     for proc in processes:
         proc.join(max(0.0, deadline - time.monotonic()))
@@ -199,16 +229,38 @@ def _stop(processes: list[mp.Process], conns: list[Connection], stop_writer: Con
         conn.close()
 
 
-def _watchdog(sentinels: list[int], stop_reader: Connection) -> None:
+def _says_goodbye(proc: mp.Process, conn: Connection, deadline: float) -> bool:
+    """Wait until `deadline` for the worker's ("bye", None): it is about to leave the group.
+    Replies to earlier calls that nobody read are skipped."""
+    while wait([conn, proc.sentinel], timeout=max(0.0, deadline - time.monotonic())):
+        try:
+            if conn.recv()[0] == "bye":
+                return True
+        except (EOFError, OSError):
+            return False  # it died
+    return False
+
+
+def _watchdog(sentinels: list[int], stop_reader: Connection, events: tuple[threading.Event, ...]) -> None:
     """NCCL collectives wait for a dead peer until their timeout; abort them when a worker dies."""
     ready = wait([stop_reader, *sentinels])
     if stop_reader not in ready:
+        for event in events:
+            event.set()
         abort_tensor_parallel()
+
+
+def _exit_with_parent() -> None:
+    """A worker's thread: when rank 0's process ends, so does this one (it may be stuck in a
+    collective that rank 0 will never join, and nothing else would ever end it)."""
+    wait([mp.parent_process().sentinel])
+    os._exit(1)
 
 
 def worker_main(config: EngineConfig, model_config: ModelConfig, rank: int, conn: Connection) -> None:
     """A worker's whole life: build its ModelRunner, then run the calls rank 0 sends until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for rank 0, which then stops us
+    threading.Thread(target=_exit_with_parent, name="tp-parent-watch", daemon=True).start()
     if not config.device.startswith("cuda"):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))  # share the cores
     try:
@@ -219,14 +271,16 @@ def worker_main(config: EngineConfig, model_config: ModelConfig, rank: int, conn
             try:
                 method, args = pickle.loads(conn.recv_bytes())
             except EOFError:
-                return  # rank 0 is gone
+                os._exit(0)  # rank 0 is gone, and with it the group
+            if method == "shutdown":
+                conn.send(("bye", None))  # rank 0 leaves the group once every worker has said this
+                runner.shutdown()  # drops our CUDA graphs, then leaves the group with rank 0
+                return
             getattr(runner, method)(*args)
             conn.send(("ok", None))
-            if method == "shutdown":
-                return
     except BaseException:
         try:
             conn.send(("error", traceback.format_exc()))
         except OSError:
             pass
-        sys.exit(1)
+        os._exit(1)  # at once: leaving the group would wait for ranks that have moved on

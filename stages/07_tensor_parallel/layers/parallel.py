@@ -5,15 +5,23 @@ Every rank runs the same model code on its own shard of the weights. A layer ask
 runner sets them (`set_tp_rank`) just before it builds the model. In forward, a layer
 whose size is above 1 calls `all_reduce` / `gather_to_first` over torch.distributed's
 default group, which the runner joins first (`init_tensor_parallel`). With one rank
-there is no process group at all and no layer communicates."""
+there is no process group at all and no layer communicates.
+
+Leaving the group. NCCL will not free a communicator while a CUDA graph that captured one
+of its kernels is alive: ncclCommFinalize and ncclCommAbort both wait until every such
+graph is destroyed. So the runner hands its graphs to `keep_graphs`, and leaving
+(`destroy_tensor_parallel`) or aborting (`abort_tensor_parallel`) drops them first."""
 
 import datetime
+import os
+import threading
 
 import torch
 import torch.distributed as dist
 
 _rank, _size = 0, 1  # the shard that layers built from now on take
 _owned = False  # did we create torch.distributed's default group (so that we may destroy it)?
+_graph_holders: list[dict] = []  # dicts of CUDA graphs that captured this group's collectives
 
 
 def get_tp_rank() -> int:
@@ -49,14 +57,32 @@ def init_tensor_parallel(rank: int, size: int, backend: str, init_method: str, t
     `timeout_s` bounds the rendezvous and each collective (a live but stuck peer)."""
     global _owned
     require_no_process_group()
+    if backend == "nccl":  # on a failed or timed-out collective, abort the group but never kill this process
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
     _owned = True
 
 
+def keep_graphs(graphs: dict) -> None:
+    """`graphs` holds CUDA graphs that capture this group's collectives: leaving the group
+    empties it first (NCCL waits for those graphs to die before it lets a communicator go)."""
+    _graph_holders.append(graphs)
+
+
+def release_graphs() -> None:
+    """Drop every CUDA graph that captured a collective. A graph still replaying is freed by
+    CUDA when its launch completes."""
+    for graphs in _graph_holders:
+        graphs.clear()
+
+
 def destroy_tensor_parallel() -> None:
-    """Leave the group. Idempotent; a group that someone else created is left alone."""
+    """Leave the group, together with the other ranks (each waits for the others to leave
+    too). Idempotent; a group that someone else created is left alone."""
     global _owned
+    release_graphs()
+    _graph_holders.clear()
     if _owned and dist.is_initialized():
         dist.destroy_process_group()
     _owned = False
@@ -64,11 +90,34 @@ def destroy_tensor_parallel() -> None:
 
 
 def abort_tensor_parallel() -> None:
-    """Make NCCL collectives that wait for a dead peer fail instead of hanging (best effort:
-    torch's abort is private API). gloo needs none of this: its sockets see the peer die."""
+    """Abandon the group now, when a peer is gone: NCCL kernels waiting for it return at once
+    (their output is garbage) and every collective after this one raises. gloo needs none of
+    this: its sockets see the peer die, and destroying its group waits for nobody.
+
+    ncclCommAbort first raises the kernels' abort flag, then frees the communicator, which
+    waits for the CUDA graphs that captured its kernels to die. So the graphs are dropped
+    first, and again while the abort runs in its own thread (one captured meanwhile; a graph
+    that another thread is replaying dies when that replay call returns). torch's abort is
+    private API."""
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if _owned and dist.is_initialized() and dist.get_backend() == "nccl" and abort is not None:
-        abort()
+    if not (_owned and dist.is_initialized() and dist.get_backend() == "nccl" and abort is not None):
+        return
+    release_graphs()
+
+    def run() -> None:
+        try:
+            abort()
+        except Exception:  # already gone (another thread left the group first)
+            pass
+
+    aborting = threading.Thread(target=run, name="tp-abort", daemon=True)
+    try:
+        aborting.start()
+    except RuntimeError:  # at interpreter shutdown: no new threads, and no replay running either
+        return run()
+    while aborting.is_alive():
+        aborting.join(0.05)
+        release_graphs()
 
 
 def min_over_ranks(value: int, device: torch.device) -> int:

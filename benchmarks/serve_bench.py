@@ -1,0 +1,315 @@
+"""Drive the OpenAI-compatible server with concurrent streaming clients; report
+throughput and TTFT / TPOT / end-to-end latency percentiles as JSON.
+
+    # start a server on a random-weight Qwen3-0.6B shape, 256 requests, 64 clients:
+    python -m benchmarks.serve_bench --shape qwen3-0.6b --num-seqs 256 --concurrency 64 \\
+        --out benchmarks/results/serve_qwen3-0.6b_h200.json
+    # a real checkpoint, engine options passed to `nanovllm serve`:
+    python -m benchmarks.serve_bench --model ~/models/Qwen3-0.6B --server-arg=--max-num-seqs=128
+    # an already running server:
+    python -m benchmarks.serve_bench --url http://127.0.0.1:8000 --model-name Qwen3-0.6B --vocab-size 151936
+
+The workload is one of benchmarks/workloads.py's (token-id prompts, `ignore_eos`, so every
+request generates exactly its max_tokens). Each client sends streaming /v1/completions
+requests one after another until the workload is used up. Per request: TTFT is the time
+from sending the request to its first streamed token, TPOT the time from the first to the
+last token divided by the tokens after the first, e2e the whole request. Throughput is
+generated tokens / wall time of the whole run (first request sent to last one done).
+
+The client side is standard library only (http.client and threads), so it runs where
+the server's Python runs; the server needs the `serve` extra (FastAPI, uvicorn)."""
+
+import argparse
+import datetime
+import http.client
+import json
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # also for `python benchmarks/serve_bench.py`
+
+from benchmarks import workloads  # noqa: E402 - standard library only
+
+PERCENTILES = (50, 90, 99)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--model", help="a Hugging Face model directory to serve")
+    where.add_argument("--shape", help="a random-weight shape built by tools.tiny_model (tiny-qwen3, qwen3-0.6b, ...)")
+    where.add_argument("--url", help="benchmark this running server instead of starting one")
+    p.add_argument("--model-name", help="the `model` field to send (default: what /v1/models lists)")
+    p.add_argument("--vocab-size", type=int, help="with --url: the vocabulary for the token-id prompts")
+    p.add_argument("--device", default=None, help="engine option device (default: the server's: cuda if available)")
+    p.add_argument("--server-arg", action="append", default=[], help="an extra `nanovllm serve` argument, e.g. --server-arg=--max-num-seqs=128")
+    p.add_argument("--workload", default="nanovllm", choices=tuple(workloads.WORKLOADS))
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--max-input-len", type=int, default=None)
+    p.add_argument("--max-output-len", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--concurrency", type=int, default=64, help="clients sending requests at the same time")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
+    p.add_argument("--start-timeout", type=float, default=900.0, help="seconds the server may take to start")
+    p.add_argument("--out", help="write the JSON record here (it is always printed)")
+    p.add_argument("--server-log", help="the server's output goes here (default: a file next to --out, else stderr)")
+    return p.parse_args(argv)
+
+
+# ---- the server ----
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_for_shape(shape: str, device: str | None) -> Path:
+    """Build (once) the random-weight model of this shape, in a child process: torch stays out of this one."""
+    code = ("import sys, torch; from benchmarks.run import model_for_shape; "
+            f"print(model_for_shape({shape!r}, {device!r} or ('cuda' if torch.cuda.is_available() else 'cpu')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def start_server(model: Path, args: argparse.Namespace, max_pending: int, log) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "nanovllm_final.server", str(model), "--port", str(port),
+           "--max-pending-requests", str(max_pending), "--log-level", "warning", *args.server_arg]
+    if args.device:
+        cmd += ["--device", args.device]
+    print("server:", shlex.join(cmd), file=sys.stderr)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + args.start_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"error: the server exited with code {proc.returncode} while starting (see its log)")
+        try:
+            if http_get(base + "/health", timeout=2)[0] == 200:
+                return proc, base
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"error: the server did not start within {args.start_timeout:g} s")
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(10)
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def scrape(base: str) -> dict[str, float]:
+    """The unlabelled samples of /metrics, plus labelled ones as name{labels}."""
+    samples = {}
+    for line in http_get(base + "/metrics")[1].splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+# ---- the clients ----
+
+def one_request(base: str, body: dict, timeout: float) -> dict:
+    """One streaming completion; returns its timings and token counts."""
+    url = urllib.parse.urlparse(base)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+    try:
+        start = time.perf_counter()
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return {"error": f"HTTP {resp.status}: {resp.read()[:300]!r}"}
+        first = last = None
+        usage, finish = None, None
+        while True:
+            line = resp.readline()
+            if not line:
+                return {"error": "the stream ended without [DONE]"}
+            if not line.startswith(b"data: "):
+                continue
+            if line.startswith(b"data: [DONE]"):
+                break
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                return {"error": chunk["error"]["message"]}
+            now = time.perf_counter()
+            if chunk.get("choices"):
+                first = first or now
+                last = now
+                finish = chunk["choices"][0]["finish_reason"] or finish
+            usage = chunk.get("usage") or usage
+        end = time.perf_counter()
+        tokens = usage["completion_tokens"] if usage else 0
+        return {
+            "ttft_s": first - start if first else None,
+            "tpot_s": (last - first) / (tokens - 1) if first and tokens > 1 else None,
+            "e2e_s": end - start,
+            "prompt_tokens": usage["prompt_tokens"] if usage else 0,
+            "output_tokens": tokens,
+            "finish_reason": finish,
+        }
+    except (OSError, http.client.HTTPException, ValueError) as err:
+        return {"error": f"{type(err).__name__}: {err}"}
+    finally:
+        conn.close()
+
+
+def run_clients(base: str, bodies: list[dict], concurrency: int, timeout: float) -> tuple[list[dict], float]:
+    results: list[dict | None] = [None] * len(bodies)
+    next_index = iter(range(len(bodies)))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next(next_index, None)
+            if i is None:
+                return
+            results[i] = one_request(base, bodies[i], timeout)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(min(concurrency, len(bodies)))]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout * len(bodies) / max(1, len(threads)) + 60
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    wall = time.perf_counter() - start
+    return [r or {"error": "not finished in time"} for r in results], wall
+
+
+def summary(values: list[float]) -> dict:
+    if not values:
+        return {}
+    values = sorted(values)
+
+    def pct(q: float) -> float:  # linear interpolation between closest ranks
+        k = (len(values) - 1) * q / 100
+        lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+        return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+    return {"mean": sum(values) / len(values), **{f"p{q}": pct(q) for q in PERCENTILES}, "max": values[-1]}
+
+
+# ---- main ----
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    proc, log = None, None
+    if args.url:
+        base = args.url.rstrip("/")
+        if not args.vocab_size:
+            raise SystemExit("error: --url needs --vocab-size (the token-id prompts must fit the model)")
+        vocab_size, model_dir = args.vocab_size, None
+    else:
+        model_dir = Path(args.model).expanduser() if args.model else model_for_shape(args.shape, args.device)
+        vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    overrides = {"num_seqs": args.num_seqs, "seed": args.seed}
+    for name in ("max_input_len", "max_output_len"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    prompts, params = workloads.make_workload(args.workload, vocab_size, **overrides)
+
+    if not args.url:
+        log_path = args.server_log or (str(Path(args.out).with_suffix(".server.log")) if args.out else None)
+        log = open(log_path, "w") if log_path else sys.stderr
+        proc, base = start_server(model_dir, args, max_pending=len(prompts) + 8, log=log)
+    try:
+        name = args.model_name or json.loads(http_get(base + "/v1/models")[1])["data"][0]["id"]
+        bodies = [{"model": name, "prompt": p, "stream": True, **sp} for p, sp in zip(prompts, params)]
+        warmup = [{"model": name, "prompt": p[:16], "max_tokens": 8, "stream": True, "ignore_eos": True} for p in prompts[:2]]
+        run_clients(base, warmup, 2, args.request_timeout)
+        before = scrape(base)
+        results, wall = run_clients(base, bodies, args.concurrency, args.request_timeout)
+        after = scrape(base)
+    finally:
+        exit_code = stop_server(proc) if proc else None
+        if log not in (None, sys.stderr):
+            log.close()
+
+    done = [r for r in results if "error" not in r]
+    errors = [r["error"] for r in results if "error" in r]
+    output_tokens = sum(r["output_tokens"] for r in done)
+    prompt_tokens = sum(r["prompt_tokens"] for r in done)
+
+    def delta(name: str) -> float | None:
+        return after[name] - before.get(name, 0.0) if name in after else None
+
+    record = {
+        "benchmark": "serve",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, "-m", "benchmarks.serve_bench", *(argv if argv is not None else sys.argv[1:])]),
+        "host": platform.node(),
+        "model": str(model_dir) if model_dir else base,
+        "shape": args.shape,
+        "device_name": _device_name(),
+        "workload": {"name": args.workload, **overrides},
+        "concurrency": args.concurrency,
+        "num_requests": len(results),
+        "completed": len(done),
+        "failed": len(errors),
+        "errors": errors[:5],
+        "wall_s": wall,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "output_tokens_per_s": output_tokens / wall,
+        "total_tokens_per_s": (output_tokens + prompt_tokens) / wall,
+        "requests_per_s": len(done) / wall,
+        "ttft_s": summary([r["ttft_s"] for r in done if r["ttft_s"] is not None]),
+        "tpot_s": summary([r["tpot_s"] for r in done if r["tpot_s"] is not None]),
+        "e2e_s": summary([r["e2e_s"] for r in done]),
+        "server": {
+            "preemptions": delta("nanovllm_num_preemptions_total"),
+            "prefix_cache_hit_rate": after.get("nanovllm_prefix_cache_hit_rate"),
+            "generation_tokens": delta("nanovllm_generation_tokens_total"),
+            "kv_cache_blocks_total": after.get("nanovllm_kv_cache_blocks_total"),
+            "exit_code": exit_code,
+        },
+        "server_args": args.server_arg,
+    }
+    text = json.dumps(record, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(f"{len(done)}/{len(results)} requests, {output_tokens} tokens in {wall:.2f} s: "
+          f"{record['output_tokens_per_s']:.1f} tok/s; TTFT p50 {record['ttft_s'].get('p50', float('nan')) * 1e3:.1f} ms, "
+          f"TPOT p50 {record['tpot_s'].get('p50', float('nan')) * 1e3:.2f} ms", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _device_name() -> str:
+    """The GPU's name from nvidia-smi, else the CPU's (no torch in this process)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""One step's model inputs: plain arrays, built on rank 0 from the scheduled sequences and
+sent as they are to every tensor-parallel rank (no Sequence ever crosses a process)."""
+
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+
+from .sequence import Sequence
+
+
+@dataclass
+class StepInput:
+    input_ids: np.ndarray  # (tokens,) int64: the fed tokens of every sequence, packed
+    positions: np.ndarray  # (tokens,) int64
+    slot_mapping: np.ndarray  # (tokens,) int64: cache slot of each fed token
+    cu_seqlens_q: np.ndarray  # (seqs+1,) int32: where each sequence's tokens start
+    context_lens: np.ndarray  # (seqs,) int32: cached tokens after this step's writes
+    block_tables: np.ndarray  # (seqs, max_blocks) int32, padded with -1
+    sample_rows: np.ndarray  # (rows,) int64: index of the last fed token of each sequence that samples
+    max_seqlen_q: int
+    is_decode: bool  # every sequence feeds exactly one token: the decode kernels (and CUDA graphs) run
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+def build_step_input(seqs: list[Sequence], block_size: int) -> StepInput:
+    """Each sequence feeds `num_scheduled_tokens` tokens from `num_cached_tokens` on; the
+    per-token arrays are computed with numpy, not a Python loop over tokens."""
+    starts = np.fromiter((s.num_cached_tokens for s in seqs), np.int64, len(seqs))  # (seqs,)
+    counts = np.fromiter((s.num_scheduled_tokens for s in seqs), np.int64, len(seqs))  # (seqs,)
+    ends = starts + counts
+    cu = np.zeros(len(seqs) + 1, np.int64)
+    np.cumsum(counts, out=cu[1:])
+    seq_of_token = np.repeat(np.arange(len(seqs)), counts)  # (tokens,)
+    positions = np.arange(cu[-1]) - cu[seq_of_token] + starts[seq_of_token]  # (tokens,)
+    max_blocks = max(len(s.block_table) for s in seqs)
+    block_tables = np.full((len(seqs), max_blocks), -1, np.int32)
+    for i, s in enumerate(seqs):
+        block_tables[i, : len(s.block_table)] = s.block_table
+    slots = block_tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    input_ids = np.fromiter(chain.from_iterable(s.token_ids[a:b] for s, a, b in zip(seqs, starts, ends)), np.int64, int(cu[-1]))
+    samples = np.fromiter((s.samples_this_step for s in seqs), bool, len(seqs))
+    max_seqlen_q = int(counts.max())
+    return StepInput(
+        input_ids=input_ids,
+        positions=positions,
+        slot_mapping=slots,
+        cu_seqlens_q=cu.astype(np.int32),
+        context_lens=ends.astype(np.int32),
+        block_tables=block_tables,
+        sample_rows=(cu[1:] - 1)[samples],  # the last fed token of each sequence that samples
+        max_seqlen_q=max_seqlen_q,
+        is_decode=max_seqlen_q == 1,
+    )

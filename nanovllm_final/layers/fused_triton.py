@@ -1,0 +1,186 @@
+"""Fused elementwise kernels in Triton: RMSNorm (with the residual add), rotary embedding,
+SiLU-and-multiply. One launch and one pass over memory each, where the PyTorch code in
+norm.py, rotary.py and activation.py (the reference, and the CPU path) takes 4 to 12.
+
+The layers call these on CUDA tensors only. Each kernel rounds to the input dtype at the
+same points as the PyTorch reference, so bf16 results match it up to the order of a
+float32 sum. tests/test_fused_kernels.py checks them against the reference under
+TRITON_INTERPRET=1.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _warps(block: int) -> int:
+    return 1 if block <= 256 else 4 if block <= 2048 else 8
+
+
+@triton.jit
+def _rounded(x, dtype: tl.constexpr):
+    """float32 x rounded to `dtype` (nearest, ties to even) and widened back. For bf16 by
+    integer arithmetic on the bits: a compiler may fold a plain down-and-up cast away."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(dtype).to(tl.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# RMSNorm, optionally after adding the residual stream
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+    stride_xt, stride_xh, stride_rt,            # x: (T, H, D) with a contiguous last dim
+    eps,
+    H: tl.constexpr, D: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)  # one token: all its H rows of D
+    offs_h = tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    mask = (offs_h[:, None] < H) & (offs_d[None, :] < D)  # [BLOCK_H, BLOCK_D]
+    x = tl.load(x_ptr + t * stride_xt + offs_h[:, None] * stride_xh + offs_d[None, :], mask=mask, other=0.0)
+    dtype = x.dtype
+    x = x.to(tl.float32)
+    if HAS_RESIDUAL:  # H == 1: x + residual, rounded like the reference's add, is the new stream
+        r = tl.load(res_ptr + t * stride_rt + offs_d[None, :], mask=mask, other=0.0)
+        x = _rounded(x + r.to(tl.float32), dtype)
+        tl.store(res_out_ptr + t * D + offs_d[None, :], x.to(dtype), mask=mask)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # [BLOCK_H]
+    y = _rounded(x * rstd[:, None], dtype)  # the reference rounds before the weight
+    w = tl.load(w_ptr + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)  # [BLOCK_D]
+    tl.store(out_ptr + (t * H + offs_h[:, None]) * D + offs_d[None, :], (w[None, :] * y).to(dtype), mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor,  # (T, D) or (T, H, D): normalised over D; last dim contiguous
+    weight: torch.Tensor,  # (D,)
+    eps: float,
+    residual: torch.Tensor | None = None,  # (T, D), added to x first
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """weight * x / rms(x); with `residual`, returns (norm(x + residual), x + residual).
+    Outputs are contiguous, in x's dtype."""
+    assert x.stride(-1) == 1 and weight.shape == (x.shape[-1],)
+    x3 = x if x.dim() == 3 else x.unsqueeze(1)  # (T, H, D)
+    tokens, heads, dim = x3.shape
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if residual is not None:
+        assert x.dim() == 2 and residual.shape == x.shape and residual.stride(-1) == 1
+        res_out = torch.empty_like(out)
+    if tokens > 0:
+        block_h, block_d = triton.next_power_of_2(heads), triton.next_power_of_2(dim)
+        _rms_norm_kernel[(tokens,)](
+            x3, residual if residual is not None else x3, weight, out, res_out if residual is not None else out,
+            x3.stride(0), x3.stride(1), residual.stride(0) if residual is not None else 0,
+            eps, H=heads, D=dim, HAS_RESIDUAL=residual is not None,
+            BLOCK_H=block_h, BLOCK_D=block_d, num_warps=_warps(block_h * block_d),
+        )
+    return out if residual is None else (out, res_out)
+
+
+# ---------------------------------------------------------------------------------------
+# Rotary embedding ("rotate half": x * cos + [-x2, x1] * sin), q and k in one launch
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rotate_rows(src_ptr, dst_ptr, stride_t, stride_h, t, c, s, offs_h, offs_d, mask,
+                 H: tl.constexpr, HALF: tl.constexpr):
+    """Rotate the H heads of token t: halves x1, x2 -> (x1 c - x2 s, x2 c + x1 s)."""
+    base = src_ptr + t * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
+    x1 = tl.load(base, mask=mask, other=0.0)  # [BLOCK_H, BLOCK_HALF]
+    x2 = tl.load(base + HALF, mask=mask, other=0.0)
+    dtype = x1.dtype
+    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    # every product and the sum are rounded to the input dtype, as the reference does
+    o1 = (_rounded(x1 * c, dtype) - _rounded(x2 * s, dtype)).to(dtype)
+    o2 = (_rounded(x2 * c, dtype) + _rounded(x1 * s, dtype)).to(dtype)
+    out = dst_ptr + (t * H + offs_h[:, None]) * (2 * HALF) + offs_d[None, :]
+    tl.store(out, o1, mask=mask)
+    tl.store(out + HALF, o2, mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos,
+    QH: tl.constexpr, KH: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    d_mask = offs_d < HALF
+    # cos/sin tables are (positions, 2 * HALF) with both halves equal; round them to the
+    # inputs' dtype like the reference's `.to(q.dtype)`
+    dtype = q_ptr.dtype.element_ty
+    c = _rounded(tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype)[None, :]
+    s = _rounded(tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype)[None, :]
+    offs_qh = tl.arange(0, BLOCK_QH)
+    _rotate_rows(q_ptr, q_out_ptr, stride_qt, stride_qh, t, c, s, offs_qh, offs_d,
+                 (offs_qh[:, None] < QH) & d_mask[None, :], QH, HALF)
+    offs_kh = tl.arange(0, BLOCK_KH)
+    _rotate_rows(k_ptr, k_out_ptr, stride_kt, stride_kh, t, c, s, offs_kh, offs_d,
+                 (offs_kh[:, None] < KH) & d_mask[None, :], KH, HALF)
+
+
+def rotary(
+    positions: torch.Tensor,  # (T,) int
+    q: torch.Tensor,  # (T, heads, head_dim), last dim contiguous
+    k: torch.Tensor,  # (T, kv_heads, head_dim), last dim contiguous
+    cos: torch.Tensor,  # (max_positions, head_dim), both halves equal
+    sin: torch.Tensor,  # (max_positions, head_dim)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated copies of q and k (contiguous), as RotaryEmbedding.forward computes them."""
+    tokens, q_heads, head_dim = q.shape
+    k_heads = k.shape[1]
+    assert head_dim % 2 == 0 and k.shape == (tokens, k_heads, head_dim)
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
+    q_out, k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if tokens > 0:
+        half = head_dim // 2
+        _rotary_kernel[(tokens,)](
+            q, k, q_out, k_out, positions, cos, sin,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
+            QH=q_heads, KH=k_heads, HALF=half,
+            BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
+            BLOCK_HALF=triton.next_power_of_2(half), num_warps=_warps(triton.next_power_of_2(q_heads) * half),
+        )
+    return q_out, k_out
+
+
+# ---------------------------------------------------------------------------------------
+# SwiGLU's gate: silu(gate) * up
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_xt, N: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    mask = offs < N
+    gate = tl.load(x_ptr + t * stride_xt + offs, mask=mask, other=0.0)
+    up = tl.load(x_ptr + t * stride_xt + N + offs, mask=mask, other=0.0)
+    dtype = gate.dtype
+    g = gate.to(tl.float32)
+    act = _rounded(g / (1.0 + tl.exp(-g)), dtype)  # F.silu, rounded like the reference
+    tl.store(out_ptr + t * N + offs, (act * up.to(tl.float32)).to(dtype), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: (T, 2N) = [gate | up] -> (T, N) = silu(gate) * up, contiguous."""
+    assert x.dim() == 2 and x.shape[1] % 2 == 0 and x.stride(-1) == 1
+    tokens, n = x.shape[0], x.shape[1] // 2
+    out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
+    if tokens > 0:
+        block = min(1024, triton.next_power_of_2(n))
+        _silu_and_mul_kernel[(tokens, triton.cdiv(n, block))](x, out, x.stride(0), N=n, BLOCK=block, num_warps=_warps(block))
+    return out

@@ -1,0 +1,4 @@
+from nanovllm_final.server.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The OpenAI request bodies, their mapping onto SamplingParams, and OpenAI's error object.
+
+Field names and defaults follow OpenAI's API (and vLLM's extras: top_k, min_p,
+repetition_penalty, min_tokens, ignore_eos, stop_token_ids, chat_template_kwargs).
+Unknown fields are ignored, as vLLM does; a known feature we do not implement with a
+non-default value (echo, suffix, logit_bias, tools, ...) is refused with a 400."""
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..sampling_params import SamplingParams
+
+
+class RequestError(Exception):
+    """A request the server refuses: becomes an HTTP response with OpenAI's error object."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.code = message, param, status, code
+
+    @property
+    def type(self) -> str:
+        return {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}.get(self.status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM's extras (pass them with the openai client's extra_body=)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+
+    def check_supported(self) -> None:
+        if self.logit_bias:
+            raise RequestError("logit_bias is not supported by this server", "logit_bias")
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        names = ("n", "seed", "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
+                 "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids")
+        kwargs = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        if self.stop:
+            kwargs["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return kwargs
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise RequestError("echo is not supported by this server", "echo")
+        if self.suffix:
+            raise RequestError("suffix is not supported by this server", "suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise RequestError("best_of is not supported by this server (leave it unset or equal to n)", "best_of")
+
+    def prompts(self) -> list[str | list[int]]:
+        """One prompt or a batch: a string, token ids, or a list of either."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            p = [p]
+        if not p:
+            raise RequestError("prompt must not be empty", "prompt")
+        return list(p)
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        kwargs = super().sampling_kwargs()
+        if self.logprobs is not None:
+            kwargs["logprobs"] = self.logprobs
+        return kwargs
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def as_template_dict(self) -> dict:
+        content = self.content
+        if isinstance(content, list):
+            if any(part.type != "text" for part in content):
+                raise RequestError("only text content parts are supported", "messages")
+            content = "".join(part.text or "" for part in content)
+        message = {"role": self.role, "content": content or ""}
+        if self.name:
+            message["name"] = self.name
+        return message
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict] | None = None
+    tool_choice: Any = None
+    response_format: dict | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tools:
+            raise RequestError("tools are not supported by this server", "tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise RequestError("only response_format {'type': 'text'} is supported", "response_format")
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        kwargs = super().sampling_kwargs()
+        if self.logprobs:
+            kwargs["logprobs"] = self.top_logprobs or 0
+        return kwargs
+
+
+def parse(model: type[BaseModel], data: Any) -> BaseModel:
+    """Validate a decoded JSON body; the first problem becomes a RequestError naming its field."""
+    if not isinstance(data, dict):
+        raise RequestError("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = [str(part) for part in first["loc"]]
+        where = ".".join(loc) or "body"
+        raise RequestError(f"{where}: {first['msg']}", loc[0] if loc else None) from None
+
+
+def make_sampling_params(kwargs: dict[str, Any]) -> SamplingParams:
+    """SamplingParams raises ValueError naming the bad field; that becomes a 400 with `param` set."""
+    try:
+        return SamplingParams(**kwargs)
+    except (ValueError, TypeError) as err:
+        message = str(err)
+        param = next((name for name in sorted(kwargs, key=len, reverse=True) if name in message), None)
+        raise RequestError(message, param) from None
+

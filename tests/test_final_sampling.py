@@ -1,0 +1,220 @@
+"""The final engine's sampling: masks against a reference built from Hugging Face logits,
+seeded requests independent of the batch and of preemption, penalties, logprobs,
+min_tokens, generation_config.json defaults, and every bad SamplingParams value."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from common import random_prompts
+from nanovllm_final import LLM, SamplingParams
+from nanovllm_final.layers.sampler import Sampler, apply_penalties, seeded_exponential
+
+
+@pytest.fixture(scope="module")
+def hf_logits(model_dir):
+    """Next-token logits (vocab,) of the tiny Qwen3 model after a prompt, from Hugging Face."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir("qwen3"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([random_prompts([12], seed=3)[0]])).logits[0, -1]
+
+
+def reference_keep(probs: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """The tokens the masks keep, computed one token at a time (the definitions, spelled out)."""
+    order = sorted(range(len(probs)), key=lambda i: -probs[i].item())
+    kept_k = order[:top_k] if top_k > 0 else order
+    mass = sum(probs[i].item() for i in kept_k)
+    keep, before = set(), 0.0
+    for i in kept_k:
+        if top_p >= 1 or before < top_p * mass:
+            keep.add(i)
+        before += probs[i].item()
+    best = probs.max().item()
+    return torch.tensor([i in keep and probs[i].item() >= min_p * best for i in range(len(probs))])
+
+
+@pytest.mark.parametrize(
+    "top_k, top_p, min_p, temperature",
+    [(5, 1.0, 0.0, 1.0), (0, 0.8, 0.0, 1.0), (0, 1.0, 0.1, 0.7), (20, 0.9, 0.02, 1.3)],
+)
+def test_masks_match_reference(hf_logits, top_k, top_p, min_p, temperature):
+    """30,000 draws in one batch: every sampled token is in the reference set, and the
+    frequencies match the renormalised probabilities (within 0.015; std error < 0.003)."""
+    rows = 30_000
+    probs = torch.softmax(hf_logits / temperature, dim=-1)
+    keep = reference_keep(probs, top_k, top_p, min_p)
+    assert 1 < keep.sum() < len(probs)  # the case really masks, and leaves a choice
+    sampler = Sampler(seed=0, device=torch.device("cpu"))
+    full = lambda v, dtype: torch.full((rows,), v, dtype=dtype)  # noqa: E731
+    draws = sampler(hf_logits.expand(rows, -1), full(temperature, torch.float32), top_k=full(top_k, torch.int64),
+                    top_p=full(top_p, torch.float32), min_p=full(min_p, torch.float32))
+    assert keep[draws].all()
+    freq = torch.bincount(draws, minlength=len(probs)).float() / rows
+    expected = torch.where(keep, probs, 0) / probs[keep].sum()
+    assert (freq - expected).abs().max() < 0.015
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy(hf_logits):
+    rows = 2000
+    logits = hf_logits.expand(rows, -1) + torch.randn(rows, len(hf_logits), generator=torch.Generator().manual_seed(0))
+    sampler = Sampler(seed=0, device=torch.device("cpu"))
+    ones = torch.ones(rows)
+    greedy = logits.argmax(-1)
+    assert torch.equal(sampler(logits, ones, top_k=torch.ones(rows, dtype=torch.int64)), greedy)
+    assert torch.equal(sampler(logits, ones, top_p=torch.full((rows,), 1e-6)), greedy)
+    assert torch.equal(sampler(logits, ones * 0), greedy)
+
+
+def test_seeded_noise_is_a_function_of_seed_position_token():
+    seeds, positions = torch.tensor([7, 7, 8, 2**40 + 7]), torch.tensor([0, 1, 0, 0])
+    noise = seeded_exponential(seeds, positions, 100)
+    assert torch.equal(noise[1:2], seeded_exponential(seeds[1:2], positions[1:2], 100))  # alone = in a batch
+    assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2]) and not torch.equal(noise[0], noise[3])
+    # Exp(1) over many seeds: mean 1, and Gumbel-max with it draws from the softmax
+    many = seeded_exponential(torch.arange(40_000), torch.zeros(40_000, dtype=torch.int64), 8)
+    assert abs(many.mean().item() - 1) < 0.01 and many.min() > 0
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2])
+    freq = torch.bincount((torch.softmax(logits, -1) / many).argmax(-1), minlength=8).float() / len(many)
+    assert (freq - torch.softmax(logits, -1)).abs().max() < 0.01
+
+
+def test_penalties_follow_vllm():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    counts = torch.tensor([[2.0, 0.0, 1.0, 0.0]])  # generated: token 0 twice, token 2 once
+    prompt = torch.tensor([[False, True, False, False]])
+    out = apply_penalties(logits, counts, prompt, torch.tensor([2.0]), torch.tensor([0.5]), torch.tensor([0.25]))
+    expected = torch.tensor([[2.0 / 2 - 0.25 * 2 - 0.5, -1.0 * 2, 0.5 / 2 - 0.25 - 0.5, 3.0]])
+    torch.testing.assert_close(out, expected)
+
+
+# ---------------------------------------------------------------- through the engine
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    """A small pool (16 blocks of 4 tokens, one max_model_len sequence) so that batches preempt."""
+    with LLM(model_dir("qwen3"), device="cpu", max_model_len=64, kvcache_block_size=4, num_kvcache_blocks=16) as llm:
+        yield llm
+
+
+def test_seeded_requests_ignore_batch_order_and_preemption(llm):
+    prompts = random_prompts([9, 12, 7, 10], seed=5)
+    seeded = [SamplingParams(temperature=1.0, top_p=0.9, seed=100 + i, max_tokens=14, ignore_eos=True) for i in range(4)]
+    alone = [llm.generate([p], s, use_tqdm=False)[0]["token_ids"] for p, s in zip(prompts[:2], seeded[:2])]
+    llm.stats.clear()
+    unseeded = SamplingParams(temperature=1.0, max_tokens=14, ignore_eos=True)
+    mixed = llm.generate(prompts[::-1] + prompts[:1], seeded[::-1] + [unseeded], use_tqdm=False)
+    assert sum(s["preemptions"] for s in llm.stats) > 0  # the pool is too small for the batch
+    assert [mixed[3]["token_ids"], mixed[2]["token_ids"]] == alone  # prompts 0 and 1, with seeds 100 and 101
+
+
+def test_seeded_n_completions_survive_preemption(llm):
+    prompt, other = random_prompts([12, 10], seed=11)
+    params = SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=14, ignore_eos=True)
+    alone = [c["token_ids"] for c in llm.generate([prompt], params, use_tqdm=False)[0]["outputs"]]
+    llm.stats.clear()
+    busy = llm.generate([other, prompt], [SamplingParams(max_tokens=20, ignore_eos=True), params], use_tqdm=False)[1]
+    assert sum(s["preemptions"] for s in llm.stats) > 0
+    assert [c["token_ids"] for c in busy["outputs"]] == alone and len({tuple(a) for a in alone}) == 3
+
+
+def test_penalties_in_the_engine(llm):
+    """Greedy with strong penalties: no token of the prompt (repetition) or of the output
+    (presence) comes back, while plain greedy repeats itself."""
+    prompt = random_prompts([10], seed=12)[0]
+    plain = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)[0]["token_ids"]
+    assert len(set(plain)) < len(plain) or set(plain) & set(prompt)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, repetition_penalty=1e6, presence_penalty=2.0)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]["token_ids"]
+    assert len(set(out)) == len(out) and not set(out) & set(prompt)
+
+
+def test_top_k_1_generates_greedily(llm):
+    prompts = random_prompts([5, 9], seed=6)
+    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10), use_tqdm=False)
+    top1 = llm.generate(prompts, SamplingParams(temperature=1.5, top_k=1, max_tokens=10), use_tqdm=False)
+    assert [o["token_ids"] for o in top1] == [o["token_ids"] for o in greedy]
+
+
+def test_logprobs_equal_hf_log_softmax(llm, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    prompt = random_prompts([8], seed=7)[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0.8, seed=1, max_tokens=5, logprobs=3, ignore_eos=True), use_tqdm=False)[0]
+    model = AutoModelForCausalLM.from_pretrained(model_dir("qwen3"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + out["token_ids"]])).logits[0, len(prompt) - 1 : -1]  # (5, vocab)
+    ref = torch.log_softmax(logits, dim=-1)
+    assert [e["token_id"] for e in out["logprobs"]] == out["token_ids"]
+    for i, entry in enumerate(out["logprobs"]):
+        assert entry["logprob"] == pytest.approx(ref[i, entry["token_id"]].item(), abs=1e-4)
+        top = ref[i].topk(3)
+        assert list(entry["top_logprobs"]) == top.indices.tolist()
+        assert list(entry["top_logprobs"].values()) == pytest.approx(top.values.tolist(), abs=1e-4)
+
+
+def test_stop_token_ids_and_min_tokens(llm):
+    prompt = random_prompts([6], seed=8)[0]
+    greedy = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)[0]["token_ids"]
+    stop_id = greedy[3]
+    first = greedy.index(stop_id)
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_id]), use_tqdm=False)[0]
+    assert out["token_ids"] == greedy[: first + 1] and out["finish_reason"] == "stop"
+    late = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_id],
+                                                 min_tokens=first + 2), use_tqdm=False)[0]
+    assert stop_id not in late["token_ids"][: first + 2] and len(late["token_ids"]) >= first + 2
+
+
+def test_every_eos_id_counts(llm):
+    eos = set(llm.model_config.eos_token_ids)
+    assert len(eos) == 2  # <|im_end|> (config.json) and <|endoftext|> (generation_config.json)
+    outs = llm.generate(random_prompts([3] * 10, seed=9), SamplingParams(temperature=1.0, max_tokens=30), use_tqdm=False)
+    for out in outs:
+        ids = out["token_ids"]
+        ended = [i for i, t in enumerate(ids) if t in eos]
+        assert (out["finish_reason"] == "stop" and ended == [len(ids) - 1]) or (out["finish_reason"] == "length" and not ended)
+    assert {o["finish_reason"] for o in outs} == {"stop", "length"}
+
+
+def test_generation_config_defaults(model_dir, tmp_path):
+    """A checkpoint whose generation_config.json says top_k 1 generates greedily by default."""
+    path = tmp_path / "m"
+    shutil.copytree(model_dir("qwen3"), path)
+    gen = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps(gen | {"temperature": 1.3, "top_k": 1, "top_p": 0.95}))
+    prompts = random_prompts([6, 10], seed=10)
+    with LLM(path, device="cpu", max_model_len=64) as llm:
+        assert llm.model_config.generation_defaults == {"temperature": 1.3, "top_k": 1, "top_p": 0.95}
+        default = llm.generate(prompts, SamplingParams(max_tokens=10), use_tqdm=False)
+        greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10), use_tqdm=False)
+        sampled = llm.generate(prompts * 3, SamplingParams(top_k=0, max_tokens=10), use_tqdm=False)  # top_k given: all tokens
+    assert [o["token_ids"] for o in default] == [o["token_ids"] for o in greedy]
+    assert [o["token_ids"] for o in sampled] != [o["token_ids"] for o in greedy] * 3
+
+
+def test_resolve_takes_defaults_then_neutral_values():
+    p = SamplingParams(top_p=0.5).resolve({"temperature": 0.6, "top_p": 0.95, "top_k": 20})
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty) == (0.6, 0.5, 20, 0.0, 1.0)
+    p = SamplingParams(top_k=-1).resolve({})
+    assert (p.temperature, p.top_p, p.top_k) == (1.0, 1.0, 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=-2), "top_k"), (dict(top_k=2.5), "top_k"),
+        (dict(min_p=-0.1), "min_p"), (dict(min_p=1.1), "min_p"), (dict(n=0), "n"), (dict(logprobs=-1), "logprobs"),
+        (dict(min_tokens=10, max_tokens=5), "min_tokens"), (dict(stop=3), "stop"), (dict(stop=["a", 1]), "stop"),
+        (dict(stop=[""]), "stop"), (dict(stop_token_ids=[-1]), "stop_token_ids"), (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-3), "frequency_penalty"),
+        (dict(temperature=-1), "temperature"), (dict(max_tokens=0), "max_tokens"), (dict(seed=1.5), "seed"),
+        (dict(ignore_eos="yes"), "ignore_eos"),
+    ],
+)
+def test_bad_sampling_params(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)

@@ -1,0 +1,129 @@
+"""The fused Triton kernels of nanovllm_final (layers/fused_triton.py) against the PyTorch
+code of the layers that call them on CUDA (RMSNorm, RotaryEmbedding, SiluAndMul).
+
+Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set by
+conftest.py before triton is imported), so shapes are small. Inputs are strided views,
+as in the model (q and k are slices of the fused qkv projection)."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from nanovllm_final.layers import fused_triton  # noqa: E402
+from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
+from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
+from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def tol(dtype: torch.dtype) -> dict:
+    # float32: only the order of the sum of squares differs. bf16: that order can flip the
+    # rounding of the normalised value, which the weight then scales: up to two bf16 ulps.
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2**-6}
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """Close to the reference everywhere; on a GPU, bf16 results are bit-equal almost
+    everywhere (the interpreter rounds bf16 by truncation, so only closeness holds there)."""
+    out = out.cpu()
+    torch.testing.assert_close(out, ref, **tol(ref.dtype))
+    if DEVICE == "cuda" and ref.dtype == torch.bfloat16:
+        assert (out != ref).float().mean() < 0.02, "more than 2% of the elements differ from the reference"
+
+
+def reference(module, *args):
+    """The layer's PyTorch path, run on CPU in the inputs' dtype."""
+    cpu = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+    return module.cpu()(*cpu)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [64, 40])  # 40: not a power of two (masked lanes)
+def test_rms_norm(dtype, dim):
+    g = torch.Generator().manual_seed(dim)
+    norm = RMSNorm(dim, eps=1e-6)
+    norm.weight.data = (torch.randn(dim, generator=g) * 0.5 + 1).to(dtype)
+    x = (torch.randn(5, 3 * dim, generator=g) * 3).to(dtype)[:, dim : 2 * dim]  # strided rows
+    out = fused_triton.rms_norm(x.to(DEVICE), norm.weight.to(DEVICE), norm.eps)
+    assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    assert_matches(out, reference(norm, x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_per_head(dtype):
+    """q_norm / k_norm: (tokens, heads, head_dim) views with a token stride of the qkv row."""
+    g = torch.Generator().manual_seed(1)
+    heads, head_dim = 3, 16
+    norm = RMSNorm(head_dim, eps=1e-6)
+    norm.weight.data = torch.rand(head_dim, generator=g).to(dtype) + 0.5
+    qkv = torch.randn(7, (heads + 2) * head_dim, generator=g).to(dtype)
+    q = qkv[:, : heads * head_dim].view(7, heads, head_dim)  # strides (80, 16, 1)
+    out = fused_triton.rms_norm(q.to(DEVICE), norm.weight.to(DEVICE), norm.eps)
+    assert out.shape == q.shape
+    assert_matches(out, reference(norm, q))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm(dtype):
+    g = torch.Generator().manual_seed(2)
+    dim = 48
+    norm = RMSNorm(dim, eps=1e-5)
+    norm.weight.data = (torch.randn(dim, generator=g) * 0.3 + 1).to(dtype)
+    x = torch.randn(6, dim, generator=g).to(dtype)
+    residual = (torch.randn(6, dim, generator=g) * 4).to(dtype)
+    out, new_residual = fused_triton.rms_norm(x.to(DEVICE), norm.weight.to(DEVICE), norm.eps, residual.to(DEVICE))
+    ref_out, ref_residual = reference(norm, x, residual)
+    assert_matches(new_residual, ref_residual)
+    assert_matches(out, ref_out)
+    assert not torch.equal(new_residual.cpu(), x)  # the residual was really added
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
+def test_rotary(dtype, scaling):
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads, head_dim, tokens = 4, 2, 24, 9  # head_dim/2 = 12: masked lanes
+    rope = RotaryEmbedding(head_dim, max_positions=512, theta=10000.0, scaling=scaling)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    positions = torch.randint(0, 512, (tokens,), generator=g)
+    q_out, k_out = fused_triton.rotary(positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE),
+                                       rope.cos.to(DEVICE), rope.sin.to(DEVICE))
+    q_ref, k_ref = reference(rope, positions, q, k)
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    assert_matches(q_out, q_ref)
+    assert_matches(k_out, k_ref)
+    assert not torch.allclose(q_out.cpu().float(), q.float())  # positions > 0 rotate
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [32, 1500])  # 1500: two column tiles, the last one masked
+def test_silu_and_mul(dtype, n):
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(3, 2 * n, generator=g) * 3).to(dtype)
+    out = fused_triton.silu_and_mul(x.to(DEVICE))
+    assert out.shape == (3, n)
+    assert_matches(out, reference(SiluAndMul(), x))
+
+
+def test_empty_batch():
+    x = torch.empty(0, 8, device=DEVICE)
+    assert fused_triton.rms_norm(x, torch.ones(8, device=DEVICE), 1e-6).shape == (0, 8)
+    assert fused_triton.silu_and_mul(x).shape == (0, 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the layers use the kernels on CUDA only")
+def test_layers_dispatch_to_kernels_on_cuda():
+    """On CUDA the layers' forward is the kernel's result, equal to their CPU reference path."""
+    g = torch.Generator().manual_seed(4)
+    norm = RMSNorm(128, eps=1e-6).cuda().to(torch.bfloat16)
+    x = torch.randn(33, 128, generator=g).to(torch.bfloat16)
+    assert_matches(norm(x.cuda()), reference(norm, x))
