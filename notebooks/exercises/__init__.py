@@ -18,6 +18,10 @@ so the notebook runs top to bottom either way; set EXERCISES_STRICT=1 to make an
 an error. `run` returns the function that passed, for the cells below to use.
 """
 
+import warnings
+
 from .report import ExerciseFailed, run
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's, when a stage is imported in Jupyter
 
 __all__ = ["ExerciseFailed", "run"]
