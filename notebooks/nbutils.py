@@ -20,6 +20,16 @@ Then::
     nbutils.plot_step_times({"01": stats01}, x=...)      # milliseconds per step, raw and smoothed
     nbutils.plot_kv_usage(llm.stats)                     # reserved vs used KV memory per step
     records = nbutils.benchmark(["01_naive", "02_kvcache"])  # live run of benchmarks/run.py
+    workload, records = nbutils.recorded_pair(["03_paged", "04_prefix_cache"], ["shared-prefix", "nanovllm"])
+
+    # sampling through a stage's engine against the model's own softmax (first and second token):
+    reference = nbutils.model_distributions(nbutils.COURSE_MODEL, prompt_ids, (0.5, 1.0, 1.5))
+    samples = nbutils.engine_samples(st, nbutils.COURSE_MODEL, prompt_ids, (0.5, 1.0, 1.5), n=300, seed=3)
+    worst = nbutils.plot_engine_samples(samples, reference, labels=tokenizer.decode)  # deviations in standard errors
+
+`COURSE_MODEL` is the trained course model (models/course-llama), used wherever text matters;
+`STORY` is how its stories start. Diagrams of the engine's structures are in figures.py, the
+stages' code on screen in codeview.py, and the exercises in exercises/.
 
 Benchmark records (live, or recorded in benchmarks/results/) are read and plotted with
 benchmarks.results (`load_results`, `table`, `plot_throughput`), not here.
