@@ -172,7 +172,9 @@ def test_stop_token_ids_and_min_tokens(llm):
 def test_every_eos_id_counts(llm):
     eos = set(llm.model_config.eos_token_ids)
     assert len(eos) == 2  # <|im_end|> (config.json) and <|endoftext|> (generation_config.json)
-    outs = llm.generate(random_prompts([3] * 10, seed=9), SamplingParams(temperature=1.0, max_tokens=30), use_tqdm=False)
+    # seeded: the outcome must not depend on which tests drew from the engine's generator before
+    params = [SamplingParams(temperature=1.0, max_tokens=30, seed=i) for i in range(10)]
+    outs = llm.generate(random_prompts([3] * 10, seed=9), params, use_tqdm=False)
     for out in outs:
         ids = out["token_ids"]
         ended = [i for i, t in enumerate(ids) if t in eos]
@@ -218,3 +220,22 @@ def test_resolve_takes_defaults_then_neutral_values():
 def test_bad_sampling_params(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_partial_sort_masks_equal_the_full_sort():
+    """When every row has a top_k, the sampler sorts only max(top_k) columns (torch.topk);
+    the kept tokens must be exactly those of the full sort of the vocabulary."""
+    from nanovllm_final.layers.sampler import mask_probs
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        rows, vocab = 6, 500
+        probs = torch.softmax(torch.randn(rows, vocab, generator=g) * (1 + trial % 4), dim=-1)  # (rows, vocab)
+        top_k = torch.randint(1, 60, (rows,), generator=g)
+        top_p = torch.rand(rows, generator=g).clamp(min=0.05) if trial % 2 else None
+        min_p = torch.rand(rows, generator=g) * 0.2 if trial % 3 == 0 else None
+        full = mask_probs(probs, top_k, top_p, min_p)
+        partial = mask_probs(probs, top_k, top_p, min_p, max_k=int(top_k.max()))
+        assert torch.equal(full > 0, partial > 0), f"trial {trial}"
+        assert torch.allclose(full, partial)
+        assert ((partial > 0).sum(-1) <= top_k).all()

@@ -15,6 +15,7 @@ from .step_input import build_step_input
 from .workers import WorkerGroup
 
 logger = logging.getLogger(__name__)
+_warned_vocab = False
 
 
 class LLMEngine:
@@ -33,7 +34,6 @@ class LLMEngine:
         self.eos_token_ids = list(model_config.eos_token_ids)  # every one of them ends a sequence
         self.eos_set = set(self.eos_token_ids)
         self.tokenizer_size = len(tokenizer)
-        self.warned_vocab = False
         # tensor parallelism: this process is rank 0; ranks 1.. are worker processes
         self.workers = WorkerGroup(config, model_config, ModelRunner) if config.tensor_parallel_size > 1 else None
         if self.workers is None:
@@ -149,8 +149,9 @@ class LLMEngine:
         return outputs
 
     def _check_vocab(self, token_id: int) -> None:
-        if token_id >= self.tokenizer_size and not self.warned_vocab:
-            self.warned_vocab = True
+        global _warned_vocab
+        if token_id >= self.tokenizer_size and not _warned_vocab:
+            _warned_vocab = True  # once per process, not once per engine
             logger.warning(
                 "sampled token id %d, but the tokenizer has only %d tokens: such ids decode to no text "
                 "(is this a random-weight model whose vocab_size exceeds its tokenizer?)", token_id, self.tokenizer_size,

@@ -213,7 +213,9 @@ class ModelRunner:
             rows, ids = batch.suppress
             logits = logits.index_put((self._tensor(rows), self._tensor(ids)), torch.tensor(float("-inf"), device=self.device))
         optional = {name: None if getattr(batch, name) is None else self._tensor(getattr(batch, name)) for name in ("top_k", "top_p", "min_p", "seeds")}
-        token_ids = self.sampler(logits, self._tensor(batch.temperatures), positions=self._tensor(batch.positions), **optional)
+        # every row keeps at most its top_k: a partial sort of max(top_k) columns is enough (known on the host)
+        max_k = int(batch.top_k.max()) if batch.top_k is not None and (batch.top_k > 0).all() else None
+        token_ids = self.sampler(logits, self._tensor(batch.temperatures), positions=self._tensor(batch.positions), max_k=max_k, **optional)
         if batch.num_logprobs is None:
             return SamplerOutput(token_ids.tolist(), None)  # the step's one device-to-host copy
         chosen, top_values, top_ids = logprobs_of(raw, token_ids, batch.num_logprobs)

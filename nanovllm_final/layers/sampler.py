@@ -59,25 +59,31 @@ def mask_probs(
     top_k: torch.Tensor | None,  # (rows,) int, 0 = all
     top_p: torch.Tensor | None,  # (rows,) float, 1 = all
     min_p: torch.Tensor | None,  # (rows,) float, 0 = all
+    max_k: int | None = None,  # every row's top_k is in 1..max_k: only the max_k most likely can stay
 ) -> torch.Tensor:
     """Zero the tokens the masks drop: top_k keeps the k most likely; top_p then keeps the most
     likely tokens until (the top-k renormalised) mass reaches p; min_p drops tokens below
-    min_p times the most likely one's probability. The most likely token always stays."""
+    min_p times the most likely one's probability. The most likely token always stays.
+    With `max_k`, a partial sort (topk) of max_k columns replaces the sort of the vocabulary."""
     vocab = probs.shape[-1]
     if top_k is None and top_p is None:
         keep = torch.ones_like(probs, dtype=torch.bool)
     else:
-        sorted_p, order = probs.sort(dim=-1, descending=True)  # (rows, vocab)
+        if max_k is not None and max_k < vocab:
+            sorted_p, order = probs.topk(max_k, dim=-1)  # (rows, max_k), most likely first
+        else:
+            sorted_p, order = probs.sort(dim=-1, descending=True)  # (rows, vocab)
+        width = sorted_p.shape[-1]
         keep_sorted = torch.ones_like(sorted_p, dtype=torch.bool)
         if top_k is not None:
             k = torch.where(top_k > 0, top_k, vocab).unsqueeze(1)  # (rows, 1)
-            keep_sorted &= torch.arange(vocab, device=probs.device) < k
+            keep_sorted &= torch.arange(width, device=probs.device) < k
             sorted_p = sorted_p * keep_sorted
         if top_p is not None:
             total = sorted_p.sum(-1, keepdim=True)  # (rows, 1): the mass top-k kept
             before = sorted_p.cumsum(-1) - sorted_p  # (rows, vocab): mass of the more likely tokens
             keep_sorted &= (before < top_p.unsqueeze(1) * total) | (top_p >= 1).unsqueeze(1)
-        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, keep_sorted)  # (rows, vocab)
     if min_p is not None:
         keep &= probs >= min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
     return probs.masked_fill(~keep, 0.0)
@@ -100,11 +106,12 @@ class Sampler(nn.Module):
         min_p: torch.Tensor | None = None,
         seeds: torch.Tensor | None = None,  # (rows,) int64, -1 = no seed (the engine's generator)
         positions: torch.Tensor | None = None,  # (rows,) int64: the output index each row samples
+        max_k: int | None = None,  # see mask_probs
     ) -> torch.Tensor:  # (rows,) int64
         logits = logits.float()
         greedy = logits.argmax(dim=-1)  # (rows,)
         safe_t = temperatures.clamp(min=1e-5).unsqueeze(1)  # (rows, 1)
-        probs = mask_probs(torch.softmax(logits / safe_t, dim=-1), top_k, top_p, min_p)  # (rows, vocab)
+        probs = mask_probs(torch.softmax(logits / safe_t, dim=-1), top_k, top_p, min_p, max_k)  # (rows, vocab)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)  # Exp(1)
         if seeds is not None:
             seeded = seeds >= 0  # (rows,)
