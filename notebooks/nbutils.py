@@ -20,6 +20,16 @@ Then::
     nbutils.plot_step_times({"01": stats01}, x=...)      # milliseconds per step, raw and smoothed
     nbutils.plot_kv_usage(llm.stats)                     # reserved vs used KV memory per step
     records = nbutils.benchmark(["01_naive", "02_kvcache"])  # live run of benchmarks/run.py
+    workload, records = nbutils.recorded_pair(["03_paged", "04_prefix_cache"], ["shared-prefix", "nanovllm"])
+
+    # sampling through a stage's engine against the model's own softmax (first and second token):
+    reference = nbutils.model_distributions(nbutils.COURSE_MODEL, prompt_ids, (0.5, 1.0, 1.5))
+    samples = nbutils.engine_samples(st, nbutils.COURSE_MODEL, prompt_ids, (0.5, 1.0, 1.5), n=300, seed=3)
+    worst = nbutils.plot_engine_samples(samples, reference, labels=tokenizer.decode)  # deviations in standard errors
+
+`COURSE_MODEL` is the trained course model (models/course-llama), used wherever text matters;
+`STORY` is how its stories start. Diagrams of the engine's structures are in figures.py, the
+stages' code on screen in codeview.py, and the exercises in exercises/.
 
 Benchmark records (live, or recorded in benchmarks/results/) are read and plotted with
 benchmarks.results (`load_results`, `table`, `plot_throughput`), not here.
@@ -33,6 +43,7 @@ dependency; the stages import tqdm.auto), so import it before loading a stage.
 """
 
 import json
+import pathlib
 import statistics
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +52,9 @@ import matplotlib.pyplot as plt
 import torch
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # printed once per kernel, with a local path
+
+COURSE_MODEL = pathlib.Path(__file__).resolve().parent.parent / "models" / "course-llama"  # trained: real text
+STORY = "Once upon a time, in a small village by the sea,"  # how the course model's stories start
 
 SAMPLER_LOGITS = (2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2)  # the 8-token vector tests/test_sampler.py uses
 
@@ -167,3 +181,98 @@ def benchmark(engines, workload="tiny-cpu", *, shape="tiny-qwen3", device="cpu",
         raise RuntimeError(err.getvalue())
     records = json.loads(out.getvalue())
     return records if isinstance(records, list) else [records]
+
+
+# ---- sampling through a stage's engine, against the model's softmax ----
+
+
+def model_distributions(model_dir, prompt_ids: list[int], temperatures, *, cover: float = 0.995) -> dict:
+    """Hugging Face transformers' float32 model as the reference: for each temperature T, the
+    probabilities of the first generated token, softmax(logits / T), and of the second token
+    with the first one sampled: sum over t of p(t) * softmax(logits(prompt + t) / T). First
+    tokens are taken in order of probability until they `cover` that much of the mass at the
+    highest T, and the sum is renormalised over them: the first tokens left out (less than
+    1 - cover of the mass) move no second-token probability by more than 1 - cover."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        first = hf(torch.tensor([prompt_ids])).logits[0, -1].float()  # (vocab,)
+        flattest = torch.softmax(first / max(temperatures), dim=-1)
+        order = flattest.argsort(descending=True)
+        keep = order[: int((flattest[order].cumsum(0) < cover).sum()) + 1]  # (k,) the likely first tokens
+        batch = torch.tensor([prompt_ids + [t] for t in keep.tolist()])  # (k, prompt + 1)
+        second = hf(batch).logits[:, -1].float()  # (k, vocab)
+    out = {}
+    for t in temperatures:
+        p1 = torch.softmax(first / t, dim=-1)  # (vocab,)
+        weights = p1[keep] / p1[keep].sum()  # (k,)
+        p2 = (weights.unsqueeze(1) * torch.softmax(second / t, dim=-1)).sum(0)  # (vocab,)
+        out[t] = {"first": p1, "second": p2}
+    return out
+
+
+def engine_samples(stage, model_dir, prompt_ids: list[int], temperatures, *, n: int = 1000, **options) -> dict:
+    """Run `n` copies of the prompt per temperature through the stage's own LLM, in one generate
+    call (2 tokens each, ignore_eos), and count the first and second tokens. Returns
+    {"counts": {T: {"first": (vocab,), "second": (vocab,)}}, "stats": llm.stats}."""
+    params = [stage.SamplingParams(temperature=t, max_tokens=2, ignore_eos=True) for t in temperatures for _ in range(n)]
+    with stage.LLM(model_dir, **({"device": "cpu"} | options)) as llm:
+        outs = llm.generate([list(prompt_ids)] * len(params), params, use_tqdm=False)
+        stats, vocab = llm.stats, llm.model_config.vocab_size
+    counts = {}
+    for i, t in enumerate(temperatures):
+        ids = torch.tensor([o["token_ids"] for o in outs[i * n : (i + 1) * n]])  # (n, 2)
+        counts[t] = {k: torch.bincount(ids[:, j], minlength=vocab) for j, k in enumerate(("first", "second"))}
+    return {"counts": counts, "stats": stats, "n": n}
+
+
+def plot_engine_samples(samples: dict, reference: dict, *, top: int = 8, labels=None, axes=None, title=None) -> dict:
+    """Bars: the frequencies of the `top` most likely tokens (and all the others together) among
+    the engine's samples; markers: the reference probabilities. One column per temperature, one
+    row for the first token and one for the second; labels(token_id) names a token on the axis
+    (e.g. the tokenizer's decode). Returns, per (temperature, position), the
+    largest deviation in standard errors, sqrt(p (1 - p) / n), over the tokens with n*p >= 5."""
+    temperatures, n = list(samples["counts"]), samples["n"]
+    if axes is None:
+        fig, axes = plt.subplots(2, len(temperatures), figsize=(3.7 * len(temperatures), 5.6), squeeze=False)
+        if title:
+            fig.suptitle(title, fontsize=10)
+    worst = {}
+    for col, t in enumerate(temperatures):
+        for row, which in enumerate(("first", "second")):
+            ax = axes[row][col]
+            p, freq = reference[t][which], samples["counts"][t][which].float() / n
+            tokens = p.argsort(descending=True)[:top]
+            xs = list(range(top + 1))
+            ax.bar(xs, [*freq[tokens].tolist(), 1 - freq[tokens].sum().item()], color="tab:blue", alpha=0.6, label="engine's samples")
+            ax.plot(xs, [*p[tokens].tolist(), 1 - p[tokens].sum().item()], "o", color="tab:red", label="model's softmax")
+            names = [labels(i) if labels else str(i) for i in tokens.tolist()]
+            ax.set_xticks(xs, names + ["rest"], fontsize=7, rotation=45)
+            ax.set_title(f"{which} token, T = {t}", fontsize=9)
+            ok = n * p >= 5
+            z = ((freq - p).abs() / (p * (1 - p) / n).sqrt())[ok]
+            worst[t, which] = z.max().item()
+    axes[0][0].set_ylabel("probability")
+    axes[1][0].set_ylabel("probability")
+    axes[0][0].legend(fontsize=7)
+    plt.tight_layout()
+    return worst
+
+
+# ---- recorded GPU results for a stage and its predecessor ----
+
+
+def recorded_pair(engines: Sequence[str], workloads: Sequence[str]) -> tuple[str | None, list[dict]]:
+    """The recorded runs (benchmarks/results/) of `engines` on the first of `workloads` that has
+    any, one per engine (the last file wins), in the order of `engines`: (workload, records)."""
+    from benchmarks.results import load_results
+
+    records = load_results()
+    for workload in workloads:
+        found = {r["engine"]: r for r in records if r["workload"]["name"] == workload and r["engine"] in engines}
+        if found:
+            return workload, [found[e] for e in engines if e in found]
+    return None, []

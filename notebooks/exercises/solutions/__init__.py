@@ -1,0 +1,1 @@
+"""Reference solutions of the exercises, one module per notebook, one function per exercise."""
