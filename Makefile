@@ -6,20 +6,22 @@ TORCH ?= torch==2.13.0
 # serves the CPU wheel; on an ordinary CPU-only Linux box, plain `pip install torch` would fetch the
 # multi-GB CUDA build, so there run:  make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
-PROMPT ?= The quick brown fox
+PROMPT ?= Once upon a time
 STAGE ?= nanovllm_final
+COURSE := models/course-llama
 TINY := .models/tiny-qwen3
-MODEL ?= $(TINY)
+MODEL ?= $(COURSE)
 ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help demo test install notebooks stage clean
 
 help:
-	@echo "make demo       set up .venv, build the tiny model, generate text with the final engine"
+	@echo "make demo       set up .venv, then the final engine tells a story with the course model"
 	@echo "make test       the whole suite: stage-tool check, pytest, every notebook under nbval"
 	@echo "make stage      one stage on a model:  make stage STAGE=03 PROMPT='Hello' [MODEL=dir] [ARGS='--max-tokens 16']"
-	@echo "                (STAGE: 01..07, a name such as 03_paged or paged, or final (the default); MODEL: the tiny model)"
+	@echo "                (STAGE: 01..07, a name such as 03_paged or paged, or final (the default); MODEL: the course model,"
+	@echo "                $(TINY) for the tiny random one, or any checkpoint directory)"
 	@echo "make notebooks  install JupyterLab (the 'notebook' extra) and open notebooks/"
 	@echo "make install    only create .venv (torch: TORCH=$(TORCH), TORCH_INDEX=$(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configuration))"
 	@echo "make clean      remove .venv and .models"
@@ -33,10 +35,9 @@ install: .venv/.installed
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-# Generate text with the built-in tiny model (random weights, so the text is gibberish).
+# A story from the course model (models/course-llama: a 5.2M-parameter Llama trained here), final engine.
 demo: install
-	$(PY) -m tools.tiny_model $(TINY) --arch qwen3 --shape tiny --if-missing
-	$(PY) -m nanovllm_final generate --model $(TINY) --prompt "$(PROMPT)" --max-tokens 32
+	$(PY) -m nanovllm_final generate --model $(COURSE) --prompt "$(PROMPT)" --max-tokens 64
 
 # The whole suite: the stage tool's check, then the unit and equivalence tests and every notebook
 # under nbval, in one pytest run spread over one worker per core (pytest-xdist; WORKERS=0: all in one process).
