@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import functools  # noqa: E402
+import logging  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
@@ -100,3 +101,21 @@ def hf_greedy(tmp_path_factory):
             return json.loads(file.read_text())
 
     return run
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def transformers_log():
+    """What transformers logs (its logger does not propagate to the root, so caplog cannot see it)."""
+    handler, logger = Records(), logging.getLogger("transformers")
+    logger.addHandler(handler)
+    yield handler.records
+    logger.removeHandler(handler)

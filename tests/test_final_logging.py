@@ -13,24 +13,6 @@ from nanovllm_final.engine import model_runner
 EAGER_NOTE = "CUDA graphs need a CUDA device"
 
 
-class Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
-@pytest.fixture
-def transformers_log():
-    """What transformers logs (its logger does not propagate to the root, so caplog cannot see it)."""
-    handler, logger = Records(), logging.getLogger("transformers")
-    logger.addHandler(handler)
-    yield handler.records
-    logger.removeHandler(handler)
-
-
 @pytest.fixture
 def fresh_process_notes():
     """As if no engine had been built in this process yet (log_once remembers what it said)."""

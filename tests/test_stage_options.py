@@ -101,24 +101,6 @@ def test_cli_refusal_is_one_line_without_traceback(model_dir):
         "stages.02_kvcache runs on one device"]
 
 
-class Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
-@pytest.fixture
-def transformers_log():
-    """What transformers logs (its logger does not propagate to the root, so caplog cannot see it)."""
-    handler, logger = Records(), logging.getLogger("transformers")
-    logger.addHandler(handler)
-    yield handler.records
-    logger.removeHandler(handler)
-
-
 @pytest.mark.parametrize("name", STAGES)
 def test_too_long_prompt_is_our_error_alone(name, model_dir, transformers_log):
     st = stages.load(name)
