@@ -269,7 +269,7 @@ def test_final_flash_backend_class_calls_the_wrappers(flash_attn):
     """The final engine's FlashAttnBackend (what the runner holds) gives the torch backend's results."""
     attn = engine_module("final", "layers.attention")
     ctx_mod = engine_module("final", "layers.context")
-    flash_backend = attn.make_backend("flash_attn", torch.device("cuda"), BLOCK)  # a name check: nothing runs on CUDA
+    flash_backend = attn.make_backend("flash_attn", torch.device("cuda"), BLOCK, torch.bfloat16)  # a name check: nothing runs on CUDA
     torch_backend = attn.TorchBackend()
     seqs = [(400, 144), (256, 256)]
     b = make_batch(seqs, torch.bfloat16, seed=3)
@@ -289,13 +289,13 @@ def test_final_flash_backend_class_calls_the_wrappers(flash_attn):
 # --------------------------------------------------------------------------------------
 
 
-def _pick(engine: str, name: str, device: str, block_size: int) -> str:
+def _pick(engine: str, name: str, device: str, block_size: int, dtype: torch.dtype = torch.bfloat16) -> str:
     """The backend an engine picks (stages: resolve_backend's name; final: make_backend's class's name).
     A "cuda" device is only a torch.device here: selection reads its type and nothing runs on it."""
     attn = engine_module(engine, "layers.attention")
     if hasattr(attn, "make_backend"):
-        return attn.make_backend(name, torch.device(device), block_size).name
-    return attn.resolve_backend(name, torch.device(device), block_size)
+        return attn.make_backend(name, torch.device(device), block_size, dtype).name
+    return attn.resolve_backend(name, torch.device(device), block_size, dtype)
 
 
 @pytest.mark.parametrize("engine", FLASH_ENGINES)
@@ -304,10 +304,14 @@ def test_backend_selection_with_flash_attn_installed(flash_attn, engine):
     assert _pick(engine, "flash_attn", "cuda", 256) == "flash_attn"
     assert _pick(engine, "auto", "cuda", 16) == "triton"  # block size not a multiple of 256
     assert _pick(engine, "auto", "cpu", 256) == "torch"
-    with pytest.raises(ValueError, match="needs CUDA, the flash-attn package and a kvcache_block_size that is a multiple of 256"):
+    with pytest.raises(ValueError, match="needs CUDA, the flash-attn package, a kvcache_block_size that is a multiple of 256"):
         _pick(engine, "flash_attn", "cpu", 256)
     with pytest.raises(ValueError, match="multiple of 256"):
         _pick(engine, "flash_attn", "cuda", 16)
+    # flash-attn computes in float16 / bfloat16 only: float32 is refused up front, and "auto" passes it by
+    assert _pick(engine, "auto", "cuda", 512, torch.float32) == "triton"
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        _pick(engine, "flash_attn", "cuda", 256, torch.float32)
 
 
 @pytest.mark.parametrize("engine", FLASH_ENGINES)

@@ -82,7 +82,7 @@ class ModelRunner:
         self.sampler = Sampler(config.seed, self.device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kv_heads = self.attention_layers[0].num_kv_heads  # this rank's
-        self.attention_backend = make_backend(config.attention_backend, self.device, self.block_size)
+        self.attention_backend = make_backend(config.attention_backend, self.device, self.block_size, self.dtype)
         for layer in self.attention_layers:
             layer.backend = self.attention_backend
         self.allocate_kv_cache(model_config)

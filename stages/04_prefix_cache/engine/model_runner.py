@@ -35,7 +35,7 @@ class ModelRunner:
         load_weights(self.model, config.model)
         self.sampler = Sampler(config.seed, self.device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.attention_backend = resolve_backend(config.attention_backend, self.device, self.block_size)
+        self.attention_backend = resolve_backend(config.attention_backend, self.device, self.block_size, self.dtype)
         for layer in self.attention_layers:
             layer.set_backend(self.attention_backend)
         self.allocate_kv_cache(model_config)

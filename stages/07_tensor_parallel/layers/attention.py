@@ -9,17 +9,21 @@ from .context import get_context
 BACKEND_MODULES = {"torch": ".attention_torch", "triton": ".attention_triton", "flash_attn": ".attention_flash"}
 
 
-def resolve_backend(name: str, device: torch.device, block_size: int) -> str:
+def resolve_backend(name: str, device: torch.device, block_size: int, dtype: torch.dtype) -> str:
     """Pick the attention implementation. "auto": flash-attn if installed and the block
-    size suits it, else our Triton kernels on CUDA, else the PyTorch reference."""
+    size and dtype suit it, else our Triton kernels on CUDA, else the PyTorch reference."""
     has_flash = importlib.util.find_spec("flash_attn") is not None
     has_triton = importlib.util.find_spec("triton") is not None
+    flash_ok = device.type == "cuda" and has_flash and block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16)
     if name == "auto":
-        if device.type == "cuda" and has_flash and block_size % 256 == 0:
+        if flash_ok:
             return "flash_attn"
         return "triton" if device.type == "cuda" and has_triton else "torch"
-    if name == "flash_attn" and not (device.type == "cuda" and has_flash and block_size % 256 == 0):
-        raise ValueError("attention_backend='flash_attn' needs CUDA, the flash-attn package and a kvcache_block_size that is a multiple of 256")
+    if name == "flash_attn" and not flash_ok:
+        raise ValueError(
+            "attention_backend='flash_attn' needs CUDA, the flash-attn package, a kvcache_block_size that is a multiple of 256 "
+            f"and dtype float16 or bfloat16 (got {device.type}, block size {block_size}, {dtype})"
+        )
     if name == "triton" and not (has_triton and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")):
         raise ValueError("attention_backend='triton' needs the triton package and a CUDA device (or TRITON_INTERPRET=1 to run it slowly on CPU)")
     return name
