@@ -3,6 +3,10 @@
 # final engine: single-GPU jobs run side by side on GPU 0 and GPU 1, then the two-GPU
 # tensor-parallel scenarios. Every step has its own time limit; logs and JSON go to $OUT.
 #   OUT=dir bash benchmarks/final_round.sh
+# The server bench needs fastapi, uvicorn and pydantic; a machine without them (and without
+# internet) gets them as wheels in .whl/, downloaded beforehand with `pip download --no-deps
+# --python-version 3.12 ... -d .whl fastapi starlette pydantic pydantic-core annotated-types
+# typing-inspection uvicorn opentelemetry-api typing-extensions` (versions: pyproject's `serve` extra).
 set -u
 OUT=${OUT:-benchmarks/results}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
