@@ -12,8 +12,10 @@ from ..layers.context import Context, set_context
 from ..layers.sampler import Sampler, apply_penalties, logprobs_of
 from ..models import build_model
 from ..models.loader import load_weights
-from .sampling_batch import SamplingBatch
-from .step_input import StepInput
+from ..sampling_params import SamplingParams
+from .sampling_batch import SamplingBatch, build_sampling_batch
+from .sequence import Sequence
+from .step_input import StepInput, build_step_input
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +61,7 @@ class ModelRunner:
     One runner per tensor-parallel rank, each holding its shard of the weights and of the
     KV cache; every rank runs `execute` on the same StepInput (engine/workers.py delivers
     it). Only rank 0 gets logits and samples (`sample`). The runner knows nothing of
-    sequences, schedules or worker processes."""
+    schedules or worker processes; sequences appear only in the throwaway warm-up step."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0):
         self.config = config
@@ -145,32 +147,18 @@ class ModelRunner:
         shape = (2, cfg.num_hidden_layers, sum(blocks), self.block_size, self.num_kv_heads, cfg.head_dim)
         scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.bind_kv_cache(scratch)
-        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)  # (seqs+1,)
-        first_block = np.concatenate([[0], np.cumsum(blocks)[:-1]])  # (seqs,) each sequence's first block
-        seq_of_token = np.repeat(np.arange(len(lengths)), lengths)  # (tokens,)
-        positions = np.arange(cu[-1]) - cu[seq_of_token]  # (tokens,)
-        table = np.full((len(lengths), max(blocks)), -1, np.int32)  # (seqs, max_blocks)
-        for i, (start, n) in enumerate(zip(first_block, blocks)):
-            table[i, :n] = np.arange(start, start + n)
-        logits = self.execute(StepInput(
-            input_ids=np.zeros(cu[-1], np.int64),
-            positions=positions.astype(np.int64),
-            slot_mapping=(first_block[seq_of_token] * self.block_size + positions).astype(np.int64),
-            cu_seqlens_q=cu,
-            context_lens=np.array(lengths, np.int32),
-            block_tables=table,
-            sample_rows=(cu[1:] - 1).astype(np.int64),
-            max_seqlen_q=max(lengths),
-            is_decode=False,
-        ))
-        if logits is not None:  # rank 0 samples: take the costliest path (masks sort the vocabulary, seeded noise)
-            rows = len(lengths)
-            self.sample(logits, SamplingBatch(
-                temperatures=np.ones(rows, np.float32), top_k=np.full(rows, 50, np.int64),
-                top_p=np.full(rows, 0.9, np.float32), min_p=np.full(rows, 0.05, np.float32),
-                seeds=np.arange(rows, dtype=np.int64), positions=np.zeros(rows, np.int64),
-                penalties=None, suppress=None, num_logprobs=None,
-            ))
+        # sampled the costliest way: masks that sort, seeded noise
+        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.05, seed=0, max_tokens=1).resolve({})
+        seqs, first_block = [], 0
+        for length, num_blocks in zip(lengths, blocks):
+            seq = Sequence([0] * length, params)
+            seq.block_table = list(range(first_block, first_block + num_blocks))
+            seq.num_scheduled_tokens = length
+            first_block += num_blocks
+            seqs.append(seq)
+        logits = self.execute(build_step_input(seqs, self.block_size))
+        if logits is not None:  # rank 0 samples
+            self.sample(logits, build_sampling_batch(seqs, []))
         nbytes = scratch.numel() * scratch.element_size()
         del scratch
         torch.cuda.empty_cache()
