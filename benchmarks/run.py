@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, help="workload seed (default: the workload's, 0)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="any other workload parameter, e.g. prefix_len=256 (repeatable)")
+    parser.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
+                        help="a SamplingParams field for every request, e.g. top_k=0 top_p=1.0 (the final engine "
+                             "otherwise takes top-k/top-p from generation_config.json; nano-vllm samples with temperature only)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="an engine option, e.g. max_num_seqs=64 or enforce_eager=true (repeatable)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads); default: torch's")
@@ -511,11 +514,14 @@ def prepare(args: argparse.Namespace) -> dict:
         prompts, params = workloads.get(args.workload)(config["vocab_size"], **workload_params)
     except (ValueError, TypeError) as err:
         raise UsageError(str(err)) from err
+    sampling = parse_pairs(args.sampling, "--sampling")
+    params = [p | sampling for p in params]
     check_lengths(prompts, params, options, config)
     return {
         "engines": engines, "options": options, "model_dir": model_dir, "config": config,
         "prompts": prompts, "params": params,
-        "workload": {"name": args.workload, "params": workload_params, "vocab_size": config["vocab_size"]},
+        "workload": {"name": args.workload, "params": workload_params, "vocab_size": config["vocab_size"]}
+        | ({"sampling": sampling} if sampling else {}),
     }
 
 

@@ -33,6 +33,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 16384
     enforce_eager: bool = False
+    overlap_scheduling: bool = True  # schedule step N+1 while the device runs step N (engine/llm_engine.py)
     tensor_parallel_size: int = 1
     kvcache_block_size: int = 16
     num_kvcache_blocks: int = -1
@@ -64,6 +65,8 @@ class EngineConfig:
             raise ValueError(f"num_kvcache_blocks must be -1 (automatic) or positive, got {self.num_kvcache_blocks}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not isinstance(self.overlap_scheduling, bool):
+            raise ValueError(f"overlap_scheduling must be True or False, got {self.overlap_scheduling!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.device is None:

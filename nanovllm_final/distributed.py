@@ -141,6 +141,12 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def broadcast_from_first(x: torch.Tensor) -> torch.Tensor:
+    """Rank 0's `x` on every rank, in place (each rank passes a tensor of the same shape)."""
+    dist.broadcast(x, src=0)
+    return x
+
+
 def gather_to_first(x: torch.Tensor) -> torch.Tensor | None:
     """Concatenate every rank's `x` along the last dimension on rank 0; the others get None."""
     x = x.contiguous()

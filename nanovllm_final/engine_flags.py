@@ -16,6 +16,7 @@ ENGINE_HELP = {
     "max_num_seqs": "most sequences in one step",
     "max_num_batched_tokens": "most tokens in one step (longer prompts are chunked)",
     "enforce_eager": "no CUDA graphs",
+    "overlap_scheduling": "schedule the next step while the device runs this one",
     "tensor_parallel_size": "GPUs (or CPU processes) to split the model over",
     "kvcache_block_size": "tokens per KV-cache block",
     "num_kvcache_blocks": "KV-cache blocks (-1: as many as memory allows)",
@@ -42,8 +43,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine options (LLM(model, **options); see nanovllm_final's README)")
     for f in _engine_fields():
         name, dest = ("engine_seed" if f.name == "seed" else f.name), f"engine_{f.name}"
-        if isinstance(f.default, bool):
-            group.add_argument(flag(name), dest=dest, action="store_true", default=None, help=ENGINE_HELP[f.name])
+        if isinstance(f.default, bool):  # --x turns it on; an option on by default also gets --no-x
+            action = argparse.BooleanOptionalAction if f.default else "store_true"
+            group.add_argument(flag(name), dest=dest, action=action, default=None, help=ENGINE_HELP[f.name])
         else:
             kind = type(f.default) if f.default is not None else str
             default = "" if f.default is None else f" (default: {f.default})"  # None: the help says what happens

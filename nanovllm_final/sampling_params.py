@@ -93,5 +93,10 @@ class SamplingParams:
         return resolved
 
     @property
+    def has_penalties(self) -> bool:
+        """Does sampling look at the tokens generated so far (repetition, presence, frequency)?"""
+        return self.repetition_penalty != 1 or bool(self.presence_penalty) or bool(self.frequency_penalty)
+
+    @property
     def greedy(self) -> bool:
         return self.temperature == 0

@@ -10,7 +10,7 @@ import torch
 
 from common import random_prompts
 from nanovllm_final import LLM, SamplingParams
-from nanovllm_final.layers.sampler import Sampler, apply_penalties, seeded_exponential
+from nanovllm_final.layers.sampler import Sampler, apply_penalties, mask_probs, seeded_exponential
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +71,12 @@ def test_top_k_1_and_tiny_top_p_are_greedy(hf_logits):
 
 def test_seeded_noise_is_a_function_of_seed_position_token():
     seeds, positions = torch.tensor([7, 7, 8, 2**40 + 7]), torch.tensor([0, 1, 0, 0])
-    noise = seeded_exponential(seeds, positions, 100)
-    assert torch.equal(noise[1:2], seeded_exponential(seeds[1:2], positions[1:2], 100))  # alone = in a batch
+    noise = seeded_exponential(seeds, positions, torch.arange(100))
+    assert torch.equal(noise[1:2], seeded_exponential(seeds[1:2], positions[1:2], torch.arange(100)))  # alone = in a batch
+    assert torch.equal(noise[:, [5, 17]], seeded_exponential(seeds, positions, torch.tensor([[5, 17]] * 4)))  # per-row candidates
     assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2]) and not torch.equal(noise[0], noise[3])
     # Exp(1) over many seeds: mean 1, and Gumbel-max with it draws from the softmax
-    many = seeded_exponential(torch.arange(40_000), torch.zeros(40_000, dtype=torch.int64), 8)
+    many = seeded_exponential(torch.arange(40_000), torch.zeros(40_000, dtype=torch.int64), torch.arange(8))
     assert abs(many.mean().item() - 1) < 0.01 and many.min() > 0
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2])
     freq = torch.bincount((torch.softmax(logits, -1) / many).argmax(-1), minlength=8).float() / len(many)
@@ -222,20 +223,26 @@ def test_bad_sampling_params(kwargs, field):
         SamplingParams(**kwargs)
 
 
-def test_partial_sort_masks_equal_the_full_sort():
-    """When every row has a top_k, the sampler sorts only max(top_k) columns (torch.topk);
-    the kept tokens must be exactly those of the full sort of the vocabulary."""
-    from nanovllm_final.layers.sampler import mask_probs
-
+def test_candidates_path_draws_what_the_full_vocabulary_draws():
+    """When every row has a top_k, the sampler looks only at the max(top_k) largest logits
+    (torch.topk). A seeded row's noise is a function of the token id, so it must draw the
+    very token the full-vocabulary path draws, under every mask."""
     g = torch.Generator().manual_seed(0)
-    for trial in range(20):
-        rows, vocab = 6, 500
-        probs = torch.softmax(torch.randn(rows, vocab, generator=g) * (1 + trial % 4), dim=-1)  # (rows, vocab)
+    sampler = Sampler(seed=0, device=torch.device("cpu"))
+    draws = set()
+    for trial in range(40):
+        rows, vocab = 8, 500
+        logits = torch.randn(rows, vocab, generator=g) * (1 + trial % 4)  # (rows, vocab)
         top_k = torch.randint(1, 60, (rows,), generator=g)
         top_p = torch.rand(rows, generator=g).clamp(min=0.05) if trial % 2 else None
         min_p = torch.rand(rows, generator=g) * 0.2 if trial % 3 == 0 else None
-        full = mask_probs(probs, top_k, top_p, min_p)
-        partial = mask_probs(probs, top_k, top_p, min_p, max_k=int(top_k.max()))
-        assert torch.equal(full > 0, partial > 0), f"trial {trial}"
-        assert torch.allclose(full, partial)
-        assert ((partial > 0).sum(-1) <= top_k).all()
+        temperatures = torch.rand(rows, generator=g) + 0.3
+        seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.randint(0, 999, (rows,), generator=g)
+        masks = dict(top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds, positions=positions)
+        full = sampler(logits, temperatures, **masks)
+        partial = sampler(logits, temperatures, **masks, max_k=int(top_k.max()))
+        assert torch.equal(full, partial), f"trial {trial}"
+        kept = mask_probs(torch.softmax(logits / temperatures[:, None], -1), top_k, top_p, min_p)
+        assert (kept.gather(1, partial[:, None]) > 0).all()  # drawn among the tokens the masks keep
+        draws.update(partial.tolist())
+    assert len(draws) > 100  # not always the argmax

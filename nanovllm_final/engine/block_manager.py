@@ -75,6 +75,7 @@ class BlockManager:
         """Give the sequence its blocks, sharing cached ones for its leading full blocks.
         The block holding the last token is always computed, so the step has a query."""
         assert not seq.block_table, "sequence already holds blocks"
+        assert not seq.num_pending, "a sequence is admitted only once its tokens are known"
         self.num_admitted_tokens += len(seq)
         prefix_hash, cache_miss = -1, False
         for i in range(self.blocks_needed(len(seq))):
@@ -96,16 +97,20 @@ class BlockManager:
                 seq.num_cached_tokens += self.block_size
                 self.num_hit_tokens += self.block_size
             seq.block_table.append(block_id)
+        seq.num_hashed_blocks = seq.num_cached_tokens // self.block_size  # the hits are registered already
 
     def hash_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Register the blocks that the K/V of the sequence's first `num_tokens` tokens
-        just filled (those past `seq.num_cached_tokens`). Only blocks whose K/V are
-        really in the cache can be found, so no one ever reads a block still being computed."""
-        for i in range(seq.num_cached_tokens // self.block_size, num_tokens // self.block_size):
+        """Register the full blocks that the K/V of the sequence's first `num_tokens` tokens
+        fill and that are not registered yet, as far as their token ids are known (a block
+        holding a pending token waits for it). Only blocks whose K/V are computed, or queued
+        on the device before any later step that could read them, can be found."""
+        full = min(num_tokens, seq.num_known_tokens) // self.block_size
+        for i in range(seq.num_hashed_blocks, full):
             block = self.blocks[seq.block_table[i]]
             if block.hash == -1:
                 prefix_hash = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
                 self._register(block, seq.token_ids[i * self.block_size : (i + 1) * self.block_size], prefix_hash)
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
 
     def deallocate(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
@@ -114,6 +119,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free_block_ids.append(block_id)
         seq.block_table.clear()
+        seq.num_hashed_blocks = 0
 
     def can_append(self, seq: Sequence) -> bool:
         """Can the sequence's newest token get a slot (a fresh block if the last one is full)?"""

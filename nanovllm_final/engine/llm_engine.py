@@ -1,21 +1,36 @@
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 
 from ..config import EngineConfig, ModelConfig, check_tensor_parallel
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
 from .metrics import EngineMetrics
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, PendingSample
 from .request import Request
 from .sampling_batch import build_sampling_batch
 from .scheduler import Scheduler
-from .step_input import build_step_input
+from .sequence import Sequence
+from .step_input import StepInput, build_step_input
 from .workers import WorkerGroup
 
 logger = logging.getLogger(__name__)
 _warned_vocab = False
+
+
+@dataclass
+class InFlight:
+    """A step launched on the device whose sampled tokens the host has not seen yet."""
+
+    step: StepInput
+    num_seqs: int
+    sampling: list[Sequence]  # in row order
+    sample: PendingSample | None
+    hit_tokens: int  # prefix-cache hits of its schedule
+    launched_at: float
+    needs_tokens: bool  # the next schedule needs its tokens on the host (penalties count the output)
 
 
 class LLMEngine:
@@ -26,7 +41,16 @@ class LLMEngine:
             for out in engine.step(): ...   # a RequestOutput per request with news
 
     A step schedules sequences, runs the model once on every rank, samples on rank 0,
-    appends the tokens, detokenizes, and ends the sequences that stop."""
+    appends the tokens, detokenizes, and ends the sequences that stop.
+
+    Overlap scheduling (`overlap_scheduling`, on by default on CUDA): the device runs
+    step N+1 while the host finishes step N. `step()` schedules and launches N+1 first,
+    feeding each sequence the token N sampled straight from the device, and only then
+    waits for N's tokens and processes them; so the host's scheduling, input building,
+    detokenizing and stop checks hide behind the GPU's work instead of adding to it. A
+    sequence that stops at step N has run step N+1 in vain (its result is dropped).
+    Penalties need the output tokens on the host, so a step that applies them is
+    completed before the next one is scheduled."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, tokenizer):
         check_tensor_parallel(config, model_config)
@@ -45,6 +69,9 @@ class LLMEngine:
         self.metrics = EngineMetrics(self.scheduler, self.block_manager)
         self.requests: dict[str, Request] = {}
         self.pending: list[RequestOutput] = []  # outputs of aborted requests, handed out by the next step
+        self.overlap = config.overlap_scheduling
+        self.in_flight: InFlight | None = None
+        self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
         self._ids = itertools.count()
 
     # ---- requests ----
@@ -115,37 +142,68 @@ class LLMEngine:
 
     def step(self, finished_only: bool = False) -> list[RequestOutput]:
         """One model step; returns an output for every request that got tokens or finished
-        (`finished_only`: for the finished ones only, which spares decoding text nobody reads)."""
+        (`finished_only`: for the finished ones only, which spares decoding text nobody reads).
+        With overlap, the outputs are those of the step launched by the call before."""
         outputs, self.pending = self.pending, []
+        done = self.in_flight
+        if done is not None and (not self.overlap or done.needs_tokens):
+            outputs += self._complete(done, finished_only)
+            done = None
+        self.in_flight = self._launch()
+        if done is not None:  # while the device runs the step just launched
+            outputs += self._complete(done, finished_only)
+        if self.in_flight is not None and not self.overlap:
+            outputs += self._complete(self.in_flight, finished_only)
+            self.in_flight = None
+        if self.in_flight is not None and not self.requests:  # it only runs sequences that have ended
+            outputs += self._complete(self.in_flight, finished_only)
+            self.in_flight = None
+        if self.in_flight is None:
+            self.last_done = None  # idle: the next step's time counts from its launch
+        return outputs
+
+    def _launch(self) -> InFlight | None:
+        """Schedule, build the inputs, queue the model and the sampler on the device."""
         start = time.perf_counter()
         hits_before = self.block_manager.num_hit_tokens
         seqs = self.scheduler.schedule()
         if not seqs:
-            return outputs
+            return None
         step = build_step_input(seqs, self.config.kvcache_block_size)
         logits = self.model_runner.execute(step) if self.workers is None else self.workers.call("execute", self.model_runner.execute, step)
         sampling = [seq for seq in seqs if seq.samples_this_step]
-        sampled = self.model_runner.sample(logits, build_sampling_batch(sampling, self.eos_token_ids)) if sampling else None
-        ids = iter(sampled.token_ids if sampled else [])
-        self.scheduler.postprocess(seqs, [next(ids) if seq.samples_this_step else None for seq in seqs])
+        sample = self.model_runner.sample(logits, build_sampling_batch(sampling, self.eos_token_ids)) if sampling else None
+        self.scheduler.launched(seqs)
+        needs_tokens = any(seq.params.has_penalties for seq in sampling)
+        return InFlight(step, len(seqs), sampling, sample, self.block_manager.num_hit_tokens - hits_before, start, needs_tokens)
+
+    def _complete(self, done: InFlight, finished_only: bool) -> list[RequestOutput]:
+        """Wait for the step's tokens; resolve, detokenize, check stops, hand out outputs."""
+        sampled = done.sample.result() if done.sample is not None else None
         now = time.perf_counter()
         news: dict[str, Request] = {}
-        for row, seq in enumerate(sampling):
-            request = self.requests[seq.request_id]
+        for row, seq in enumerate(done.sampling):
+            if seq.is_finished:
+                continue  # aborted, or stopped by the token of the step before
             token_id = sampled.token_ids[row]
+            self.scheduler.resolve(seq, token_id)
+            request = self.requests[seq.request_id]
             self._check_vocab(token_id)
             logprob = sampled.logprobs[row] if sampled.logprobs else None
             reason = request.on_token(seq, token_id, logprob, now, self.eos_set, self.config.max_model_len)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
             news[request.request_id] = request
+        outputs = []
         for request in news.values():
             if request.finished or not finished_only:
                 outputs.append(request.output())
             if request.finished:
                 del self.requests[request.request_id]
                 self.metrics.on_finish(request)
-        self.metrics.on_step(step, len(seqs), self.block_manager.num_hit_tokens - hits_before, time.perf_counter() - start)
+        end = time.perf_counter()
+        self.metrics.on_step(done.step, done.num_seqs, done.hit_tokens, end - max(done.launched_at, self.last_done or 0.0))
+        self.last_done = end
         return outputs
 
     def _check_vocab(self, token_id: int) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
-from ..distributed import destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
+from ..distributed import broadcast_from_first, destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.attention import Attention, make_backend
 from ..layers.context import Context, set_context
 from ..layers.sampler import Sampler, apply_penalties, logprobs_of
@@ -55,6 +55,29 @@ class SamplerOutput:
     logprobs: list[dict] | None  # per row {"token_id", "logprob", "top_logprobs"}; None if no row asked
 
 
+class PendingSample:
+    """A step's sampled ids (and logprobs) on their way to the host: the copies are queued
+    behind the step on the device, and `result()` waits for them (the step's one sync)."""
+
+    def __init__(self, tensors: list[torch.Tensor], device: torch.device):
+        self.host = [t.to("cpu", non_blocking=True) for t in tensors]  # into pinned memory on CUDA
+        self.done = torch.cuda.Event() if device.type == "cuda" else None
+        if self.done is not None:
+            self.done.record()
+
+    def result(self) -> SamplerOutput:
+        if self.done is not None:
+            self.done.synchronize()
+        ids, *rest = (t.tolist() for t in self.host)
+        if not rest:
+            return SamplerOutput(ids, None)
+        chosen, top_values, top_ids = rest
+        logprobs = [
+            {"token_id": t, "logprob": lp, "top_logprobs": dict(zip(i, v))} for t, lp, v, i in zip(ids, chosen, top_values, top_ids)
+        ]
+        return SamplerOutput(ids, logprobs)
+
+
 class ModelRunner:
     """Owns the model on its device: the weights, the KV cache, the CUDA graphs.
 
@@ -92,6 +115,7 @@ class ModelRunner:
         if self.world_size > 1:
             keep_graphs(self.graphs)  # dropped before the group is left (distributed.py says why)
         self.num_graph_replays = 0
+        self.last_sampled: torch.Tensor | None = None  # (rows,) the latest step's sampled ids, on rank 0's device
         if self.use_cudagraphs():
             self.capture_cudagraphs(model_config)
 
@@ -167,7 +191,24 @@ class ModelRunner:
     # ---- a step ----
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(self.device, non_blocking=True)
+        """On the device, copied from pinned memory so that the host does not wait for the copy
+        (nor for the steps queued before it)."""
+        t = torch.from_numpy(array)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
+
+    def input_ids(self, step: StepInput) -> torch.Tensor:
+        """(tokens,) the step's token ids, with the tokens the step before sampled (still on
+        the device) put in at `carry_index`; rank 0 sends them to the other ranks."""
+        input_ids = self._tensor(step.input_ids)
+        if len(step.carry_index):
+            if self.rank == 0:
+                carried = self.last_sampled[self._tensor(step.carry_rows)]  # (carried,)
+            else:
+                carried = torch.empty(len(step.carry_index), dtype=torch.int64, device=self.device)
+            if self.world_size > 1:
+                broadcast_from_first(carried)
+            input_ids[self._tensor(step.carry_index)] = carried
+        return input_ids
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor | None:
@@ -181,37 +222,36 @@ class ModelRunner:
             max_seqlen_q=step.max_seqlen_q,
             is_decode=step.is_decode,
         )
-        hidden = self.forward(self._tensor(step.input_ids), self._tensor(step.positions), context)  # (tokens, hidden)
+        hidden = self.forward(self.input_ids(step), self._tensor(step.positions), context)  # (tokens, hidden)
         if not len(step.sample_rows):
             return None
         return self.model.compute_logits(hidden[self._tensor(step.sample_rows)])  # (rows, vocab) on rank 0
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        """Rank 0: penalties, masks and Gumbel-max; logprobs from the raw logits."""
-        logits = logits.float()  # (rows, vocab)
-        raw = logits
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> PendingSample:
+        """Rank 0: penalties, masks and Gumbel-max; logprobs from the raw logits. Queued on the
+        device; the ids stay there for the next step's input (`last_sampled`)."""
+        raw = logits  # (rows, vocab) in the model's dtype
         if batch.penalties is not None:
             p = batch.penalties
             logits = apply_penalties(
-                logits, self._counts(p["output_ids"], logits.shape[1]), self._counts(p["prompt_ids"], logits.shape[1]) > 0,
+                logits.float(), self._counts(p["output_ids"], logits.shape[1]), self._counts(p["prompt_ids"], logits.shape[1]) > 0,
                 self._tensor(p["repetition"]), self._tensor(p["presence"]), self._tensor(p["frequency"]),
             )
         if batch.suppress is not None:
             rows, ids = batch.suppress
-            logits = logits.index_put((self._tensor(rows), self._tensor(ids)), torch.tensor(float("-inf"), device=self.device))
-        optional = {name: None if getattr(batch, name) is None else self._tensor(getattr(batch, name)) for name in ("top_k", "top_p", "min_p", "seeds")}
-        # every row keeps at most its top_k: a partial sort of max(top_k) columns is enough (known on the host)
-        max_k = int(batch.top_k.max()) if batch.top_k is not None and (batch.top_k > 0).all() else None
-        token_ids = self.sampler(logits, self._tensor(batch.temperatures), positions=self._tensor(batch.positions), max_k=max_k, **optional)
+            logits = logits.index_put((self._tensor(rows), self._tensor(ids)), torch.tensor(float("-inf"), dtype=logits.dtype, device=self.device))
+        if batch.all_greedy:
+            token_ids = logits.argmax(dim=-1)  # (rows,)
+        else:
+            optional = {name: None if getattr(batch, name) is None else self._tensor(getattr(batch, name)) for name in ("top_k", "top_p", "min_p", "seeds")}
+            # every row keeps at most its top_k: a partial sort of max(top_k) columns is enough (known on the host)
+            max_k = int(batch.top_k.max()) if batch.top_k is not None and (batch.top_k > 0).all() else None
+            token_ids = self.sampler(logits, self._tensor(batch.temperatures), positions=self._tensor(batch.positions), max_k=max_k, **optional)
+        self.last_sampled = token_ids
         if batch.num_logprobs is None:
-            return SamplerOutput(token_ids.tolist(), None)  # the step's one device-to-host copy
-        chosen, top_values, top_ids = logprobs_of(raw, token_ids, batch.num_logprobs)
-        ids, chosen, top_values, top_ids = token_ids.tolist(), chosen.tolist(), top_values.tolist(), top_ids.tolist()
-        logprobs = [
-            {"token_id": t, "logprob": lp, "top_logprobs": dict(zip(i, v))} for t, lp, v, i in zip(ids, chosen, top_values, top_ids)
-        ]
-        return SamplerOutput(ids, logprobs)
+            return PendingSample([token_ids], self.device)
+        return PendingSample([token_ids, *logprobs_of(raw, token_ids, batch.num_logprobs)], self.device)
 
     def _counts(self, token_lists: list[list[int]], vocab_size: int) -> torch.Tensor:
         """(rows, vocab) float32: how often each token occurs in each row's list."""

@@ -29,7 +29,7 @@ class Request:
         return all(seq.is_finished for seq in self.seqs)
 
     def on_token(self, seq: Sequence, token_id: int, logprob: dict | None, now: float, eos_token_ids: set[int], max_model_len: int) -> str | None:
-        """Record a token just appended to `seq`; returns why the sequence ends, if it does:
+        """Record a token of `seq` just resolved; returns why the sequence ends, if it does:
         "stop" (EOS, a stop id, a stop string) or "length" (max_tokens, max_model_len). The
         text is decoded here only when there are stop strings to look for."""
         self.first_token_time = self.first_token_time or now
@@ -37,11 +37,11 @@ class Request:
         if self.logprobs[seq.index] is not None:
             k = seq.params.logprobs  # the batch computed the most any row asked for
             self.logprobs[seq.index].append({**logprob, "top_logprobs": dict(list(logprob["top_logprobs"].items())[:k])})
-        p, n = seq.params, seq.num_completion_tokens
+        p, n = seq.params, seq.num_known_tokens - seq.num_prompt_tokens  # this token is the n-th
         reason = None
         if n >= p.min_tokens and ((not p.ignore_eos and token_id in eos_token_ids) or token_id in p.stop_token_ids):
             reason = "stop"
-        elif (p.max_tokens is not None and n >= p.max_tokens) or len(seq) >= max_model_len:
+        elif seq.reaches_length_limit(seq.num_known_tokens, max_model_len):
             reason = "length"
         detok = self.detokenizers[seq.index]
         detok.push(token_id)
@@ -70,7 +70,7 @@ class Request:
         return RequestOutput(self.request_id, self.prompt_token_ids, completions, self.finished, self.metrics())
 
     def metrics(self) -> RequestMetrics:
-        generated = max(seq.num_completion_tokens for seq in self.seqs)
+        generated = max(len(seq.completion_token_ids) for seq in self.seqs)
         ttft = None if self.first_token_time is None else self.first_token_time - self.arrival_time
         tpot = (self.last_token_time - self.first_token_time) / (generated - 1) if generated > 1 else None
         return RequestMetrics(ttft, tpot, len(self.prompt_token_ids), max(seq.num_prompt_hit_tokens for seq in self.seqs))

@@ -19,6 +19,11 @@ class SamplingBatch:
     suppress: tuple[np.ndarray, np.ndarray] | None  # (row, token id) pairs masked out (min_tokens)
     num_logprobs: int | None  # the largest `logprobs` of the rows; None: no row asks
 
+    @property
+    def all_greedy(self) -> bool:
+        """Every row takes the argmax: no masks, no noise to compute."""
+        return not self.temperatures.any()
+
 
 def completion_seed(seed: int, index: int) -> int:
     """The seed of completion `index` of a request seeded with `seed` (its n completions differ)."""
@@ -39,7 +44,7 @@ def build_sampling_batch(seqs: list[Sequence], eos_token_ids: list[int]) -> Samp
             ids = ([] if p.ignore_eos else eos_token_ids) + p.stop_token_ids
             suppress_rows += [row] * len(ids)
             suppress_ids += ids
-    penalized = any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params)
+    penalized = any(p.has_penalties for p in params)
     asked = [p.logprobs for p in params if p.logprobs is not None]
     return SamplingBatch(
         temperatures=np.array([p.temperature for p in params], np.float32),

@@ -16,12 +16,18 @@ class Scheduler:
     preempted: its blocks are freed and it goes back to the front of the queue, to be
     recomputed from its tokens (the prefix cache often still holds most of them).
 
+    Overlap: a step counts as computed once it is launched (`launched`), so the next one
+    can be scheduled while the device runs it. Its sampled tokens are pending until the
+    engine resolves them (`resolve`); a sequence whose pending token ends it by length is
+    not fed again, and one that turns out to stop ran one step in vain.
+
     The scheduler moves tokens and blocks; when a sequence is finished is the engine's
     call (`finish`)."""
 
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
@@ -48,8 +54,8 @@ class Scheduler:
         scheduled, still_running = [], []
         while self.running:
             seq = self.running.popleft()
-            if budget == 0:
-                still_running.append(seq)  # no room this step; it keeps its blocks and waits
+            if budget == 0 or (seq.num_pending and seq.reaches_length_limit(len(seq), self.max_model_len)):
+                still_running.append(seq)  # no room this step, or its last token is in flight: it keeps its blocks and waits
                 continue
             while not self.block_manager.can_append(seq):
                 if self.running:
@@ -94,16 +100,24 @@ class Scheduler:
         self.num_preemptions += 1
         self.total_preemptions += 1
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> None:
-        """Record what the step computed: the fed tokens' K/V are cached (their full blocks now
-        shareable), and each sequence whose feed reached its end gets its sampled token."""
-        for seq, token_id in zip(seqs, token_ids):
-            num_tokens = seq.num_cached_tokens + seq.num_scheduled_tokens  # K/V in the cache now
-            self.block_manager.hash_blocks(seq, num_tokens)
-            seq.num_cached_tokens = num_tokens
+    def launched(self, seqs: list[Sequence]) -> None:
+        """The step is queued on the device: the fed tokens' K/V count as cached (their full
+        blocks shareable: any step that reads them runs after this one), and each sequence whose
+        feed reached its end gets a pending token, sampled in the next row of the step's output."""
+        row = 0
+        for seq in seqs:
+            samples = seq.samples_this_step
+            seq.num_cached_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
-            if token_id is not None:
-                seq.append_token(token_id)
+            self.block_manager.hash_blocks(seq, seq.num_cached_tokens)
+            if samples:
+                seq.append_pending(row)
+                row += 1
+
+    def resolve(self, seq: Sequence, token_id: int) -> None:
+        """The step that sampled the sequence's oldest pending token is done: it is `token_id`."""
+        seq.resolve(token_id)
+        self.block_manager.hash_blocks(seq, seq.num_cached_tokens)  # a block that waited for it
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End the sequence (stopped, at its length limit, or aborted) and free its blocks."""
@@ -114,4 +128,5 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        seq.drop_pending()
         self.block_manager.deallocate(seq)

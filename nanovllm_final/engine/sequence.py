@@ -4,6 +4,9 @@ from enum import Enum, auto
 from ..sampling_params import SamplingParams
 
 
+PENDING = -1  # stands for a token sampled by a step still running on the device
+
+
 class SequenceStatus(Enum):
     WAITING = auto()
     RUNNING = auto()
@@ -31,6 +34,13 @@ class Sequence:
         self.num_prompt_hit_tokens = 0  # prompt tokens the prefix cache served at first admission
         self.block_table: list[int] = []  # the physical KV blocks holding this sequence, in token order
         self.num_scheduled_tokens = 0  # tokens fed this step (a prompt may take several steps)
+        self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
+        # Overlap scheduling: a token sampled by the step in flight is appended as PENDING at
+        # once, so that the next step can be scheduled before the token is known; the step's
+        # sampled ids (row `pending_row`) feed it on the device, and the engine writes it here
+        # when the step completes (`resolve`).
+        self.num_pending = 0
+        self.pending_row = -1
         self.finish_reason: str | None = None
 
     def __len__(self) -> int:
@@ -38,11 +48,18 @@ class Sequence:
 
     @property
     def num_completion_tokens(self) -> int:
+        """Generated tokens, a pending one included (the index the next sampled token gets)."""
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids are known on the host (all but the pending one)."""
+        return len(self.token_ids) - self.num_pending
+
+    @property
     def completion_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+        """The generated tokens known so far."""
+        return self.token_ids[self.num_prompt_tokens : self.num_known_tokens]
 
     @property
     def is_finished(self) -> bool:
@@ -53,5 +70,26 @@ class Sequence:
         """Does this step's feed reach the sequence's end (so a token is sampled)?"""
         return self.num_cached_tokens + self.num_scheduled_tokens == len(self)
 
+    def reaches_length_limit(self, num_tokens: int, max_model_len: int) -> bool:
+        """Does the sequence end by length once it holds `num_tokens` tokens (max_tokens or max_model_len)?"""
+        max_tokens = self.params.max_tokens
+        return (max_tokens is not None and num_tokens - self.num_prompt_tokens >= max_tokens) or num_tokens >= max_model_len
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def append_pending(self, row: int) -> None:
+        """A token the step just launched samples in row `row` of its output."""
+        self.token_ids.append(PENDING)
+        self.num_pending += 1
+        self.pending_row = row
+
+    def resolve(self, token_id: int) -> None:
+        """The oldest pending token is `token_id`."""
+        self.token_ids[len(self.token_ids) - self.num_pending] = token_id
+        self.num_pending -= 1
+
+    def drop_pending(self) -> None:
+        """Forget tokens still in flight (the sequence has ended: their steps were wasted)."""
+        del self.token_ids[self.num_known_tokens :]
+        self.num_pending = 0

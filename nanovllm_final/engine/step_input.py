@@ -18,6 +18,10 @@ class StepInput:
     context_lens: np.ndarray  # (seqs,) int32: cached tokens after this step's writes
     block_tables: np.ndarray  # (seqs, max_blocks) int32, padded with -1
     sample_rows: np.ndarray  # (rows,) int64: index of the last fed token of each sequence that samples
+    # tokens sampled by the step before, still on the device (overlap scheduling): input_ids
+    # holds PENDING at carry_index, to be replaced by that step's sampled ids at carry_rows
+    carry_index: np.ndarray  # (carried,) int64
+    carry_rows: np.ndarray  # (carried,) int64
     max_seqlen_q: int
     is_decode: bool  # every sequence feeds exactly one token: the decode kernels (and CUDA graphs) run
 
@@ -43,6 +47,7 @@ def build_step_input(seqs: list[Sequence], block_size: int) -> StepInput:
     slots = block_tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
     input_ids = np.fromiter(chain.from_iterable(s.token_ids[a:b] for s, a, b in zip(seqs, starts, ends)), np.int64, int(cu[-1]))
     samples = np.fromiter((s.samples_this_step for s in seqs), bool, len(seqs))
+    pending = [i for i, s in enumerate(seqs) if s.num_pending]  # a pending token is always a sequence's last
     max_seqlen_q = int(counts.max())
     return StepInput(
         input_ids=input_ids,
@@ -52,6 +57,8 @@ def build_step_input(seqs: list[Sequence], block_size: int) -> StepInput:
         context_lens=ends.astype(np.int32),
         block_tables=block_tables,
         sample_rows=(cu[1:] - 1)[samples],  # the last fed token of each sequence that samples
+        carry_index=cu[1:][pending] - 1,
+        carry_rows=np.array([seqs[i].pending_row for i in pending], np.int64),
         max_seqlen_q=max_seqlen_q,
         is_decode=max_seqlen_q == 1,
     )

@@ -3,7 +3,8 @@ Gumbel-max sampling, for a whole batch in one pass on the device.
 
 Gumbel-max: argmax(p_i / E_i) with E_i ~ Exp(1) picks token i with probability
 p_i / sum(p): -log E_i is Gumbel noise, and argmax(log p_i + Gumbel_i) ~ p. A mask that
-sets p_i = 0 removes token i; nothing needs renormalising. A row with a seed draws its
+sets p_i = 0 removes token i; nothing needs renormalising, and when every row keeps at
+most k tokens, only the k most likely need to be looked at. A row with a seed draws its
 noise from a counter-based hash of (seed, output position, token id), so its tokens do
 not depend on the rest of the batch, its order, or preemption; the other rows draw from
 the engine's generator."""
@@ -28,12 +29,13 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Exp(1) noise (rows, vocab) that is a pure function of (seed, position, token id)."""
+def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise that is a pure function of (seed, position, token id): (rows, n) for the
+    token ids (n,) of the vocabulary or (rows, n) of each row's candidates."""
     key = _mix32(_mix32(seeds & _M32) ^ ((seeds >> 32) & _M32))  # (rows,)
     key = _mix32(key ^ _mul32(positions & _M32, 0x9E3779B1))  # (rows,)
-    tokens = _mul32(torch.arange(vocab_size, device=seeds.device, dtype=torch.int64), 0x27D4EB2F)  # (vocab,)
-    h = _mix32(_mix32(key[:, None] ^ tokens[None, :]) ^ key[:, None])  # (rows, vocab)
+    tokens = _mul32(token_ids.to(torch.int64), 0x27D4EB2F)  # (n,) or (rows, n)
+    h = _mix32(_mix32(key[:, None] ^ tokens) ^ key[:, None])  # (rows, n)
     u = ((h >> 8).float() + 0.5) * 2.0**-24  # uniform in (0, 1), 24 bits
     return -torch.log(u)
 
@@ -54,36 +56,37 @@ def apply_penalties(
     return logits - frequency.unsqueeze(1) * output_counts - presence.unsqueeze(1) * generated
 
 
+def keep_sorted(
+    sorted_p: torch.Tensor,  # (rows, n) probabilities, most likely first
+    top_k: torch.Tensor | None,  # (rows,) int, 0 = all
+    top_p: torch.Tensor | None,  # (rows,) float, 1 = all
+) -> torch.Tensor:  # (rows, n) bool
+    """top_k keeps the k most likely; top_p then keeps the most likely tokens until (the
+    top-k renormalised) mass reaches p. The most likely token always stays."""
+    keep = torch.ones_like(sorted_p, dtype=torch.bool)
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, sorted_p.shape[-1]).unsqueeze(1)  # (rows, 1)
+        keep &= torch.arange(sorted_p.shape[-1], device=sorted_p.device) < k
+        sorted_p = sorted_p * keep
+    if top_p is not None:
+        total = sorted_p.sum(-1, keepdim=True)  # (rows, 1): the mass top-k kept
+        before = sorted_p.cumsum(-1) - sorted_p  # (rows, n): mass of the more likely tokens
+        keep &= (before < top_p.unsqueeze(1) * total) | (top_p >= 1).unsqueeze(1)
+    return keep
+
+
 def mask_probs(
     probs: torch.Tensor,  # (rows, vocab), softmax(logits / T)
     top_k: torch.Tensor | None,  # (rows,) int, 0 = all
     top_p: torch.Tensor | None,  # (rows,) float, 1 = all
     min_p: torch.Tensor | None,  # (rows,) float, 0 = all
-    max_k: int | None = None,  # every row's top_k is in 1..max_k: only the max_k most likely can stay
 ) -> torch.Tensor:
-    """Zero the tokens the masks drop: top_k keeps the k most likely; top_p then keeps the most
-    likely tokens until (the top-k renormalised) mass reaches p; min_p drops tokens below
-    min_p times the most likely one's probability. The most likely token always stays.
-    With `max_k`, a partial sort (topk) of max_k columns replaces the sort of the vocabulary."""
-    vocab = probs.shape[-1]
-    if top_k is None and top_p is None:
-        keep = torch.ones_like(probs, dtype=torch.bool)
-    else:
-        if max_k is not None and max_k < vocab:
-            sorted_p, order = probs.topk(max_k, dim=-1)  # (rows, max_k), most likely first
-        else:
-            sorted_p, order = probs.sort(dim=-1, descending=True)  # (rows, vocab)
-        width = sorted_p.shape[-1]
-        keep_sorted = torch.ones_like(sorted_p, dtype=torch.bool)
-        if top_k is not None:
-            k = torch.where(top_k > 0, top_k, vocab).unsqueeze(1)  # (rows, 1)
-            keep_sorted &= torch.arange(width, device=probs.device) < k
-            sorted_p = sorted_p * keep_sorted
-        if top_p is not None:
-            total = sorted_p.sum(-1, keepdim=True)  # (rows, 1): the mass top-k kept
-            before = sorted_p.cumsum(-1) - sorted_p  # (rows, vocab): mass of the more likely tokens
-            keep_sorted &= (before < top_p.unsqueeze(1) * total) | (top_p >= 1).unsqueeze(1)
-        keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, keep_sorted)  # (rows, vocab)
+    """Zero the tokens the masks drop (`keep_sorted`, over the sorted vocabulary); min_p drops
+    tokens below min_p times the most likely one's probability."""
+    keep = torch.ones_like(probs, dtype=torch.bool)
+    if top_k is not None or top_p is not None:
+        sorted_p, order = probs.sort(dim=-1, descending=True)  # (rows, vocab)
+        keep = keep.scatter(-1, order, keep_sorted(sorted_p, top_k, top_p))  # back to vocabulary order
     if min_p is not None:
         keep &= probs >= min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
     return probs.masked_fill(~keep, 0.0)
@@ -106,17 +109,31 @@ class Sampler(nn.Module):
         min_p: torch.Tensor | None = None,
         seeds: torch.Tensor | None = None,  # (rows,) int64, -1 = no seed (the engine's generator)
         positions: torch.Tensor | None = None,  # (rows,) int64: the output index each row samples
-        max_k: int | None = None,  # see mask_probs
+        max_k: int | None = None,  # every row's top_k is in 1..max_k (known on the host)
     ) -> torch.Tensor:  # (rows,) int64
-        logits = logits.float()
+        """With `max_k`, only the max_k largest logits of each row can be drawn, so the masks and
+        the noise work on those candidates (a partial sort), not on the whole vocabulary. A seeded
+        row draws the same token either way: its noise is a function of the token id."""
         greedy = logits.argmax(dim=-1)  # (rows,)
         safe_t = temperatures.clamp(min=1e-5).unsqueeze(1)  # (rows, 1)
-        probs = mask_probs(torch.softmax(logits / safe_t, dim=-1), top_k, top_p, min_p, max_k)  # (rows, vocab)
+        vocab = logits.shape[-1]
+        if max_k is not None and max_k < vocab:
+            values, candidates = logits.topk(max_k, dim=-1)  # (rows, max_k), largest first
+            probs = torch.softmax(values.float() / safe_t, dim=-1)  # renormalised over the candidates
+            keep = keep_sorted(probs, top_k, top_p)
+            if min_p is not None:
+                keep &= probs >= min_p.unsqueeze(1) * probs[:, :1]
+            probs = probs.masked_fill(~keep, 0.0)
+        else:
+            candidates = None  # every token of the vocabulary
+            probs = mask_probs(torch.softmax(logits.float() / safe_t, dim=-1), top_k, top_p, min_p)  # (rows, vocab)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)  # Exp(1)
         if seeds is not None:
             seeded = seeds >= 0  # (rows,)
-            noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, probs.shape[-1]), noise)
-        sampled = (probs / noise).argmax(dim=-1)  # (rows,)
+            ids = candidates if candidates is not None else torch.arange(vocab, device=logits.device)
+            noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, ids), noise)
+        choice = (probs / noise).argmax(dim=-1)  # (rows,)
+        sampled = choice if candidates is None else candidates.gather(1, choice.unsqueeze(1)).squeeze(1)
         return torch.where(temperatures == 0, greedy, sampled)
 
 
