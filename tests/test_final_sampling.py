@@ -50,12 +50,25 @@ def test_masks_match_reference(hf_logits, top_k, top_p, min_p, temperature):
     assert 1 < keep.sum() < len(probs)  # the case really masks, and leaves a choice
     sampler = Sampler(seed=0, device=torch.device("cpu"))
     full = lambda v, dtype: torch.full((rows,), v, dtype=dtype)  # noqa: E731
-    draws = sampler(hf_logits.expand(rows, -1), full(temperature, torch.float32), top_k=full(top_k, torch.int64),
-                    top_p=full(top_p, torch.float32), min_p=full(min_p, torch.float32))
-    assert keep[draws].all()
-    freq = torch.bincount(draws, minlength=len(probs)).float() / rows
+    masks = dict(top_k=full(top_k, torch.int64), top_p=full(top_p, torch.float32), min_p=full(min_p, torch.float32))
     expected = torch.where(keep, probs, 0) / probs[keep].sum()
-    assert (freq - expected).abs().max() < 0.015
+    # the whole vocabulary; with a top_k, also the candidates-only path the engine takes then
+    for max_k in [None] + ([top_k] if top_k else []):
+        draws = sampler(hf_logits.expand(rows, -1), full(temperature, torch.float32), **masks, max_k=max_k)
+        assert keep[draws].all()
+        freq = torch.bincount(draws, minlength=len(probs)).float() / rows
+        assert (freq - expected).abs().max() < 0.015
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_temperature_only_draws_follow_the_softmax(hf_logits, temperature):
+    """No masks: the sampler takes argmax(logits / T - log E) without a softmax; the draws'
+    frequencies must still be softmax(logits / T)."""
+    rows = 30_000
+    probs = torch.softmax(hf_logits / temperature, dim=-1)
+    draws = Sampler(seed=0, device=torch.device("cpu"))(hf_logits.expand(rows, -1), torch.full((rows,), temperature))
+    freq = torch.bincount(draws, minlength=len(probs)).float() / rows
+    assert (freq - probs).abs().max() < 0.015
 
 
 def test_top_k_1_and_tiny_top_p_are_greedy(hf_logits):

@@ -124,15 +124,21 @@ class Sampler(nn.Module):
             if min_p is not None:
                 keep &= probs >= min_p.unsqueeze(1) * probs[:, :1]
             probs = probs.masked_fill(~keep, 0.0)
+        elif top_k is None and top_p is None and min_p is None:
+            candidates, probs = None, None  # temperature only: no probabilities needed (below)
         else:
             candidates = None  # every token of the vocabulary
             probs = mask_probs(torch.softmax(logits.float() / safe_t, dim=-1), top_k, top_p, min_p)  # (rows, vocab)
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)  # Exp(1)
+        shape = logits.shape if probs is None else probs.shape
+        noise = torch.empty(shape, device=logits.device).exponential_(generator=self.generator)  # Exp(1)
         if seeds is not None:
             seeded = seeds >= 0  # (rows,)
             ids = candidates if candidates is not None else torch.arange(vocab, device=logits.device)
             noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, ids), noise)
-        choice = (probs / noise).argmax(dim=-1)  # (rows,)
+        if probs is None:  # argmax(p_i / E_i) = argmax(logit_i / T - log E_i): softmax's normaliser drops out
+            choice = (logits.float() / safe_t - noise.log_()).argmax(dim=-1)  # (rows,)
+        else:
+            choice = (probs / noise).argmax(dim=-1)  # (rows,)
         sampled = choice if candidates is None else candidates.gather(1, choice.unsqueeze(1)).squeeze(1)
         return torch.where(temperatures == 0, greedy, sampled)
 
