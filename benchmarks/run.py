@@ -578,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             record["error"] = f"{type(err).__name__}: {err}"
         records.append(record)
         print(summary_row(record), file=log, flush=True)
+        if args.out and args.out != "-":  # after every engine: a run cut short keeps what it measured
+            write_json(records, args.out)
     hf = next((r for r in records if r["engine"] == "hf" and "error" not in r), None)
     if hf is not None:  # same requests, same process: the ratio is the comparison
         for r in records:
