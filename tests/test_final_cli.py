@@ -86,3 +86,16 @@ def test_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--model", "/no/such/dir", "--prompt", "hi", "--top-p", "0"])
     assert exit_info.value.code == 2 and "top_p" in capsys.readouterr().err
+
+
+def test_boolean_engine_flags():
+    """An option off by default is turned on by --x; one on by default (overlap scheduling) gets --no-x."""
+    import argparse
+
+    from nanovllm_final.engine_flags import add_engine_options, engine_options
+
+    parser = argparse.ArgumentParser()
+    add_engine_options(parser)
+    assert engine_options(parser.parse_args([])) == {}
+    assert engine_options(parser.parse_args(["--enforce-eager", "--no-overlap-scheduling"])) == {"enforce_eager": True, "overlap_scheduling": False}
+    assert engine_options(parser.parse_args(["--overlap-scheduling"])) == {"overlap_scheduling": True}
