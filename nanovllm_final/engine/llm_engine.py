@@ -25,10 +25,9 @@ class InFlight:
     """A step launched on the device whose sampled tokens the host has not seen yet."""
 
     step: StepInput
-    num_seqs: int
     sampling: list[Sequence]  # in row order
     sample: PendingSample | None
-    hit_tokens: int  # prefix-cache hits of its schedule
+    record: dict  # its stats record, taken at launch (metrics.py)
     launched_at: float
     needs_tokens: bool  # the next schedule needs its tokens on the host (penalties count the output)
 
@@ -152,10 +151,8 @@ class LLMEngine:
         self.in_flight = self._launch()
         if done is not None:  # while the device runs the step just launched
             outputs += self._complete(done, finished_only)
-        if self.in_flight is not None and not self.overlap:
-            outputs += self._complete(self.in_flight, finished_only)
-            self.in_flight = None
-        if self.in_flight is not None and not self.requests:  # it only runs sequences that have ended
+        # without overlap, or when it only runs sequences that have ended: complete it now
+        if self.in_flight is not None and (not self.overlap or not self.requests):
             outputs += self._complete(self.in_flight, finished_only)
             self.in_flight = None
         if self.in_flight is None:
@@ -174,8 +171,9 @@ class LLMEngine:
         sampling = [seq for seq in seqs if seq.samples_this_step]
         sample = self.model_runner.sample(logits, build_sampling_batch(sampling, self.eos_token_ids)) if sampling else None
         self.scheduler.launched(seqs)
+        record = self.metrics.step_record(step, len(seqs), self.block_manager.num_hit_tokens - hits_before)
         needs_tokens = any(seq.params.has_penalties for seq in sampling)
-        return InFlight(step, len(seqs), sampling, sample, self.block_manager.num_hit_tokens - hits_before, start, needs_tokens)
+        return InFlight(step, sampling, sample, record, start, needs_tokens)
 
     def _complete(self, done: InFlight, finished_only: bool) -> list[RequestOutput]:
         """Wait for the step's tokens; resolve, detokenize, check stops, hand out outputs."""
@@ -202,7 +200,7 @@ class LLMEngine:
                 del self.requests[request.request_id]
                 self.metrics.on_finish(request)
         end = time.perf_counter()
-        self.metrics.on_step(done.step, done.num_seqs, done.hit_tokens, end - max(done.launched_at, self.last_done or 0.0))
+        self.metrics.on_step(done.record, end - max(done.launched_at, self.last_done or 0.0))
         self.last_done = end
         return outputs
 

@@ -49,16 +49,15 @@ class EngineMetrics:
             self.tpots.append(m.tpot_s)
         self.last_time = time.perf_counter()
 
-    def on_step(self, step: StepInput, num_seqs: int, hit_tokens: int, seconds: float) -> None:
+    def step_record(self, step: StepInput, num_seqs: int, hit_tokens: int) -> dict:
+        """A step's record, as the scheduler and the cache stand when it is launched."""
         bm, sched = self.bm, self.scheduler
         used = bm.num_blocks - bm.num_free_blocks
         self.peak_blocks_used = max(self.peak_blocks_used, used)
-        self.stats.append({
-            "step": len(self.stats),
+        return {
             "num_seqs": num_seqs,
             "num_tokens": step.num_tokens,  # tokens run through the model
             "is_prefill": not step.is_decode,  # the step carries prompt tokens
-            "seconds": seconds,
             # slots held by blocks in use vs slots holding real K/V
             "kv_slots_reserved": used * bm.block_size,
             "kv_slots_used": sum(seq.num_cached_tokens for seq in sched.running),
@@ -71,7 +70,11 @@ class EngineMetrics:
             "prefix_hit_tokens": hit_tokens,  # what admission found in the prefix cache
             "prefix_hit_blocks": hit_tokens // bm.block_size,
             "chunked_prefills": num_seqs - len(step.sample_rows),  # sequences that fed only part of their prompt
-        })
+        }
+
+    def on_step(self, record: dict, seconds: float) -> None:
+        """The step completed, `seconds` after the step before it did (or after its launch)."""
+        self.stats.append({"step": len(self.stats), **record, "seconds": seconds})
 
     def summary(self) -> dict:
         """Requests, tokens, throughput, latency percentiles, prefix-cache hit rate, KV usage, preemptions."""
