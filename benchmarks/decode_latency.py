@@ -4,8 +4,9 @@
 
 For each batch size, `batch` prompts of 32 random tokens (`--prompt-len`) generate 64
 tokens each (ignore_eos, greedy); the latency is the median wall time of the pure decode
-steps in `llm.stats` (scheduling, the forward pass and sampling included). Batch 1 is the
-per-token latency of a single stream."""
+steps in `llm.stats` (scheduling, the forward pass and sampling included; with the final
+engine's overlap scheduling, the time from one step's completion to the next's). Batch 1 is
+the per-token latency of a single stream."""
 
 import argparse
 import json
