@@ -25,7 +25,7 @@ def warn_once(message: str) -> None:
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """NEW in 06_cudagraph: the batch sizes to capture: 1, 2, 4, 8, then multiples of 16 up
+    """The batch sizes to capture: 1, 2, 4, 8, then multiples of 16 up
     to max_num_seqs (at most 512), and max_num_seqs itself."""
     max_bs = min(max_num_seqs, 512)
     return sorted({bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs})
@@ -95,7 +95,7 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.set_backend(self.attention_backend)
         self.allocate_kv_cache(model_config)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # NEW in 06_cudagraph: batch size -> graph
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> graph
         if self.world_size > 1:
             keep_graphs(self.graphs)  # NEW in 07_tensor_parallel: dropped before the group is left
         self.num_graph_replays = 0
@@ -103,7 +103,7 @@ class ModelRunner:
             self.capture_cudagraphs(model_config)
 
     def allocate_kv_cache(self, cfg: ModelConfig) -> None:
-        """NEW in 03_paged: a pool of blocks of `block_size` slots, as many as memory allows
+        """A pool of blocks of `block_size` slots, as many as memory allows
         (or `num_kvcache_blocks`). Sequences take blocks as they grow."""
         block_bytes = 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * cfg.head_dim * self.dtype.itemsize
         one_seq = -(-self.config.max_model_len // self.block_size)  # blocks for one max-length sequence
@@ -196,14 +196,14 @@ class ModelRunner:
         input_ids, positions, cu_seqlens, slots = [], [], [0], []
         for seq in seqs:
             start = seq.num_cached_tokens
-            end = start + seq.num_scheduled_tokens  # NEW in 05_chunked_prefill: maybe a chunk
+            end = start + seq.num_scheduled_tokens  # maybe a chunk
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             cu_seqlens.append(cu_seqlens[-1] + end - start)
             slots.extend(seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end))
         max_blocks = max(len(seq.block_table) for seq in seqs)
         block_tables = [seq.block_table + [-1] * (max_blocks - len(seq.block_table)) for seq in seqs]
-        # NEW in 05_chunked_prefill: sample only where the fed tokens reach the sequence's end
+        # sample only where the fed tokens reach the sequence's end
         rows = [i for i, seq in enumerate(seqs) if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq)]
         return StepInputs(
             input_ids=np.array(input_ids, dtype=np.int64),
@@ -239,7 +239,7 @@ class ModelRunner:
         return self.sampler(logits, self._tensor(step.temperatures)).tolist()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
-        """NEW in 06_cudagraph: a decode step replays the graph captured for the next batch
+        """A decode step replays the graph captured for the next batch
         size up; everything else runs eagerly."""
         num_seqs = len(input_ids)
         if context.is_decode and self.graphs and num_seqs <= self.graph_sizes[-1]:
@@ -264,7 +264,7 @@ class ModelRunner:
 
     @torch.inference_mode()  # no autograd records: the graphs' memory pool holds only what a step needs
     def capture_cudagraphs(self, cfg: ModelConfig) -> None:
-        """NEW in 06_cudagraph: record one decode step per batch size of the ladder
+        """Record one decode step per batch size of the ladder
         (`graph_batch_sizes`). A graph replays every kernel launch of the
         step with one call, on fixed buffers: the inputs are copied into them before a replay."""
         self.graph_sizes = graph_batch_sizes(self.config.max_num_seqs)
