@@ -16,9 +16,9 @@ logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def warn_once(message: str) -> None:
-    """A warning is logged once per process, not once per engine."""
-    logger.warning(message)
+def log_once(level: int, message: str) -> None:
+    """Logged once per process, not once per engine."""
+    logger.log(level, message)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -182,8 +182,8 @@ class ModelRunner:
             logger.info("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
             return False
         if self.attention_backend == "torch":
-            warn_once("the torch attention backend reads sizes on the host and cannot be captured, so decode runs eagerly; "
-                      "attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
+            log_once(logging.WARNING, "the torch attention backend reads sizes on the host and cannot be captured, so decode runs "
+                     "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
             return False
         return True
 

@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
+from ..distributed import destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.attention import Attention, resolve_backend
 from ..layers.context import Context, set_context
-from ..layers.parallel import destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.sampler import Sampler
 from ..models import build_model
 from ..models.loader import load_weights
@@ -19,9 +19,9 @@ logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def warn_once(message: str) -> None:
-    """A warning is logged once per process, not once per engine."""
-    logger.warning(message)
+def log_once(level: int, message: str) -> None:
+    """Logged once per process, not once per engine."""
+    logger.log(level, message)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -67,15 +67,15 @@ class ModelRunner:
     """Owns the model on its device and turns a list of sequences into next tokens.
 
     NEW in 07_tensor_parallel: one runner per rank, each holding its shard of the weights
-    and of the KV cache. Rank 0's runner lives in the engine and drives the others
-    (`workers`, see engine/workers.py) through `call`; only rank 0 samples."""
+    and of the KV cache. Rank 0's runner lives in the engine; every rank runs `execute` on
+    the same StepInputs (engine/workers.py delivers them); only rank 0 samples."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0, workers: "WorkerGroup | None" = None):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0):
         self.config = config
         self.block_size = config.kvcache_block_size
         self.device = torch.device(config.device)
         # NEW in 07_tensor_parallel: join the group, then build this rank's shard (rank r uses cuda:r)
-        self.rank, self.world_size, self.workers = rank, config.tensor_parallel_size, workers
+        self.rank, self.world_size = rank, config.tensor_parallel_size
         self.num_kv_heads = model_config.num_key_value_heads // self.world_size  # this rank's KV heads
         if self.world_size > 1:
             if self.device.type == "cuda":
@@ -83,7 +83,8 @@ class ModelRunner:
                 torch.cuda.set_device(self.device)
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             init_tensor_parallel(rank, self.world_size, backend, config.distributed_init_method, config.distributed_timeout)
-        set_tp_rank(rank, self.world_size)
+        else:
+            set_tp_rank(0, 1)
         self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
         # device memory free before this engine took any: what it uses is measured from here
         self.free_at_start = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
@@ -165,27 +166,13 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return nbytes
 
-    def call(self, method: str, *args):
-        """NEW in 07_tensor_parallel: run `method` on every rank. Rank 0 sends the call to the
-        workers, runs it itself, then collects their replies; collectives inside the method
-        keep the ranks in step. With one rank it is a plain method call."""
-        if self.workers is None:
-            return getattr(self, method)(*args)
-        try:
-            self.workers.send(method, *args)
-            result = getattr(self, method)(*args)
-            self.workers.receive()
-        except BaseException as err:  # out of step now: stop the workers (WorkerError if one died)
-            self.workers.after_local_error(err)
-            raise
-        return result
-
-    def run(self, seqs: list[Sequence]) -> list[int | None]:
+    def run(self, seqs: list[Sequence], workers: "WorkerGroup | None" = None) -> list[int | None]:
         """Feed each sequence's `num_scheduled_tokens` uncached tokens: a whole prompt, a
         chunk of one, or the newest token at decode. Returns one sampled token per
         sequence, or None for a prompt chunk that does not reach the prompt's end."""
         step = self.prepare(seqs)
-        sampled = self.call("execute", step)  # NEW in 07_tensor_parallel: on every rank
+        # NEW in 07_tensor_parallel: on every rank (`workers` runs it on ranks 1..N-1 too)
+        sampled = self.execute(step) if workers is None else workers.call("execute", self.execute, step)
         tokens: list[int | None] = [None] * len(seqs)
         for row, token in zip(step.sample_rows.tolist(), sampled):
             tokens[row] = token
@@ -257,8 +244,8 @@ class ModelRunner:
             logger.info("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
             return False
         if self.attention_backend == "torch":
-            warn_once("the torch attention backend reads sizes on the host and cannot be captured, so decode runs eagerly; "
-                      "attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
+            log_once(logging.WARNING, "the torch attention backend reads sizes on the host and cannot be captured, so decode runs "
+                     "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
             return False
         return True
 
