@@ -273,8 +273,9 @@ def parse_files_changed(readme: str) -> set[str] | None:
     for line in lines[starts[0] + 1 :]:
         if SECTION_END.match(line):
             break
-        if match := LISTED_FILE.match(line):
-            listed.add(match[1].strip().removeprefix("./"))
+        if LISTED_FILE.match(line):  # "- `a.py` — why", or "- `a.py`, `b.py` — why"
+            names = line.split(" — ", 1)[0]
+            listed.update(name.strip().removeprefix("./") for name in re.findall(r"`([^`]+)`", names))
     return listed - {README}
 
 
@@ -334,7 +335,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"FAIL {stage.name}:")
             print("\n".join(f"  {problem}" for problem in found))
         else:
-            print(f"OK   {stage.name}: differs from {prev.name} only in the files its README lists, marks only its own lesson")
+            marks = "carries no stage markers" if stage.name == FINAL else "marks only its own lesson"
+            print(f"OK   {stage.name}: differs from {prev.name} only in the files its README lists, {marks}")
     if problems:
         print(f"check failed: {len(problems)} problem(s)")
         return 1
