@@ -16,7 +16,7 @@
 # parts (one GPU unless named; the records' names use the tag):
 #   tests          GPU kernel tests and tests/test_gpu.py for every engine -> gpu_tests_TAG.log
 #   final-tests    the final engine's GPU and fused-kernel tests -> gpu_tests_final_TAG.log
-#   tp-tests       tests/test_gpu_tp.py, stage 07 and final (2 GPUs) -> tp_gpu_tests_TAGx2.log
+#   tp-tests       tests/test_gpu_tp.py, stage 07 and final (2 GPUs) -> tp_gpu_tests_{07,final}_TAGx2.log
 #   kernels        attention kernels against torch -> kernel_bench_TAG.json
 #   final-kernels  final's fused kernels, prefill attention tile choices -> final_kernels_TAG.json
 #   latency        decode-step latency with and without CUDA graphs, 06 and final
@@ -77,7 +77,7 @@ for part in "${parts[@]}"; do
     final-tests)
       logged "$OUT/gpu_tests_final_$TAG.log" "${PYTEST[@]}" tests/test_gpu.py tests/test_fused_kernels.py -k "final or fused" ;;
     tp-tests)
-      logged "$OUT/tp_gpu_tests_${TAG}x2.log" "${PYTEST[@]}" -s tests/test_gpu_tp.py -k "07 or final" ;;
+      for e in 07 final; do logged "$OUT/tp_gpu_tests_${e}_${TAG}x2.log" "${PYTEST[@]}" -s tests/test_gpu_tp.py -k "$e"; done ;;
     kernels)
       step "$PY" benchmarks/kernel_bench.py --out "$OUT/kernel_bench_$TAG.json" ;;
     final-kernels)

@@ -129,6 +129,15 @@ def test_check_fails_on_stale_listing(tree: Path, capsys: pytest.CaptureFixture[
     assert "stages/02_kvcache/model.py: listed in README.md but identical to 01_naive (stale listing)" in capsys.readouterr().out
 
 
+def test_one_listing_line_may_name_several_files(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(tree, {"stages/03_paged/model.py": "model v3\n",
+                 "stages/03_paged/README.md": readme("./sched/scheduler.py", "__init__.py").replace(
+                     "- `__init__.py` — why", "- `__init__.py`, `model.py` — why, with `not/a/path.py` in the prose")})
+    assert run(tree, "check") == 1  # model.py is listed now, but final (a copy of the old 03) differs from 03 in it
+    out = capsys.readouterr().out
+    assert "OK   03_paged:" in out and "nanovllm_final/model.py: modified vs 03_paged but not listed" in out
+
+
 @pytest.mark.parametrize(("text", "problem"), [
     ("# KV cache\n\n- `engine.py`\n", "stages/02_kvcache/README.md has no '## Files changed' section"),
     (None, "stages/02_kvcache/README.md is missing"),
