@@ -314,6 +314,11 @@ def pairs_to_check(root: Path) -> list[tuple[Stage, Stage]]:
     return pairs
 
 
+def print_problems(stage: Stage, found: list[str]) -> None:
+    print(f"FAIL {stage.name}:")
+    print("\n".join(f"  {problem}" for problem in found))
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     stages = ladder(args.root)
     if not stages:
@@ -324,16 +329,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     for stage in unpaired:  # compared with nothing, but the marker rule holds for them too
         if found := marker_problems(stage):
             problems += found
-            print(f"FAIL {stage.name}:")
-            print("\n".join(f"  {problem}" for problem in found))
+            print_problems(stage, found)
         elif stage == first:
             print(f"skip {first.name}: first stage, nothing to compare with")
     for prev, stage in compared:
-        found = check_pair(prev, stage) + marker_problems(stage)
-        problems += found
-        if found:
-            print(f"FAIL {stage.name}:")
-            print("\n".join(f"  {problem}" for problem in found))
+        if found := check_pair(prev, stage) + marker_problems(stage):
+            problems += found
+            print_problems(stage, found)
         else:
             marks = "carries no stage markers" if stage.name == FINAL else "marks only its own lesson"
             print(f"OK   {stage.name}: differs from {prev.name} only in the files its README lists, {marks}")
