@@ -1,6 +1,6 @@
 """Decode step latency with and without CUDA graphs (stage 06 or later, CUDA only).
 
-    python -m benchmarks.decode_latency --engine final --shape qwen3-0.6b --out benchmarks/results/decode_latency_h200.json
+    python -m benchmarks.decode_latency --engine final --shape qwen3-0.6b --out benchmarks/results/decode_latency_qwen3-0.6b_final_h200.json
 
 For each batch size, `batch` prompts of 32 random tokens (`--prompt-len`) generate 64
 tokens each (ignore_eos, greedy); the latency is the median wall time of the pure decode

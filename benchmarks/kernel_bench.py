@@ -1,6 +1,6 @@
 """Time the Triton paged-attention kernels against the PyTorch reference on a CUDA GPU.
 
-    python benchmarks/kernel_bench.py --out benchmarks/results/kernel_bench.json
+    python benchmarks/kernel_bench.py --out benchmarks/results/kernel_bench_h200.json
 
 For each batch size and context length it times
   decode : one query per sequence over a paged cache (Triton decode kernel, with its

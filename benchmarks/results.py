@@ -1,7 +1,7 @@
 """Read the runner's JSON results and show them: a text table and a throughput bar chart.
 
     from benchmarks.results import load_results, plot_throughput, table
-    records = load_results("h200-*.json")
+    records = load_results("nanovllm_qwen3-0.6b_*_h200.json")
     print(table(records))
     plot_throughput(records)
 

@@ -1,7 +1,7 @@
 """Time engines on a workload and write one JSON record per engine.
 
     python -m benchmarks.run --engine 03_paged --engine final --workload nanovllm \\
-        --shape qwen3-0.6b --device cuda --out benchmarks/results/h200-nanovllm.json
+        --shape qwen3-0.6b --device cuda --out benchmarks/results/nanovllm_qwen3-0.6b_03_h200.json
     python -m benchmarks.run --engine 02_kvcache --workload tiny-cpu --shape tiny-qwen3
 
 For each engine: load it, run a short warm-up generate, then time one

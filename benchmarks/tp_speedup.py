@@ -1,5 +1,5 @@
 """Where tensor parallelism pays off: TP=2 vs TP=1 throughput per model size, from the
-runner's records (benchmarks/tp_h200x2_suite.sh writes them).
+runner's records (`bash benchmarks/gpu_suite.sh --shapes "..." tp` writes them).
 
     python -m benchmarks.tp_speedup                # reads benchmarks/results/tp_*_tp{1,2}_h200x2.json
     python -m benchmarks.tp_speedup --tag h200x2 --out benchmarks/results/tp_speedup_h200x2.json
@@ -47,17 +47,18 @@ def rows(tag: str, results: Path = RESULTS) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", default="h200x2", help="the machine tag in the file names")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the folder holding the records (default: %(default)s)")
     parser.add_argument("--out", help="write the JSON here")
     parser.add_argument("--note", help="a remark stored with the rows (e.g. which code the runs used)")
     args = parser.parse_args()
-    table = rows(args.tag)
+    table = rows(args.tag, args.results)
     for row in table:
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
         tp1 = f"{row['tp1_output_tokens_per_s']:,.0f}" if row["tp1_output_tokens_per_s"] else row["tp1_error"]
         tp2 = f"{row['tp2_output_tokens_per_s']:,.0f}" if row["tp2_output_tokens_per_s"] else row["tp2_error"]
         print(f"{row['shape']:14s} {row['num_parameters'] / 1e9:5.2f}B  TP=1 {tp1:>10s}  TP=2 {tp2:>10s}  {speedup}")
     if args.out:
-        record = {"benchmark": "tp_speedup", "tag": args.tag, "source": "benchmarks/tp_h200x2_suite.sh", "note": args.note, "rows": table}
+        record = {"benchmark": "tp_speedup", "tag": args.tag, "source": "benchmarks/gpu_suite.sh tp", "note": args.note, "rows": table}
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
 
 

@@ -20,11 +20,6 @@ def engine_module(name: str, submodule: str):
     return importlib.import_module(f"{load_engine(name).__name__}.{submodule}")
 
 
-def parallel_module(name: str):
-    """An engine's tensor-parallel group module (stage 07's layers/parallel.py, the final engine's distributed.py)."""
-    return engine_module(name, "distributed" if name == "final" else "layers.parallel")
-
-
 def level(name: str) -> int:
     """Ladder position: 1 for 01_naive ... 7 for 07_tensor_parallel, 8 for the final engine."""
     return 8 if name == "final" else int(name[:2])

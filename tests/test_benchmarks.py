@@ -182,3 +182,77 @@ def test_plot_throughput(tmp_path):
     assert [p.get_height() for p in ax.patches] == [100.0, 300.0]
     (tmp_path / "kernel_bench.json").write_text(json.dumps({"decode": []}))  # another schema: skipped
     assert load_results(directory=tmp_path) == []
+
+
+# ---- recorded results: the index, the READMEs' tables, the GPU suite ----
+
+
+def test_generated_tables_and_index_match_the_records():
+    from benchmarks import tables
+
+    stale = [str(path.relative_to(ROOT)) for path, text in tables.outputs().items() if path.read_text(encoding="utf-8") != text]
+    assert not stale, f"out of date (run `python -m benchmarks.tables`): {stale}"
+    assert tables.main(["--check"]) == 0
+
+
+def test_a_table_differing_from_its_record_is_regenerated():
+    from benchmarks import tables
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "<!-- table: ladder -->" in text and "<!-- table: final -->" in text
+    record = tables.load("nanovllm_qwen3-0.6b_final_h200.json")
+    true = f"{record['output_tokens_per_s']:,.0f}"
+    assert true in text
+    planted = text.replace(true, "99,999")  # a typed number
+    assert planted != text and tables.fill(planted) == text
+    with pytest.raises(ValueError, match="unknown table 'nope'"):
+        tables.fill("<!-- table: nope -->\n<!-- end table -->")
+
+
+def test_index_names_every_file_and_its_command():
+    from benchmarks import tables
+
+    index = (ROOT / "benchmarks" / "results" / "README.md").read_text(encoding="utf-8")
+    files = tables.result_files()
+    assert files and all(f"[`{rel}`]({rel})" in index for rel in files)
+    assert not [rel for rel in files if rel.endswith(".log") and "test" not in rel and "rows" not in rel]  # logs are evidence only
+    for rel in files:
+        what, command = tables.describe(rel)
+        assert what and command and "/tmp/" not in command and "/root/" not in command, rel
+    names = " ".join(files)
+    for word in ("round", "session", "call2", "before_overlap", "issue"):  # named by what they measure
+        assert word not in names
+
+
+def test_index_refuses_a_file_it_cannot_describe(tmp_path, monkeypatch):
+    from benchmarks import tables
+
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    (tmp_path / "mystery.log").write_text("?")
+    with pytest.raises(ValueError, match="mystery.log: no entry"):
+        tables.index()
+
+
+def test_clean_command():
+    from benchmarks.tables import clean_command
+
+    raw = "/opt/venv/bin/python3 -m benchmarks.run --engine 07 --out /tmp/x/ladder_07.json"
+    assert clean_command(raw, "nanovllm_qwen3-0.6b_07_h200.json") == (
+        "python -m benchmarks.run --engine 07 --out benchmarks/results/nanovllm_qwen3-0.6b_07_h200.json")
+
+
+def test_gpu_suite_parts_match_the_index():
+    import re
+
+    script = ROOT / "benchmarks" / "gpu_suite.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    parts = {p for p in re.findall(r"^    ([a-z-]+)\)", text, re.M) if not p.startswith("-")}
+    assert {"tests", "throughput", "tp", "serve", "latency"} <= parts
+    index = (ROOT / "benchmarks" / "results" / "README.md").read_text(encoding="utf-8")
+    named = {p for group in re.findall(r"gpu_suite\.sh ([a-z -]+)`", index) for p in group.split() if not p.startswith("-")}
+    assert named and named <= parts, named - parts
+    help_text = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True).stdout
+    assert all(f"  {part} " in help_text for part in parts)
+    for args in ([], ["no-such-part"], ["--bogus"]):
+        assert subprocess.run(["bash", str(script), *args], capture_output=True).returncode == 2

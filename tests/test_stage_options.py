@@ -133,5 +133,5 @@ def test_warnings_once_per_process(name, caplog):
     runner = importlib.import_module(f"stages.{name}.engine.model_runner")
     message = f"test warning for {name}"
     for _ in range(3):
-        runner.warn_once(message)
+        runner.log_once(logging.WARNING, message)
     assert [r.getMessage() for r in caplog.records if r.name == runner.__name__] == [message]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.stages import main
+from tools.stages import drop_markers, main
 
 REPO = Path(__file__).parents[1]
 
@@ -129,6 +129,15 @@ def test_check_fails_on_stale_listing(tree: Path, capsys: pytest.CaptureFixture[
     assert "stages/02_kvcache/model.py: listed in README.md but identical to 01_naive (stale listing)" in capsys.readouterr().out
 
 
+def test_one_listing_line_may_name_several_files(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(tree, {"stages/03_paged/model.py": "model v3\n",
+                 "stages/03_paged/README.md": readme("./sched/scheduler.py", "__init__.py").replace(
+                     "- `__init__.py` — why", "- `__init__.py`, `model.py` — why, with `not/a/path.py` in the prose")})
+    assert run(tree, "check") == 1  # model.py is listed now, but final (a copy of the old 03) differs from 03 in it
+    out = capsys.readouterr().out
+    assert "OK   03_paged:" in out and "nanovllm_final/model.py: modified vs 03_paged but not listed" in out
+
+
 @pytest.mark.parametrize(("text", "problem"), [
     ("# KV cache\n\n- `engine.py`\n", "stages/02_kvcache/README.md has no '## Files changed' section"),
     (None, "stages/02_kvcache/README.md is missing"),
@@ -147,6 +156,68 @@ def test_check_skips_final_without_section(tree: Path, capsys: pytest.CaptureFix
     write(tree, {"nanovllm_final/README.md": "# nano-vllm\n", "nanovllm_final/model.py": "diverged\n"})
     assert run(tree, "check") == 0
     assert "skip final: nanovllm_final/README.md has no '## Files changed' section" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------- markers
+
+
+@pytest.mark.parametrize(("text", "keep", "expected"), [
+    ("x = 1  # NEW in 04_prefix_cache\n", None, "x = 1\n"),
+    ("x = 1  # NEW in 04_prefix_cache: now shareable\n", None, "x = 1  # now shareable\n"),
+    ("    # NEW in 03_paged: the block pool\n    y\n", None, "    # the block pool\n    y\n"),
+    ('    """NEW in 03_paged: a pool of blocks.\n', None, '    """A pool of blocks.\n'),
+    ("    NEW in 03_paged: the cache is a pool.\n", None, "    The cache is a pool.\n"),
+    ("    NEW in 03_paged: `tp_dim` says\n", None, "    `tp_dim` says\n"),
+    ("    # NEW in 04_prefix_cache\n    z\r\n", None, "    z\r\n"),
+    ("a  # NEW in 04_prefix_cache: b\nc  # NEW in 05_chunked_prefill: d\n", "05_chunked_prefill", "a  # b\nc  # NEW in 05_chunked_prefill: d\n"),
+])
+def test_drop_markers(text: str, keep: str | None, expected: str) -> None:
+    assert drop_markers(text, keep) == expected
+
+
+def marked(tree: Path) -> Path:
+    """02 marks its line 2; 03 inherits the line with the marker dropped: the rule holds."""
+    write(tree, {"stages/02_kvcache/engine.py": edit(ENGINE, 2, "line 2 kv  # NEW in 02_kvcache: cached")})
+    for rung in ("stages/03_paged", "nanovllm_final"):
+        write(tree, {f"{rung}/engine.py": edit(ENGINE, 2, "line 2 kv  # cached")})
+    return tree
+
+
+def test_check_passes_with_markers_that_follow_the_rule(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(marked(tree), "check") == 0  # 03's engine.py differs from 02 only by the dropped marker: not listed
+    assert "OK   03_paged:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("rung", "line", "problem"), [
+    ("stages/03_paged", "line 2 kv  # NEW in 02_kvcache: cached",  # stale: the stage after 02 kept 02's marker
+     "stages/03_paged/engine.py:2: marker 'NEW in 02_kvcache' (03_paged marks only what it adds; drop it)"),
+    ("stages/03_paged", "line 2 kv  # NEW in 04_prefix_cache: cached",  # names a later stage
+     "stages/03_paged/engine.py:2: marker 'NEW in 04_prefix_cache' (03_paged marks only what it adds; drop it)"),
+    ("nanovllm_final", "line 2 kv  # NEW in 03_paged: cached",
+     "nanovllm_final/engine.py:2: marker 'NEW in 03_paged' (the final engine carries no stage markers; drop it)"),
+])
+def test_check_fails_on_a_stale_marker(tree: Path, capsys: pytest.CaptureFixture[str], rung: str, line: str, problem: str) -> None:
+    marked(tree)
+    write(tree, {f"{rung}/engine.py": edit(ENGINE, 2, line)})
+    assert run(tree, "check") == 1
+    assert problem in capsys.readouterr().out
+
+
+def test_check_fails_on_a_marker_in_the_first_stage_and_unpaired_final(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(tree, {"stages/01_naive/model.py": "model  # NEW in 02_kvcache\n",
+                 "nanovllm_final/README.md": "# nano-vllm\n", "nanovllm_final/model.py": "m  # NEW in 03_paged: x\n"})
+    assert run(tree, "check") == 1
+    out = capsys.readouterr().out
+    assert "FAIL 01_naive:\n  stages/01_naive/model.py:1: marker 'NEW in 02_kvcache'" in out
+    assert "FAIL final:\n  nanovllm_final/model.py:1: marker 'NEW in 03_paged'" in out
+
+
+def test_diff_reads_the_earlier_stage_without_its_markers(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    marked(tree)
+    assert run(tree, "diff", "02", "03", "--stat") == 0
+    assert "engine.py" not in capsys.readouterr().out  # only the marker differs: not the lesson
+    assert run(tree, "diff", "02", "03", "--raw") == 0
+    assert "-line 2 kv  # NEW in 02_kvcache: cached\n+line 2 kv  # cached\n" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------------- sync
@@ -246,6 +317,31 @@ def test_sync_notes_only_what_check_will_reject(repo: Path, capsys: pytest.Captu
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert notes == ["note: stages/02_kvcache/helpers.py is not listed under '## Files changed' in "
                      "stages/02_kvcache/README.md: list it there, or check will fail for 02_kvcache"]
+
+
+def test_sync_drops_the_source_markers_it_carries(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(repo, {"stages/02_kvcache/engine.py": edit(edit(ENGINE, 2, "line 2 kv"), 11, "line 11  # NEW in 02_kvcache: new")})
+    assert run(repo, "sync", "02") == 0
+    for rung in ("stages/03_paged", "nanovllm_final"):
+        assert (repo / rung / "engine.py").read_text() == edit(edit(ENGINE, 2, "line 2 kv"), 11, "line 11  # new")
+    assert run(repo, "check") == 0
+
+
+def test_sync_merges_around_markers_the_target_dropped(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    marked(repo)
+    git(repo, "commit", "-qam", "markers")
+    write(repo, {"stages/02_kvcache/engine.py": edit(edit(ENGINE, 2, "line 2 kv  # NEW in 02_kvcache: cached"), 3, "line 3 fixed")})
+    assert run(repo, "sync", "02") == 0  # line 3 sits next to the marked line 2: merges only because markers are dropped first
+    assert (repo / "stages/03_paged/engine.py").read_text() == edit(edit(ENGINE, 2, "line 2 kv  # cached"), 3, "line 3 fixed")
+
+
+def test_sync_to_stops_at_the_given_rung(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(repo, {"stages/01_naive/model.py": "model fixed\n"})
+    assert run(repo, "sync", "01", "--to", "02") == 0
+    assert (repo / "stages/02_kvcache/model.py").read_text() == "model fixed\n"
+    assert (repo / "stages/03_paged/model.py").read_text() == "model\n"
+    assert run(repo, "sync", "02", "--to", "01") == 2
+    assert "01_naive does not come after 02_kvcache" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------- list

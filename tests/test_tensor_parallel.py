@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common import ENGINES, ROOT, engine_module, generate_and_compare, level, load_engine, parallel_module, random_prompts, stage_view
+from common import ENGINES, ROOT, engine_module, generate_and_compare, level, load_engine, random_prompts, stage_view
 
 TP_ENGINES = [e for e in ENGINES if level(e) >= 7]
 
@@ -58,7 +58,7 @@ def load(layer, *tensors, shard_id=None) -> None:
 
 
 def check_layers_on_rank(rank: int, engine: str, port: int) -> None:
-    parallel = parallel_module(engine)
+    parallel = engine_module(engine, "distributed")
     linear = engine_module(engine, "layers.linear")
     embedding = engine_module(engine, "layers.embedding")
     parallel.init_tensor_parallel(rank, 2, "gloo", f"tcp://127.0.0.1:{port}", 30.0)

@@ -22,7 +22,7 @@ sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent), str(pathlib.Path(_
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from common import load_engine, parallel_module, random_prompts, stage_view  # noqa: E402
+from common import engine_module, load_engine, random_prompts, stage_view  # noqa: E402
 
 OPTIONS = dict(device="cuda", dtype="float32", max_model_len=1024, max_num_seqs=8)
 GRACEFUL_S = 5.0  # a shutdown must be done well within this (the workers' grace period is 5 s)
@@ -151,7 +151,7 @@ def worker_raises(st, path: str) -> dict:
     """A worker that raises while rank 0 waits for it in a collective: rank 0 gets the
     worker's traceback within 5 s, and no process is left behind."""
     llm = st.LLM(path, tensor_parallel_size=2, **OPTIONS)
-    parallel = parallel_module(ENGINE)
+    parallel = engine_module(ENGINE, "distributed")
     workers = llm.engine.workers
     start = time.monotonic()
     try:

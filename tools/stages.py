@@ -11,9 +11,22 @@ the last stage with the same layout. A stage's README.md declares the files its 
 Usage (every command also takes ``--root PATH``, default: the repo root)::
 
     python -m tools.stages list
-    python -m tools.stages diff 03 04 [--stat]        # names: 03_paged, 03, 3, paged, stages/03_paged, final
-    python -m tools.stages check                      # each stage vs the previous one, against its README
-    python -m tools.stages sync 02 [--ref HEAD] [--dry-run]   # carry 02's edits into 03.. and final
+    python -m tools.stages diff 03 04 [--stat] [--raw]  # names: 03_paged, 03, 3, paged, stages/03_paged, final
+    python -m tools.stages check                        # the listings and the marker rule, rung by rung
+    python -m tools.stages sync 02 [--to 07] [--ref HEAD] [--dry-run]   # carry 02's edits into 03.. (and final)
+
+The final engine's README may hold the same section: then `check` compares it with the last
+stage too, so its list of the files final adds or changes cannot go stale.
+
+Stage markers. A `NEW in NN_name:` comment, or a docstring that opens with it, marks a block
+that is the lesson of stage NN_name. The rule: a stage carries markers naming itself only, and
+nanovllm_final carries none. So each stage marks only what it adds and the stage after it drops
+them: `# NEW in 04_prefix_cache: now shareable` in 04 reads `# now shareable` in 05, a
+docstring's `NEW in 03_paged: the cache is ...` reads `The cache is ...`, and a bare trailing
+`# NEW in 04_prefix_cache` goes. `check` fails on any other marker. Dropping the previous
+rung's markers is not part of a lesson: `diff` and `check` read the earlier rung with its own
+markers dropped (`diff --raw` shows the files as they are), and `sync` drops the source
+stage's markers from what it carries into later rungs.
 """
 
 import argparse
@@ -24,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +53,10 @@ README = "README.md"
 SECTION = "## Files changed"
 SECTION_END = re.compile(r"#{1,2}\s")  # the next level-1 or level-2 heading ends the section
 LISTED_FILE = re.compile(r"- `([^`]+)`")
+MARKER = re.compile(r"NEW in (\d\d_\w+)")
+BARE_MARKER = re.compile(r"\s*#\s*NEW in (\d\d_\w+)\s*$")  # "code  # NEW in 04_prefix_cache", nothing after
+LEADING_MARKER = re.compile(r"NEW in (\d\d_\w+): ?")
+DOCSTRING_QUOTES = ('"""', "'''")
 
 
 class StageError(Exception):
@@ -119,6 +137,71 @@ def compare(old: dict[str, bytes], new: dict[str, bytes]) -> dict[str, str]:
     return status
 
 
+# ------------------------------------------------------------------------------------------- markers
+
+
+def _unmark_line(line: str, drop: Callable[[str], bool]) -> str | None:
+    """`line` (no line ending) without the markers `drop(name)` selects; None: nothing is left."""
+    bare = BARE_MARKER.search(line)
+    if bare and drop(bare[1]):
+        kept = line[: bare.start()]
+        return kept if kept.strip() else None
+    out, pos = [], 0
+    for match in LEADING_MARKER.finditer(line):
+        if not drop(match[1]):
+            continue
+        before = line[: match.start()]
+        out.append(line[pos : match.start()])
+        pos = match.end()
+        opens_prose = "#" not in before and (not before.strip() or before.rstrip().endswith(DOCSTRING_QUOTES))
+        if opens_prose and line[pos : pos + 1].islower():  # a docstring's first word: now a sentence's
+            out.append(line[pos].upper())
+            pos += 1
+    return "".join(out) + line[pos:]
+
+
+def drop_markers(text: str, keep: str | None = None) -> str:
+    """`text` without the stage markers that name a stage other than `keep` (None: all of them)."""
+    drop = lambda name: name != keep  # noqa: E731
+    if not any(drop(m[1]) for m in MARKER.finditer(text)):
+        return text
+    lines = []
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        kept = _unmark_line(body, drop) if MARKER.search(body) else body
+        if kept is not None:
+            lines.append(kept + line[len(body) :])
+    return "".join(lines)
+
+
+def drop_markers_bytes(data: bytes | None, keep: str | None = None) -> bytes | None:
+    if data is None or b"NEW in " not in data:
+        return data
+    try:
+        return drop_markers(data.decode("utf-8"), keep).encode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
+def read_tree_unmarked(stage: Stage) -> dict[str, bytes]:
+    """A rung's files as the next rung inherits them: its own markers dropped."""
+    return {path: drop_markers_bytes(data) for path, data in read_tree(stage.path).items()}
+
+
+def marker_problems(stage: Stage) -> list[str]:
+    """Markers in `stage` that name another stage (in final: any marker). READMEs are prose, not code."""
+    own = None if stage.name == FINAL else stage.name
+    why = "the final engine carries no stage markers" if own is None else f"{stage.name} marks only what it adds"
+    problems = []
+    for path, data in read_tree(stage.path).items():
+        if path.endswith(".md"):
+            continue
+        for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+            problems += [f"{stage.rel}/{path}:{lineno}: marker 'NEW in {m[1]}' ({why}; drop it)"
+                         for m in MARKER.finditer(line) if m[1] != own]
+    return problems
+
+
 # ---------------------------------------------------------------------------------------------- diff
 
 
@@ -149,8 +232,9 @@ def file_diff(a: Stage, b: Stage, path: str, status: str, old: bytes | None, new
     return FileDiff(path, status, added, removed, [_terminated(line) for line in lines])
 
 
-def diff_stages(a: Stage, b: Stage) -> list[FileDiff]:
-    old, new = read_tree(a.path), read_tree(b.path)
+def diff_stages(a: Stage, b: Stage, raw: bool = False) -> list[FileDiff]:
+    """b against a; unless raw, a is read with its own markers dropped, as the rung after it inherits it."""
+    old, new = (read_tree(a.path) if raw else read_tree_unmarked(a)), read_tree(b.path)
     return [file_diff(a, b, path, status, old.get(path), new.get(path)) for path, status in compare(old, new).items()]
 
 
@@ -168,7 +252,7 @@ def print_table(a: Stage, b: Stage, diffs: list[FileDiff]) -> None:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     a, b = resolve(args.root, args.a), resolve(args.root, args.b)
-    diffs = diff_stages(a, b)
+    diffs = diff_stages(a, b, raw=args.raw)
     print_table(a, b, diffs)
     if not args.stat:
         for d in diffs:
@@ -189,8 +273,9 @@ def parse_files_changed(readme: str) -> set[str] | None:
     for line in lines[starts[0] + 1 :]:
         if SECTION_END.match(line):
             break
-        if match := LISTED_FILE.match(line):
-            listed.add(match[1].strip().removeprefix("./"))
+        if LISTED_FILE.match(line):  # "- `a.py` — why", or "- `a.py`, `b.py` — why"
+            names = line.split(" — ", 1)[0]
+            listed.update(name.strip().removeprefix("./") for name in re.findall(r"`([^`]+)`", names))
     return listed - {README}
 
 
@@ -210,7 +295,7 @@ def check_pair(prev: Stage, stage: Stage) -> list[str]:
     listed = declared_files(stage)
     if listed is None:
         return [f"{stage.rel}/{README} {missing_listing(stage)}: it must list the files that differ from {prev.rel}"]
-    changed = compare(read_tree(prev.path), read_tree(stage.path))
+    changed = compare(read_tree_unmarked(prev), read_tree(stage.path))
     changed.pop(README, None)
     unlisted = [f"{stage.rel}/{p}: {s} vs {prev.name} but not listed in {README}" for p, s in changed.items() if p not in listed]
     stale = [f"{stage.rel}/{p}: listed in {README} but identical to {prev.name} (stale listing)" for p in sorted(listed - changed.keys())]
@@ -229,20 +314,31 @@ def pairs_to_check(root: Path) -> list[tuple[Stage, Stage]]:
     return pairs
 
 
+def print_problems(stage: Stage, found: list[str]) -> None:
+    print(f"FAIL {stage.name}:")
+    print("\n".join(f"  {problem}" for problem in found))
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     stages = ladder(args.root)
     if not stages:
         raise StageError(f"no {STAGES_DIR}/NN_name folders under {args.root}")
-    print(f"skip {stages[0].name}: first stage, nothing to compare with")
     problems = []
-    for prev, stage in pairs_to_check(args.root):
-        found = check_pair(prev, stage)
-        problems += found
-        if found:
-            print(f"FAIL {stage.name}:")
-            print("\n".join(f"  {problem}" for problem in found))
+    first, final, compared = stages[0], final_stage(args.root), pairs_to_check(args.root)
+    unpaired = [first] + ([final] if final and all(stage != final for _, stage in compared) else [])
+    for stage in unpaired:  # compared with nothing, but the marker rule holds for them too
+        if found := marker_problems(stage):
+            problems += found
+            print_problems(stage, found)
+        elif stage == first:
+            print(f"skip {first.name}: first stage, nothing to compare with")
+    for prev, stage in compared:
+        if found := check_pair(prev, stage) + marker_problems(stage):
+            problems += found
+            print_problems(stage, found)
         else:
-            print(f"OK   {stage.name}: differs from {prev.name} only in the files its README lists")
+            marks = "carries no stage markers" if stage.name == FINAL else "marks only its own lesson"
+            print(f"OK   {stage.name}: differs from {prev.name} only in the files its README lists, {marks}")
     if problems:
         print(f"check failed: {len(problems)} problem(s)")
         return 1
@@ -289,7 +385,9 @@ def merge3(ours: bytes, base: bytes, theirs: bytes) -> subprocess.CompletedProce
 
 
 def plan(current: bytes | None, base: bytes | None, new: bytes | None, src: Stage) -> Action:
-    """What to do with one target file, given the source change base -> new."""
+    """What to do with one target file, given the source change base -> new (both read as the
+    target inherits them: without the source's markers)."""
+    base, new = drop_markers_bytes(base), drop_markers_bytes(new)
     if current == new:
         return Action("up-to-date")
     if new is None:
@@ -342,9 +440,10 @@ def placement_hints(src: Stage, changes: dict[str, tuple[bytes | None, bytes | N
 def cmd_sync(args: argparse.Namespace) -> int:
     src = resolve(args.root, args.src)
     stages = full_ladder(args.root)
-    targets = stages[stages.index(src) + 1 :]
-    if not targets:
-        raise StageError(f"{src.name} is the last rung of the ladder: there is nothing to sync into")
+    last = resolve(args.root, args.to) if args.to else stages[-1]
+    if stages.index(last) <= stages.index(src):
+        raise StageError(f"there is nothing to sync into: {last.name} does not come after {src.name}")
+    targets = stages[stages.index(src) + 1 : stages.index(last) + 1]
     changes = source_changes(src, args.ref)
     if not changes:
         print(f"nothing to sync: {src.rel} matches {args.ref}")
@@ -400,13 +499,15 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("a", help="stage name or number (03_paged, 03, 3, paged) or final")
     diff.add_argument("b", help="stage name or number, or final")
     diff.add_argument("--stat", action="store_true", help="print only the per-file summary")
+    diff.add_argument("--raw", action="store_true", help="keep the first stage's own markers (by default they are dropped, as the rung after it drops them)")
     diff.set_defaults(func=cmd_diff)
 
-    check = commands.add_parser("check", parents=[common], help=f"each stage differs from the previous one only in its README's '{SECTION}'")
+    check = commands.add_parser("check", parents=[common], help=f"each stage differs from the previous one only in its README's '{SECTION}' and marks only its own lesson")
     check.set_defaults(func=cmd_check)
 
     sync = commands.add_parser("sync", parents=[common], help="carry a stage's uncommitted change into every later stage and final")
     sync.add_argument("src", help="the stage whose change to carry forward")
+    sync.add_argument("--to", help="the last rung to write into (default: final, or the last stage without it)")
     sync.add_argument("--ref", default="HEAD", help="git ref the change is measured against (default: HEAD)")
     sync.add_argument("--dry-run", action="store_true", help="print what would happen, write nothing")
     sync.set_defaults(func=cmd_sync)

@@ -14,7 +14,7 @@ STAGE = "07_tensor_parallel"
 @contextlib.contextmanager
 def as_rank(rank: int, size: int):
     """Layers built inside take rank `rank` of `size`'s shard (the stage's set_tp_rank)."""
-    parallel = stage.module(STAGE, "layers.parallel")
+    parallel = stage.module(STAGE, "distributed")
     parallel.set_tp_rank(rank, size)
     try:
         yield

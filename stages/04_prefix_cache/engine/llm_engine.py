@@ -12,7 +12,7 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig):
         self.model_runner = ModelRunner(config, model_config)
-        # NEW in 03_paged: the runner sized the block pool; the scheduler hands it out
+        # the runner sized the block pool; the scheduler hands it out
         self.block_manager = BlockManager(self.model_runner.num_kvcache_blocks, config.kvcache_block_size)
         self.scheduler = Scheduler(config, model_config.eos_token_ids, self.block_manager)
         self.stats: list[dict] = []  # one record per step, for notebooks and benchmarks
@@ -43,7 +43,7 @@ class LLMEngine:
             "kv_slots_reserved": (bm.num_blocks - bm.num_free_blocks) * bm.block_size,
             "kv_slots_used": sum(seq.num_cached_tokens for seq in self.scheduler.running),
             "kv_slots_allocated": bm.num_blocks * bm.block_size,
-            # NEW in 03_paged: the block pool and the queues
+            # the block pool and the queues
             "blocks_used": bm.num_blocks - bm.num_free_blocks,
             "blocks_free": bm.num_free_blocks,
             "running": len(self.scheduler.running),

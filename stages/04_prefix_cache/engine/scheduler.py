@@ -8,7 +8,7 @@ from .sequence import Sequence, SequenceStatus
 class Scheduler:
     """Continuous batching over a paged KV cache.
 
-    NEW in 03_paged: requests join as soon as there is room, not when a whole batch
+    Requests join as soon as there is room, not when a whole batch
     ends. Each step is either a prefill of newly admitted prompts (preferred) or a
     decode of every running sequence. When decode runs out of blocks, the most
     recently admitted sequence is preempted: its blocks are freed and it goes back to

@@ -25,7 +25,7 @@ class Sequence:
         self.ignore_eos = params.ignore_eos
         # how many of its tokens already have their K/V in the cache (only the rest are fed)
         self.num_cached_tokens = 0
-        # NEW in 03_paged: the physical KV blocks holding this sequence, in token order
+        # the physical KV blocks holding this sequence, in token order
         self.block_table: list[int] = []
 
     def __len__(self) -> int:

@@ -41,7 +41,7 @@ class ModelRunner:
         self.allocate_kv_cache(model_config)
 
     def allocate_kv_cache(self, cfg: ModelConfig) -> None:
-        """NEW in 03_paged: a pool of blocks of `block_size` slots, as many as memory allows
+        """A pool of blocks of `block_size` slots, as many as memory allows
         (or `num_kvcache_blocks`). Sequences take blocks as they grow."""
         block_bytes = 2 * cfg.num_hidden_layers * self.block_size * cfg.num_key_value_heads * cfg.head_dim * self.dtype.itemsize
         one_seq = -(-self.config.max_model_len // self.block_size)  # blocks for one max-length sequence

@@ -93,7 +93,7 @@ class Scheduler:
         finished = []
         for seq, token_id in zip(seqs, token_ids):
             num_tokens = seq.num_cached_tokens + seq.num_scheduled_tokens  # K/V in the cache now
-            self.block_manager.hash_blocks(seq, num_tokens)  # NEW in 04_prefix_cache: now shareable
+            self.block_manager.hash_blocks(seq, num_tokens)  # now shareable
             seq.num_cached_tokens = num_tokens
             if num_tokens < len(seq):
                 continue  # NEW in 05_chunked_prefill: a prompt chunk; nothing is sampled yet

@@ -16,9 +16,9 @@ logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def warn_once(message: str) -> None:
-    """A warning is logged once per process, not once per engine."""
-    logger.warning(message)
+def log_once(level: int, message: str) -> None:
+    """Logged once per process, not once per engine."""
+    logger.log(level, message)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -68,7 +68,7 @@ class ModelRunner:
             self.capture_cudagraphs(model_config)
 
     def allocate_kv_cache(self, cfg: ModelConfig) -> None:
-        """NEW in 03_paged: a pool of blocks of `block_size` slots, as many as memory allows
+        """A pool of blocks of `block_size` slots, as many as memory allows
         (or `num_kvcache_blocks`). Sequences take blocks as they grow."""
         block_bytes = 2 * cfg.num_hidden_layers * self.block_size * cfg.num_key_value_heads * cfg.head_dim * self.dtype.itemsize
         one_seq = -(-self.config.max_model_len // self.block_size)  # blocks for one max-length sequence
@@ -136,7 +136,7 @@ class ModelRunner:
         input_ids, positions, cu_seqlens, slots = [], [], [0], []
         for seq in seqs:
             start = seq.num_cached_tokens
-            end = start + seq.num_scheduled_tokens  # NEW in 05_chunked_prefill: maybe a chunk
+            end = start + seq.num_scheduled_tokens  # maybe a chunk
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             cu_seqlens.append(cu_seqlens[-1] + end - start)
@@ -153,7 +153,7 @@ class ModelRunner:
             is_decode=max_seqlen_q == 1,  # one new token each: decode kernels (a 1-token chunk is the same shape)
         )
         hidden = self.forward(self._tensor(input_ids), self._tensor(positions), context)  # (tokens, hidden)
-        # NEW in 05_chunked_prefill: sample only where the fed tokens reach the sequence's end
+        # sample only where the fed tokens reach the sequence's end
         rows = [i for i, seq in enumerate(seqs) if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq)]
         if not rows:
             return [None] * len(seqs)
@@ -182,8 +182,8 @@ class ModelRunner:
             logger.info("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
             return False
         if self.attention_backend == "torch":
-            warn_once("the torch attention backend reads sizes on the host and cannot be captured, so decode runs eagerly; "
-                      "attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
+            log_once(logging.WARNING, "the torch attention backend reads sizes on the host and cannot be captured, so decode runs "
+                     "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
             return False
         return True
 

@@ -12,7 +12,7 @@ class Scheduler:
     recently admitted sequence is preempted: its blocks are freed and it goes back to
     the front of the queue, to be recomputed from its tokens later.
 
-    NEW in 05_chunked_prefill: every step fills one budget of `max_num_batched_tokens`
+    Every step fills one budget of `max_num_batched_tokens`
     tokens. Running sequences come first (one token each for decode, or the next chunk
     of a prompt that is still being prefilled), then chunks of waiting prompts. A
     prompt longer than what is left of the budget is split across steps, so no step is
@@ -93,10 +93,10 @@ class Scheduler:
         finished = []
         for seq, token_id in zip(seqs, token_ids):
             num_tokens = seq.num_cached_tokens + seq.num_scheduled_tokens  # K/V in the cache now
-            self.block_manager.hash_blocks(seq, num_tokens)  # NEW in 04_prefix_cache: now shareable
+            self.block_manager.hash_blocks(seq, num_tokens)  # now shareable
             seq.num_cached_tokens = num_tokens
             if num_tokens < len(seq):
-                continue  # NEW in 05_chunked_prefill: a prompt chunk; nothing is sampled yet
+                continue  # a prompt chunk; nothing is sampled yet
             seq.append_token(token_id)
             if self.should_stop(seq, token_id):
                 seq.status = SequenceStatus.FINISHED

@@ -32,7 +32,7 @@ def resolve_backend(name: str, device: torch.device, block_size: int, dtype: tor
 class Attention(nn.Module):
     """Causal self-attention over a paged KV cache.
 
-    NEW in 03_paged: the cache is a pool of blocks shared by all sequences. A step
+    The cache is a pool of blocks shared by all sequences. A step
     writes the new tokens' K/V into their slots (`slot_mapping`), then each
     sequence's queries attend to its first `context_lens[i]` cached tokens, found
     through its block table. Prefill and decode both read K/V from the cache; the

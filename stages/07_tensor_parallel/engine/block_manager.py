@@ -7,7 +7,7 @@ from .sequence import Sequence
 
 
 def block_hash(token_ids: list[int], prefix_hash: int) -> int:
-    """NEW in 04_prefix_cache: a chained hash. Block i's hash covers its own tokens and
+    """A chained hash. Block i's hash covers its own tokens and
     the hash of block i-1, so equal hashes mean equal *prefixes*, not just equal blocks."""
     h = xxhash.xxh64()
     if prefix_hash != -1:
@@ -33,7 +33,7 @@ class BlockManager:
     A sequence's `block_table` lists its physical blocks in order: token position p
     lives in block `block_table[p // block_size]` at offset `p % block_size`.
 
-    NEW in 04_prefix_cache: full blocks are hashed and remembered in `hash_to_block_id`.
+    Full blocks are hashed and remembered in `hash_to_block_id`.
     A new sequence whose leading blocks hash the same (and hold the same tokens)
     shares those blocks instead of computing them again; reference counts say when a
     block is free. A freed block keeps its hash, so it can still be found until the

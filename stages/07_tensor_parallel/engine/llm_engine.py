@@ -14,16 +14,12 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig):
         # NEW in 07_tensor_parallel: check the sizes, start ranks 1..N-1; this process is rank 0
         check_tensor_parallel(config, model_config)
-        self.workers = WorkerGroup(config, model_config) if config.tensor_parallel_size > 1 else None
-        try:
-            self.model_runner = ModelRunner(config, model_config, rank=0, workers=self.workers)
-            if self.workers is not None:
-                self.workers.receive()  # every worker has its shard of the weights and KV cache
-        except BaseException as err:
-            if self.workers is not None:
-                self.workers.after_local_error(err)  # stops them; a WorkerError if one of them failed
-            raise
-        # NEW in 03_paged: the runner sized the block pool; the scheduler hands it out
+        self.workers = WorkerGroup(config, model_config, ModelRunner) if config.tensor_parallel_size > 1 else None
+        if self.workers is None:
+            self.model_runner = ModelRunner(config, model_config, rank=0)
+        else:
+            self.model_runner = self.workers.run_here(ModelRunner, config, model_config, 0)  # and wait for every worker's
+        # the runner sized the block pool; the scheduler hands it out
         self.block_manager = BlockManager(self.model_runner.num_kvcache_blocks, config.kvcache_block_size)
         self.scheduler = Scheduler(config, model_config.eos_token_ids, self.block_manager)
         self.stats: list[dict] = []  # one record per step, for notebooks and benchmarks
@@ -37,13 +33,13 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """One model forward; returns the sequences that finished in it."""
         start = time.perf_counter()
-        hits_before = self.block_manager.num_hit_tokens  # NEW in 04_prefix_cache
-        seqs = self.scheduler.schedule()  # NEW in 05_chunked_prefill: decode tokens and prompt chunks mix
+        hits_before = self.block_manager.num_hit_tokens
+        seqs = self.scheduler.schedule()  # decode tokens and prompt chunks mix
         num_tokens = sum(seq.num_scheduled_tokens for seq in seqs)
         is_prefill = any(seq.num_cached_tokens < len(seq) - 1 for seq in seqs)  # not only decodes
         chunked = sum(1 for seq in seqs if seq.num_cached_tokens + seq.num_scheduled_tokens < len(seq))
         hit_tokens = self.block_manager.num_hit_tokens - hits_before  # blocks admission reused
-        token_ids = self.model_runner.run(seqs)
+        token_ids = self.model_runner.run(seqs, self.workers)
         finished = self.scheduler.postprocess(seqs, token_ids)
         bm = self.block_manager
         self.stats.append({
@@ -56,7 +52,7 @@ class LLMEngine:
             "kv_slots_reserved": (bm.num_blocks - bm.num_free_blocks) * bm.block_size,
             "kv_slots_used": sum(seq.num_cached_tokens for seq in self.scheduler.running),
             "kv_slots_allocated": bm.num_blocks * bm.block_size,
-            # NEW in 03_paged: the block pool and the queues
+            # the block pool and the queues
             "blocks_used": bm.num_blocks - bm.num_free_blocks,
             "blocks_free": bm.num_free_blocks,
             "running": len(self.scheduler.running),

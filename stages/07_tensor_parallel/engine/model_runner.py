@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
+from ..distributed import destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.attention import Attention, resolve_backend
 from ..layers.context import Context, set_context
-from ..layers.parallel import destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.sampler import Sampler
 from ..models import build_model
 from ..models.loader import load_weights
@@ -19,13 +19,13 @@ logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def warn_once(message: str) -> None:
-    """A warning is logged once per process, not once per engine."""
-    logger.warning(message)
+def log_once(level: int, message: str) -> None:
+    """Logged once per process, not once per engine."""
+    logger.log(level, message)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """NEW in 06_cudagraph: the batch sizes to capture: 1, 2, 4, 8, then multiples of 16 up
+    """The batch sizes to capture: 1, 2, 4, 8, then multiples of 16 up
     to max_num_seqs (at most 512), and max_num_seqs itself."""
     max_bs = min(max_num_seqs, 512)
     return sorted({bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs})
@@ -67,15 +67,15 @@ class ModelRunner:
     """Owns the model on its device and turns a list of sequences into next tokens.
 
     NEW in 07_tensor_parallel: one runner per rank, each holding its shard of the weights
-    and of the KV cache. Rank 0's runner lives in the engine and drives the others
-    (`workers`, see engine/workers.py) through `call`; only rank 0 samples."""
+    and of the KV cache. Rank 0's runner lives in the engine; every rank runs `execute` on
+    the same StepInputs (engine/workers.py delivers them); only rank 0 samples."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0, workers: "WorkerGroup | None" = None):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0):
         self.config = config
         self.block_size = config.kvcache_block_size
         self.device = torch.device(config.device)
         # NEW in 07_tensor_parallel: join the group, then build this rank's shard (rank r uses cuda:r)
-        self.rank, self.world_size, self.workers = rank, config.tensor_parallel_size, workers
+        self.rank, self.world_size = rank, config.tensor_parallel_size
         self.num_kv_heads = model_config.num_key_value_heads // self.world_size  # this rank's KV heads
         if self.world_size > 1:
             if self.device.type == "cuda":
@@ -83,7 +83,8 @@ class ModelRunner:
                 torch.cuda.set_device(self.device)
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             init_tensor_parallel(rank, self.world_size, backend, config.distributed_init_method, config.distributed_timeout)
-        set_tp_rank(rank, self.world_size)
+        else:
+            set_tp_rank(0, 1)
         self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
         # device memory free before this engine took any: what it uses is measured from here
         self.free_at_start = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
@@ -95,7 +96,7 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.set_backend(self.attention_backend)
         self.allocate_kv_cache(model_config)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # NEW in 06_cudagraph: batch size -> graph
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> graph
         if self.world_size > 1:
             keep_graphs(self.graphs)  # NEW in 07_tensor_parallel: dropped before the group is left
         self.num_graph_replays = 0
@@ -103,7 +104,7 @@ class ModelRunner:
             self.capture_cudagraphs(model_config)
 
     def allocate_kv_cache(self, cfg: ModelConfig) -> None:
-        """NEW in 03_paged: a pool of blocks of `block_size` slots, as many as memory allows
+        """A pool of blocks of `block_size` slots, as many as memory allows
         (or `num_kvcache_blocks`). Sequences take blocks as they grow."""
         block_bytes = 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * cfg.head_dim * self.dtype.itemsize
         one_seq = -(-self.config.max_model_len // self.block_size)  # blocks for one max-length sequence
@@ -165,27 +166,13 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return nbytes
 
-    def call(self, method: str, *args):
-        """NEW in 07_tensor_parallel: run `method` on every rank. Rank 0 sends the call to the
-        workers, runs it itself, then collects their replies; collectives inside the method
-        keep the ranks in step. With one rank it is a plain method call."""
-        if self.workers is None:
-            return getattr(self, method)(*args)
-        try:
-            self.workers.send(method, *args)
-            result = getattr(self, method)(*args)
-            self.workers.receive()
-        except BaseException as err:  # out of step now: stop the workers (WorkerError if one died)
-            self.workers.after_local_error(err)
-            raise
-        return result
-
-    def run(self, seqs: list[Sequence]) -> list[int | None]:
+    def run(self, seqs: list[Sequence], workers: "WorkerGroup | None" = None) -> list[int | None]:
         """Feed each sequence's `num_scheduled_tokens` uncached tokens: a whole prompt, a
         chunk of one, or the newest token at decode. Returns one sampled token per
         sequence, or None for a prompt chunk that does not reach the prompt's end."""
         step = self.prepare(seqs)
-        sampled = self.call("execute", step)  # NEW in 07_tensor_parallel: on every rank
+        # NEW in 07_tensor_parallel: on every rank (`workers` runs it on ranks 1..N-1 too)
+        sampled = self.execute(step) if workers is None else workers.call("execute", self.execute, step)
         tokens: list[int | None] = [None] * len(seqs)
         for row, token in zip(step.sample_rows.tolist(), sampled):
             tokens[row] = token
@@ -196,14 +183,14 @@ class ModelRunner:
         input_ids, positions, cu_seqlens, slots = [], [], [0], []
         for seq in seqs:
             start = seq.num_cached_tokens
-            end = start + seq.num_scheduled_tokens  # NEW in 05_chunked_prefill: maybe a chunk
+            end = start + seq.num_scheduled_tokens  # maybe a chunk
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             cu_seqlens.append(cu_seqlens[-1] + end - start)
             slots.extend(seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end))
         max_blocks = max(len(seq.block_table) for seq in seqs)
         block_tables = [seq.block_table + [-1] * (max_blocks - len(seq.block_table)) for seq in seqs]
-        # NEW in 05_chunked_prefill: sample only where the fed tokens reach the sequence's end
+        # sample only where the fed tokens reach the sequence's end
         rows = [i for i, seq in enumerate(seqs) if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq)]
         return StepInputs(
             input_ids=np.array(input_ids, dtype=np.int64),
@@ -239,7 +226,7 @@ class ModelRunner:
         return self.sampler(logits, self._tensor(step.temperatures)).tolist()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
-        """NEW in 06_cudagraph: a decode step replays the graph captured for the next batch
+        """A decode step replays the graph captured for the next batch
         size up; everything else runs eagerly."""
         num_seqs = len(input_ids)
         if context.is_decode and self.graphs and num_seqs <= self.graph_sizes[-1]:
@@ -257,14 +244,14 @@ class ModelRunner:
             logger.info("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
             return False
         if self.attention_backend == "torch":
-            warn_once("the torch attention backend reads sizes on the host and cannot be captured, so decode runs eagerly; "
-                      "attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
+            log_once(logging.WARNING, "the torch attention backend reads sizes on the host and cannot be captured, so decode runs "
+                     "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
             return False
         return True
 
     @torch.inference_mode()  # no autograd records: the graphs' memory pool holds only what a step needs
     def capture_cudagraphs(self, cfg: ModelConfig) -> None:
-        """NEW in 06_cudagraph: record one decode step per batch size of the ladder
+        """Record one decode step per batch size of the ladder
         (`graph_batch_sizes`). A graph replays every kernel launch of the
         step with one call, on fixed buffers: the inputs are copied into them before a replay."""
         self.graph_sizes = graph_batch_sizes(self.config.max_num_seqs)

@@ -25,9 +25,9 @@ class Sequence:
         self.ignore_eos = params.ignore_eos
         # how many of its tokens already have their K/V in the cache (only the rest are fed)
         self.num_cached_tokens = 0
-        # NEW in 03_paged: the physical KV blocks holding this sequence, in token order
+        # the physical KV blocks holding this sequence, in token order
         self.block_table: list[int] = []
-        # NEW in 05_chunked_prefill: tokens fed this step (a prompt may take several steps)
+        # tokens fed this step (a prompt may take several steps)
         self.num_scheduled_tokens = 0
 
     def __len__(self) -> int:

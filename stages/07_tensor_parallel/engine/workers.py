@@ -1,13 +1,15 @@
-"""NEW in 07_tensor_parallel: ranks 1..N-1 as worker processes, driven by rank 0.
+"""NEW in 07_tensor_parallel: tensor parallelism's processes: ranks 1..N-1 as workers,
+driven by rank 0. This module is the one owner of the processes and their pipes; the model
+runner knows nothing of them.
 
 Rank 0 is the user's process: it schedules and samples. Every other rank is a process
 started with multiprocessing "spawn" (a fresh interpreter: CUDA cannot be forked) that
-builds the same ModelRunner on its own device and then waits for calls.
+builds the same model runner on its own device and then waits for calls.
 
-Driving. Each worker holds one end of a Pipe. Every step, `ModelRunner.call("execute", step)`
-on rank 0 sends the pickled ("execute", (step,)) down every pipe, runs the method itself,
-then reads one reply per worker: ("ok", None) or ("error", traceback). `step` holds only
-that step's input arrays (token ids, positions, slots, block tables: a few KB), never the
+Driving. Each worker holds one end of a Pipe. Every step, `call("execute", runner.execute,
+step)` on rank 0 sends the pickled ("execute", (step,)) down every pipe, runs the method
+itself, then reads one reply per worker: ("ok", None) or ("error", traceback). `step` holds
+only that step's input arrays (token ids, positions, slots, block tables: a few KB), never the
 sequences themselves, whose token lists grow with every step. Inside the method the ranks
 meet in collectives (all-reduce, gather) that keep them in step. A Pipe carries a message
 of any size and tells each side when the other is gone (EOF), which is why we use it
@@ -17,7 +19,7 @@ Failure. A worker that raises sends its traceback and exits at once. Rank 0 noti
 worker before a call (its exit code), while it waits for replies (it waits on the process
 sentinel as well as the pipe), and inside a collective: gloo fails as soon as the peer's
 socket closes; an NCCL kernel would wait for the dead peer until the timeout, so a
-watchdog thread aborts the group the moment a worker's process ends (layers/parallel.py
+watchdog thread aborts the group the moment a worker's process ends (distributed.py
 says why the CUDA graphs go first), which makes the waiting kernels return. Rank 0 then
 stops the other workers and raises WorkerError: the engine cannot go on. A worker exits
 when its pipe reaches EOF or its parent process ends (rank 0 is gone).
@@ -39,14 +41,14 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import NoReturn
 
 import torch
 
 from ..config import EngineConfig, ModelConfig
-from ..layers.parallel import abort_tensor_parallel, destroy_tensor_parallel, require_no_process_group
-from .model_runner import ModelRunner
+from ..distributed import abort_tensor_parallel, destroy_tensor_parallel, require_no_process_group
 
 SHUTDOWN_GRACE_S = 5.0  # how long a worker may take to say goodbye, then to leave, before it is killed
 START_HINT = (
@@ -72,7 +74,8 @@ def free_port(host: str, port: int) -> int:
 class WorkerGroup:
     """Rank 0's handle on the worker processes (ranks 1..N-1)."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, runner_class: type):
+        """Start ranks 1..N-1; each builds `runner_class(config, model_config, rank)`."""
         require_no_process_group()  # one tensor-parallel engine per process
         try:
             config.distributed_port = free_port(config.distributed_host, config.distributed_port)
@@ -93,7 +96,7 @@ class WorkerGroup:
         ctx = mp.get_context("spawn")
         for rank in range(1, config.tensor_parallel_size):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(config, model_config, rank, theirs), name=f"tp-worker-{rank}", daemon=True)
+            proc = ctx.Process(target=worker_main, args=(runner_class, config, model_config, rank, theirs), name=f"tp-worker-{rank}", daemon=True)
             proc.start()
             theirs.close()  # only the worker holds its end: if it dies, our end sees EOF
             self.processes.append(proc)
@@ -109,6 +112,23 @@ class WorkerGroup:
             raise WorkerError(f"{err}\n{START_HINT}") from err.__cause__
 
     # ---- driving ----
+
+    def call(self, method: str, local: Callable, *args):
+        """Start `method(*args)` on every worker, run `local(*args)` (rank 0's part) here,
+        then wait for the workers; returns rank 0's result."""
+        return self.run_here(lambda: (self.send(method, *args), local(*args))[1])
+
+    def run_here(self, fn: Callable, *args):
+        """Run rank 0's part of a call, then wait for every worker's reply. If anything
+        fails, the ranks are out of step: the workers are stopped (WorkerError if one of
+        them failed or died, else rank 0's own error)."""
+        try:
+            result = fn(*args)
+            self.receive()
+        except BaseException as err:
+            self.after_local_error(err)
+            raise
+        return result
 
     def send(self, method: str, *args) -> None:
         """Start `method(*args)` on every worker."""
@@ -257,15 +277,15 @@ def _exit_with_parent() -> None:
     os._exit(1)
 
 
-def worker_main(config: EngineConfig, model_config: ModelConfig, rank: int, conn: Connection) -> None:
-    """A worker's whole life: build its ModelRunner, then run the calls rank 0 sends until told to stop."""
+def worker_main(runner_class: type, config: EngineConfig, model_config: ModelConfig, rank: int, conn: Connection) -> None:
+    """A worker's whole life: build its model runner, then run the calls rank 0 sends until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for rank 0, which then stops us
     threading.Thread(target=_exit_with_parent, name="tp-parent-watch", daemon=True).start()
     if not config.device.startswith("cuda"):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))  # share the cores
     try:
         conn.send(("ok", None))  # hello: started
-        runner = ModelRunner(config, model_config, rank)
+        runner = runner_class(config, model_config, rank)
         conn.send(("ok", None))  # ready: weights and KV cache in place
         while True:
             try:

@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .parallel import all_reduce, divide, gather_to_first, get_tp_rank, get_tp_size
+from ..distributed import all_reduce, divide, gather_to_first, get_tp_rank, get_tp_size
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .parallel import all_reduce, divide, get_tp_rank, get_tp_size
+from ..distributed import all_reduce, divide, get_tp_rank, get_tp_size
 
 
 class Linear(nn.Module):

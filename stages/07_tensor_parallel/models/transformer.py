@@ -12,7 +12,7 @@ from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ..layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from ..layers.norm import RMSNorm
-from ..layers.parallel import get_tp_size
+from ..distributed import get_tp_size
 from ..layers.rotary import RotaryEmbedding
 
 

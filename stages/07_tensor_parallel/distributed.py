@@ -1,15 +1,17 @@
-"""NEW in 07_tensor_parallel: this process's place in the tensor-parallel group.
+"""NEW in 07_tensor_parallel: tensor parallelism's process group, in one place: this
+process's rank, joining and leaving the group, and the collectives the layers and the
+engine use.
 
 Every rank runs the same model code on its own shard of the weights. A layer asks
-`get_tp_rank()` / `get_tp_size()` once, when it is built, to size its shard; the model
-runner sets them (`set_tp_rank`) just before it builds the model. In forward, a layer
-whose size is above 1 calls `all_reduce` / `gather_to_first` over torch.distributed's
-default group, which the runner joins first (`init_tensor_parallel`). With one rank
-there is no process group at all and no layer communicates.
+`get_tp_rank()` / `get_tp_size()` once, when it is built, to size its shard;
+`init_tensor_parallel` sets them (and `set_tp_rank` for a model built without a group).
+In forward, a layer whose size is above 1 calls `all_reduce` / `gather_to_first` over
+torch.distributed's default group. With one rank there is no process group at all and
+no layer communicates.
 
 Leaving the group. NCCL will not free a communicator while a CUDA graph that captured one
 of its kernels is alive: ncclCommFinalize and ncclCommAbort both wait until every such
-graph is destroyed. So the runner hands its graphs to `keep_graphs`, and leaving
+graph is destroyed. So the model runner hands its graphs to `keep_graphs`, and leaving
 (`destroy_tensor_parallel`) or aborting (`abort_tensor_parallel`) drops them first."""
 
 import datetime
@@ -44,6 +46,9 @@ def divide(n: int, what: str) -> int:
     return n // _size
 
 
+# ---- the group's lifecycle ----
+
+
 def require_no_process_group() -> None:
     if dist.is_initialized():
         raise RuntimeError(
@@ -62,6 +67,7 @@ def init_tensor_parallel(rank: int, size: int, backend: str, init_method: str, t
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
     _owned = True
+    set_tp_rank(rank, size)
 
 
 def keep_graphs(graphs: dict) -> None:
@@ -118,6 +124,9 @@ def abort_tensor_parallel() -> None:
     while aborting.is_alive():
         aborting.join(0.05)
         release_graphs()
+
+
+# ---- collectives ----
 
 
 def min_over_ranks(value: int, device: torch.device) -> int:

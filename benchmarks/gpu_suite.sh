@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The GPU checks and measurements recorded in benchmarks/results/, as named parts. Each part
+# writes its JSON record (or its log) under $OUT with the name benchmarks/results/README.md
+# lists; run the parts you need:
+#
+#   bash benchmarks/gpu_suite.sh [options] PART...
+#
+# options (each also read from the environment variable in brackets):
+#   --out DIR          where records and logs go (OUT; default benchmarks/results)
+#   --engines "..."    engines of the ladder parts (ENGINES; default "03 04 05 06 07 final")
+#   --shapes "..."     model shapes of throughput and tp (SHAPES; default qwen3-0.6b)
+#   --tp "..."         tensor-parallel sizes of the tp part (TP_SIZES; default "1 2")
+#   --tag NAME         the machine in the file names (TAG; default h200, tp parts h200x2)
+#   --limit S          seconds a step may take before it is stopped (LIMIT; default 300)
+#
+# parts (one GPU unless named; the records' names use the tag):
+#   tests          GPU kernel tests and tests/test_gpu.py for every engine -> gpu_tests_TAG.log
+#   final-tests    the final engine's GPU and fused-kernel tests -> gpu_tests_final_TAG.log
+#   tp-tests       tests/test_gpu_tp.py, stage 07 and final (2 GPUs) -> tp_gpu_tests_{07,final}_TAGx2.log
+#   kernels        attention kernels against torch -> kernel_bench_TAG.json
+#   final-kernels  final's fused kernels, prefill attention tile choices -> final_kernels_TAG.json
+#   latency        decode-step latency with and without CUDA graphs, 06 and final
+#                  -> decode_latency_qwen3-0.6b_{06,final}_TAG.json
+#   throughput     nano-vllm's workload for each engine and shape, temperature only
+#                  -> nanovllm_SHAPE_ENGINE_TAG.json
+#   checkpoint     final with the checkpoint's sampling defaults, overlap on and off
+#                  -> nanovllm-checkpoint-sampling_qwen3-0.6b_final_TAG.json, variants/..._no_overlap_TAG.json
+#   breakdown      per-step breakdowns (--breakdown) of 06, 03 and of final on Llama-3.2-1B -> variants/
+#   small          the smaller workload stages 01 and 02 get through -> small-nanovllm_qwen3-0.6b_*_TAG.json
+#   short          03/04/05 interleaved in one process, 128 output tokens -> variants/nanovllm-short_*_TAG.json
+#   shared-prefix  03, 04 and final on prompts sharing a prefix -> shared-prefix_qwen3-0.6b_03_04_final_TAG.json
+#   hf             final and Hugging Face transformers' continuous batching on 64 requests -> hf_vs_final_qwen3-0.6b_TAG.json
+#   serve          the OpenAI server under 64 streaming clients -> serve_qwen3-0.6b_TAG.json
+#   tp-message     host cost of the per-step message to each worker -> tp_message_cost_TAGx2.json
+#   tp             stage 07 at each TP size on each shape (2 GPUs) -> tp_SHAPE_tpN_TAGx2.json, tp_speedup_TAGx2.json
+#
+# Random weights of each shape are drawn once into .models/SHAPE (tools.tiny_model). The serve
+# part needs pyproject's `serve` extra. NVLink multicast stays off: it can take a shared
+# host's GPUs out of service.
+set -u
+OUT=${OUT:-benchmarks/results}
+ENGINES=${ENGINES:-03 04 05 06 07 final}
+SHAPES=${SHAPES:-qwen3-0.6b}
+TP_SIZES=${TP_SIZES:-1 2}
+TAG=${TAG:-h200}
+LIMIT=${LIMIT:-300}
+parts=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) OUT=$2; shift 2 ;;
+    --engines) ENGINES=$2; shift 2 ;;
+    --shapes) SHAPES=$2; shift 2 ;;
+    --tp) TP_SIZES=$2; shift 2 ;;
+    --tag) TAG=$2; shift 2 ;;
+    --limit) LIMIT=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) parts+=("$1"); shift ;;
+  esac
+done
+[ ${#parts[@]} -gt 0 ] || { echo "name at least one part (see --help)" >&2; exit 2; }
+mkdir -p "$OUT/variants"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PY=${PY:-python}
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rA)
+RUN=("$PY" -m benchmarks.run --device cuda --dtype bfloat16)
+TEMP_ONLY=(--sampling top_k=0 --sampling top_p=1.0)  # nano-vllm's sampling: temperature only
+SMALL=(--num-seqs 32 --max-input-len 256 --max-output-len 256)
+status=0
+step() { echo "=== $*"; timeout -k 10 "$LIMIT" "$@"; local rc=$?; [ $rc -ne 0 ] && { echo "=== exit $rc"; status=1; }; return 0; }
+logged() { local log=$1; shift; step "$@" > "$log" 2>&1; tail -n 30 "$log"; }  # a step whose output is the record
+
+for part in "${parts[@]}"; do
+  case $part in
+    tests)
+      logged "$OUT/gpu_tests_$TAG.log" "${PYTEST[@]}" tests/test_kernels.py tests/test_gpu.py ;;
+    final-tests)
+      logged "$OUT/gpu_tests_final_$TAG.log" "${PYTEST[@]}" tests/test_gpu.py tests/test_fused_kernels.py -k "final or fused" ;;
+    tp-tests)
+      for e in 07 final; do logged "$OUT/tp_gpu_tests_${e}_${TAG}x2.log" "${PYTEST[@]}" -s tests/test_gpu_tp.py -k "$e"; done ;;
+    kernels)
+      step "$PY" benchmarks/kernel_bench.py --out "$OUT/kernel_bench_$TAG.json" ;;
+    final-kernels)
+      step "$PY" benchmarks/final_kernels_bench.py --out "$OUT/final_kernels_$TAG.json" ;;
+    latency)
+      for e in 06 final; do
+        step "$PY" -m benchmarks.decode_latency --engine $e --shape qwen3-0.6b --batches 1 8 64 256 \
+          --out "$OUT/decode_latency_qwen3-0.6b_${e}_$TAG.json"
+      done ;;
+    throughput)
+      for shape in $SHAPES; do
+        for e in $ENGINES; do
+          extra=()
+          case $e in
+            final) extra=("${TEMP_ONLY[@]}" --breakdown) ;;
+            07) extra=(--breakdown) ;;
+            02) extra=(--option max_model_len=2048) ;;  # a contiguous cache must fit 256 rows
+          esac
+          step "${RUN[@]}" --engine "$e" "${extra[@]}" --workload nanovllm --shape "$shape" --out "$OUT/nanovllm_${shape}_${e}_$TAG.json"
+        done
+      done ;;
+    checkpoint)
+      step "${RUN[@]}" --engine final --workload nanovllm --shape qwen3-0.6b --breakdown \
+        --out "$OUT/nanovllm-checkpoint-sampling_qwen3-0.6b_final_$TAG.json"
+      step "${RUN[@]}" --engine final --workload nanovllm --shape qwen3-0.6b --option overlap_scheduling=false \
+        --out "$OUT/variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_$TAG.json" ;;
+    breakdown)
+      step "${RUN[@]}" --engine 06 --engine 03 --workload nanovllm --shape qwen3-0.6b --breakdown \
+        --out "$OUT/variants/nanovllm_qwen3-0.6b_06_03_breakdown_$TAG.json"
+      step "${RUN[@]}" --engine final --workload nanovllm --shape llama-3.2-1b --breakdown \
+        --out "$OUT/variants/nanovllm_llama-3.2-1b_final_breakdown_$TAG.json" ;;
+    small)
+      step "${RUN[@]}" --engine 02 --engine 03 --workload nanovllm "${SMALL[@]}" --shape qwen3-0.6b --breakdown \
+        --out "$OUT/small-nanovllm_qwen3-0.6b_02_03_$TAG.json"
+      step "${RUN[@]}" --engine final "${TEMP_ONLY[@]}" --workload nanovllm "${SMALL[@]}" --shape qwen3-0.6b --breakdown \
+        --out "$OUT/small-nanovllm_qwen3-0.6b_final_$TAG.json" ;;
+    short)
+      step "${RUN[@]}" --engine 03 --engine 04 --engine 05 --engine 05 --engine 04 --engine 03 --workload nanovllm \
+        --max-output-len 128 --shape qwen3-0.6b --out "$OUT/variants/nanovllm-short_qwen3-0.6b_03_04_05_05_04_03_$TAG.json" ;;
+    shared-prefix)
+      step "${RUN[@]}" --engine 03 --engine 04 --engine final --workload shared-prefix --shape qwen3-0.6b \
+        --out "$OUT/shared-prefix_qwen3-0.6b_03_04_final_$TAG.json" ;;
+    hf)  # transformers' continuous batching is ~20x slower: a subset of the same requests
+      step "${RUN[@]}" --engine final --engine hf --workload nanovllm --num-seqs 64 --max-input-len 512 \
+        --max-output-len 256 --shape qwen3-0.6b --out "$OUT/hf_vs_final_qwen3-0.6b_$TAG.json" ;;
+    serve)
+      step "$PY" -m benchmarks.serve_bench --shape qwen3-0.6b --num-seqs 256 --concurrency 64 --out "$OUT/serve_qwen3-0.6b_$TAG.json" ;;
+    tp-message)
+      step "$PY" -m benchmarks.tp_message_cost --out "$OUT/tp_message_cost_${TAG}x2.json" ;;
+    tp)
+      for shape in $SHAPES; do
+        extra=(); [ "$shape" = qwen3-8b ] && extra=(--option gpu_memory_utilization=0.8)  # headroom at TP=1
+        for tp in $TP_SIZES; do
+          step "${RUN[@]}" --engine 07 --workload nanovllm --shape "$shape" --option tensor_parallel_size=$tp "${extra[@]}" \
+            --out "$OUT/tp_${shape}_tp${tp}_${TAG}x2.json"
+        done
+      done
+      step "$PY" -m benchmarks.tp_speedup --tag "${TAG}x2" --results "$OUT" --out "$OUT/tp_speedup_${TAG}x2.json" ;;
+    *) echo "unknown part $part (see --help)" >&2; exit 2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,252 @@
+"""The performance tables of the READMEs and the index of benchmarks/results/, generated from
+the records, so that no number in them is typed by hand and none can go stale.
+
+    python -m benchmarks.tables            # rewrite the tables and benchmarks/results/README.md
+    python -m benchmarks.tables --check    # exit 1 if any of them differs from what the records say
+
+A README table sits between `<!-- table: NAME -->` and `<!-- end table -->`; NAME is a key of
+TABLES. The index lists every file under benchmarks/results/: what it holds (read from the
+record where it is one of benchmarks/run.py's) and the command that makes it (the record's own
+`command` where it has one, else the part of benchmarks/gpu_suite.sh that writes it).
+"""
+
+import argparse
+import fnmatch
+import json
+import re
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+INDEX = RESULTS / "README.md"
+READMES = [ROOT / "README.md", ROOT / "nanovllm_final" / "README.md"]
+BLOCK = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- end table -->)", re.S)
+SUITE = "bash benchmarks/gpu_suite.sh"
+LADDER = ["03", "04", "05", "06", "07", "final"]
+ENGINE_NAMES = {"03": "03_paged", "04": "04_prefix_cache", "05": "05_chunked_prefill", "06": "06_cudagraph",
+                "07": "07_tensor_parallel", "final": "nanovllm_final"}
+
+
+def load(rel: str) -> dict | list:
+    return json.loads((RESULTS / rel).read_text())
+
+
+def link(rel: str, prefix: str) -> str:
+    """A link to a record, from a README whose path to the repository root is `prefix`."""
+    return f"[`{rel}`]({prefix}benchmarks/results/{rel})"
+
+
+def tok_s(record: dict) -> str:
+    return f"{record['output_tokens_per_s']:,.0f}"
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+# ---- the READMEs' tables ----
+
+
+def ladder_table(prefix: str) -> str:
+    rows = []
+    for engine in LADDER:
+        rel = f"nanovllm_qwen3-0.6b_{engine}_h200.json"
+        r = load(rel)
+        tp = " (TP=1)" if engine == "07" else ""
+        rows.append([f"`{ENGINE_NAMES[engine]}`{tp}", f"{r['seconds']:.1f}", tok_s(r), link(rel, prefix)])
+    return markdown(["engine", "seconds", "output tokens/s", "record"], rows)
+
+
+def small_table(prefix: str) -> str:
+    rows = []
+    for rel in ["small-nanovllm_qwen3-0.6b_02_03_h200.json", "small-nanovllm_qwen3-0.6b_final_h200.json"]:
+        for r in (lambda d: d if isinstance(d, list) else [d])(load(rel)):
+            rows.append([f"`{r['engine']}`", f"{r['seconds']:.2f}", tok_s(r), link(rel, prefix)])
+    return markdown(["engine", "seconds", "output tokens/s", "record"], rows)
+
+
+def final_table(prefix: str) -> str:
+    temp, ckpt = load("nanovllm_qwen3-0.6b_final_h200.json"), load("nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json")
+    no_overlap = load("variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_h200.json")
+    llama, big = load("nanovllm_llama-3.2-1b_final_h200.json"), load("nanovllm_qwen3-8b_final_h200.json")
+    latency, serve = load("decode_latency_qwen3-0.6b_final_h200.json"), load("serve_qwen3-0.6b_h200.json")
+    final, hf = load("hf_vs_final_qwen3-0.6b_h200.json")
+    gb = 1e9
+    rows = [
+        ["Qwen3-0.6B shape, temperature only", f"{tok_s(temp)} output tok/s ({temp['seconds']:.2f} s); decode step "
+         f"{temp['stats']['decode_step_ms_mean']:.2f} ms, prefill step {temp['stats']['prefill_step_ms_mean']:.0f} ms (means)",
+         link("nanovllm_qwen3-0.6b_final_h200.json", prefix)],
+        ["same, with the checkpoint's top-k 20 / top-p 0.95 (the engine's default)", f"{tok_s(ckpt)} tok/s",
+         link("nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json", prefix)],
+        ["same, `overlap_scheduling=False`", f"{tok_s(no_overlap)} tok/s",
+         link("variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_h200.json", prefix)],
+        ["Llama-3.2-1B shape, temperature only", f"{tok_s(llama)} tok/s", link("nanovllm_llama-3.2-1b_final_h200.json", prefix)],
+        ["Qwen3-8B shape, the whole workload on one GPU", f"{tok_s(big)} tok/s, {big['stats']['preemptions']} preemptions, peak "
+         f"{big['peak_memory']['allocated_bytes'] / gb:.0f} of {big['peak_memory']['device_total_bytes'] / gb:.0f} GB allocated",
+         link("nanovllm_qwen3-8b_final_h200.json", prefix)],
+        ["decode step with CUDA graphs, 32-token prompts", ", ".join(f"batch {row['batch']}: {row['graph_ms']:.2f} ms" for row in latency["rows"]),
+         link("decode_latency_qwen3-0.6b_final_h200.json", prefix)],
+        [f"OpenAI server, {serve['concurrency']} concurrent streaming clients, the same {serve['num_requests']} requests",
+         f"{serve['output_tokens_per_s']:,.0f} tok/s; TTFT p50 {serve['ttft_s']['p50'] * 1e3:.0f} ms, TPOT p50 {serve['tpot_s']['p50'] * 1e3:.1f} ms",
+         link("serve_qwen3-0.6b_h200.json", prefix)],
+        [f"{final['num_seqs']} of the requests (≤512 in, ≤256 out), against Hugging Face transformers' continuous batching in one process",
+         f"{tok_s(final)} vs {tok_s(hf)} tok/s: **{final['vs_hf']:.1f}×**", link("hf_vs_final_qwen3-0.6b_h200.json", prefix)],
+    ]
+    return markdown(["what", "measured", "record"], rows)
+
+
+def tp_table(prefix: str) -> str:
+    rel = "tp_speedup_h200x2.json"
+    rows = [[f"{row['shape']} ({row['num_parameters'] / 1e9:.1f}B)", f"{row['tp1_output_tokens_per_s']:,.0f}",
+             f"{row['tp2_output_tokens_per_s']:,.0f}", f"{row['speedup']:.2f}×", ", ".join(link(f, prefix) for f in row["files"])]
+            for row in load(rel)["rows"]]
+    return markdown(["shape", "TP=1 output tok/s", "TP=2 output tok/s", "TP=2 / TP=1", "records"], rows)
+
+
+TABLES: dict[str, Callable[[str], str]] = {"ladder": ladder_table, "small": small_table, "final": final_table, "tp": tp_table}
+
+
+def fill(text: str, prefix: str = "") -> str:
+    """`text` with every table block regenerated (links relative to `prefix`, the README's
+    path to the repository root); an unknown table name is an error."""
+    def replace(match: re.Match) -> str:
+        name = match[2]
+        if name not in TABLES:
+            raise ValueError(f"unknown table {name!r}; known: {', '.join(TABLES)}")
+        return match[1] + TABLES[name](prefix) + match[4]
+    return BLOCK.sub(replace, text)
+
+
+# ---- the index of benchmarks/results/ ----
+
+# (file-name pattern, the command or suite part that writes it, what it holds); first match wins.
+# Records of benchmarks/run.py need no entry: they say what they measured and how they were made.
+FILES = [
+    ("gpu_tests_final_*.log", f"{SUITE} final-tests", "pytest log: the final engine's GPU tests and its fused Triton kernels on CUDA"),
+    ("gpu_tests_*.log", f"{SUITE} tests", "pytest log: the Triton kernels and tests/test_gpu.py on CUDA (07 and final)"),
+    ("tp_gpu_tests_07_*.log", f"{SUITE} tp-tests tp-message tp", "log: tests/test_gpu_tp.py for stage 07 on two GPUs, then the tp-message and tp parts"),
+    ("tp_gpu_tests_*.log", f"{SUITE} tp-tests", "pytest log: tests/test_gpu_tp.py for the final engine on two GPUs"),
+    ("runner_rows_*.log", "the benchmarks.run commands it lists (`=== ...`)", "the runner's printed rows: 03–06 one after another in one process, final; 01 and final on the small workload"),
+    ("kernel_bench_*.json", f"{SUITE} kernels", "paged decode and prefill attention kernels against torch's SDPA"),
+    ("final_kernels_*.json", f"{SUITE} final-kernels", "the final engine's fused kernels against the layers' PyTorch code; prefill attention tile choices against torch's varlen_attn"),
+    ("decode_latency_*.json", f"{SUITE} latency", "median decode-step latency with and without CUDA graphs, 32-token prompts, per batch size"),
+    ("host_overhead_cpu.json", "python -m benchmarks.host_overhead --engine 03 --engine 04 --engine 05 --out benchmarks/results/host_overhead_cpu.json",
+     "each stage's engine loop with a stub model on one CPU core: the host's time per step"),
+    ("tp_message_cost_cpu.json", "python -m benchmarks.tp_message_cost --out benchmarks/results/tp_message_cost_cpu.json",
+     "host cost of the per-step message rank 0 sends each worker"),
+    ("tp_message_cost_*.json", f"{SUITE} tp-message", "host cost of the per-step message rank 0 sends each worker"),
+    ("tp_speedup_*.json", "python -m benchmarks.tp_speedup --out benchmarks/results/tp_speedup_h200x2.json",
+     "TP=2 against TP=1 per model shape, from the tp_*_tp1/tp2 records (the last step of the suite's tp part)"),
+    ("serve_*.json", f"{SUITE} serve", "the OpenAI-compatible server under concurrent streaming clients: throughput, TTFT / TPOT / end-to-end percentiles"),
+]
+RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
+    ("tp_*", "tp"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),
+    ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
+    ("nanovllm_*", "throughput"),
+]
+NOTES = {  # facts about a record that its fields do not say
+    "variants/nanovllm-short_qwen3-0.6b_03_04_05_05_04_03_h200.json":
+        "the 05 records are not valid: that 05 ran without `torch.inference_mode()`; 03 and 04 are",
+}
+
+
+def clean_command(command: str, rel: str) -> str:
+    """A record's command line as one runs it from the repository root: `python`, and `--out`
+    naming the file where it now lies."""
+    words = shlex.split(command)
+    if words and Path(words[0]).name.startswith("python"):
+        words[0] = "python"
+    if "--out" in words:
+        words[words.index("--out") + 1] = f"benchmarks/results/{rel}"
+    return shlex.join(words)
+
+
+def run_records(data: object) -> list[dict]:
+    from benchmarks.results import is_run_record
+
+    records = data if isinstance(data, list) else [data]
+    return [r for r in records if is_run_record(r)]
+
+
+def run_summary(records: list[dict]) -> str:
+    """What a file of run.py records measured: engines, workload, shape, sampling, options, device."""
+    first = records[0]
+    workload = first["workload"]
+    params = ", ".join(f"{k}={v}" for k, v in workload.get("params", {}).items() if k in ("num_seqs", "max_input_len", "max_output_len", "prefix_len"))
+    sampling = ", ".join(f"{k}={v}" for k, v in (workload.get("sampling") or {}).items())
+    options = {k: v for k, v in (first.get("engine_options") or {}).items() if k not in ("device", "dtype")}
+    engines = " → ".join(f"{r['engine']} {r['output_tokens_per_s']:,.0f}" if "output_tokens_per_s" in r else f"{r['engine']} (failed)" for r in records)
+    shape = first["model"].get("shape") or first["model"].get("path")
+    extra = "".join(f"; {label} {value}" for label, value in (("sampling", sampling), ("options", ", ".join(f"{k}={v}" for k, v in options.items()))) if value)
+    breakdown = "; per-step breakdown" if any("breakdown" in r for r in records) else ""
+    return f"`{workload['name']}` ({params}), {shape}, {first['device_name']}{extra}{breakdown}: output tok/s {engines}"
+
+
+def describe(rel: str) -> tuple[str, str]:
+    """(what the file holds, the command that makes it)."""
+    path = RESULTS / rel
+    data = json.loads(path.read_text()) if rel.endswith(".json") else None
+    records = run_records(data) if data is not None else []
+    if records:
+        part = next(p for pattern, p in RUN_PARTS if fnmatch.fnmatch(rel, pattern))
+        commands = sorted({clean_command(r["command"], rel) for r in records if r.get("command")})
+        what = run_summary(records) + (f" ({NOTES[rel]})" if rel in NOTES else "")
+        return what, " ".join(f"`{c}`" for c in commands) + f" (`{SUITE} {part}`)"
+    for pattern, command, what in FILES:
+        if fnmatch.fnmatch(Path(rel).name, pattern):
+            if isinstance(data, dict) and data.get("command"):
+                command = f"`{clean_command(data['command'], rel)}` (`{command}`)" if command.startswith(SUITE) else command
+            elif not command.startswith("the "):
+                command = f"`{command}`"
+            return what + (f" ({NOTES[rel]})" if rel in NOTES else ""), command
+    raise ValueError(f"benchmarks/results/{rel}: no entry in benchmarks/tables.py FILES says what it is and which command makes it")
+
+
+def result_files() -> list[str]:
+    return sorted(p.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("*") if p.is_file() and p != INDEX)
+
+
+def index() -> str:
+    rows = [[f"[`{rel}`]({rel})", *reversed(describe(rel))] for rel in result_files()]
+    return (
+        "# Recorded results\n\n"
+        "Every file here, what it holds and the command that makes it (run from the repository root;\n"
+        "`bash benchmarks/gpu_suite.sh --help` lists the suite's parts). Records of `benchmarks/run.py`\n"
+        "(schema: `benchmarks/README.md`) also carry their own command, versions and device. Files in\n"
+        "`variants/` are kept out of the notebooks' globs over this folder. Generated by\n"
+        "`python -m benchmarks.tables`; `tests/test_benchmarks.py` fails when it is out of date.\n\n"
+        + markdown(["file", "command", "what"], rows)
+    )
+
+
+# ---- main ----
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file, with the text it should have."""
+    prefixes = {readme: "../" * (len(readme.relative_to(ROOT).parts) - 1) for readme in READMES}
+    return {INDEX: index()} | {readme: fill(readme.read_text(encoding="utf-8"), prefixes[readme]) for readme in READMES if readme.is_file()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a generated file is out of date")
+    args = parser.parse_args(argv)
+    stale = [path for path, text in outputs().items() if not path.is_file() or path.read_text(encoding="utf-8") != text]
+    if args.check:
+        for path in stale:
+            print(f"out of date: {path.relative_to(ROOT)} (run `python -m benchmarks.tables`)")
+        return 1 if stale else 0
+    for path, text in outputs().items():
+        if path in stale:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
