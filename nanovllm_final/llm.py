@@ -216,17 +216,15 @@ class LLM:
             return request_ids, box
 
     @staticmethod
-    def _params_per_prompt(sampling_params, n: int) -> list[SamplingParams]:
+    def _params_per_prompt(sampling_params, n: int) -> list:
+        """One for all prompts, or one per prompt (validate_request checks that each is a SamplingParams)."""
         if sampling_params is None:
             sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
+        if not isinstance(sampling_params, (list, tuple)):
             return [sampling_params] * n
-        sampling_params = list(sampling_params)
         if len(sampling_params) != n:
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts; pass one, or one per prompt")
-        if not all(isinstance(p, SamplingParams) for p in sampling_params):
-            raise ValueError("sampling_params must be SamplingParams objects")
-        return sampling_params
+        return list(sampling_params)
 
     # ---- resources ----
 
