@@ -150,6 +150,16 @@ def test_bad_checkpoint_files_are_refused_naming_file_and_field(model_dir, tmp_p
     assert all(f in str(info.value) for f in fields), str(info.value)
 
 
+def test_bad_model_argument_and_shard_index(model_dir, tmp_path):
+    for model in (123, "", None):
+        with pytest.raises(ValueError, match="model must be") as info:
+            LLM(model, device="cpu")
+        assert info.value.param == "model"
+    path = checkpoint_with(model_dir, tmp_path, "model.safetensors.index.json", '{"weight_map": ')
+    with pytest.raises(ValueError, match="model.safetensors.index.json is not valid JSON"):
+        LLM(path, device="cpu")
+
+
 def test_model_config_from_dict_checks_types():
     raw = json.loads((ROOT / "tools" / "configs" / "qwen3-0.6b" / "config.json").read_text())
     ModelConfig.from_dict(raw)
