@@ -29,7 +29,9 @@ Messages = list[dict]
 class LLM:
     def __init__(self, model: str | pathlib.Path, **options):
         """`model`: a checkpoint directory, or a hub id ("Qwen/Qwen3-0.6B") in the local Hugging Face
-        cache. `options`: the engine options of EngineConfig (see the README)."""
+        cache. `options`: the engine options of EngineConfig (see the README). A bad option, or a
+        checkpoint whose config.json or generation_config.json holds a value the engine cannot
+        take, is a ValueError naming the option, or the file and the field."""
         self.model_name = str(model)
         path = resolve_model(model)
         self.config = EngineConfig.from_options(path, **options)

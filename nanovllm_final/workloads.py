@@ -83,14 +83,11 @@ def tiny_cpu(
     temperature: float = 0.6,
     seed: int = 0,
 ) -> Workload:
-    """A small mixed batch for the tiny models on CPU (vocab 512)."""
-    _check(vocab_size, num_seqs=num_seqs, max_input_len=max_input_len, max_output_len=max_output_len,
-           min_input_len=min_input_len, min_output_len=min_output_len)
-    rng = random.Random(seed)
-    min_in, min_out = min(min_input_len, max_input_len), min(min_output_len, max_output_len)
-    prompts = [_ids(rng, rng.randint(min_in, max_input_len), vocab_size - 1) for _ in range(num_seqs)]
-    params = [_sampling(rng.randint(min_out, max_output_len), temperature) for _ in range(num_seqs)]
-    return prompts, params
+    """A small mixed batch for the tiny models on CPU (vocab 512): nano-vllm's draws with
+    shorter lengths, over the whole vocabulary."""
+    return nanovllm(vocab_size, num_seqs=num_seqs, max_input_len=max_input_len, max_output_len=max_output_len,
+                    min_input_len=min_input_len, min_output_len=min_output_len, max_token_id=vocab_size - 1,
+                    temperature=temperature, seed=seed)
 
 
 def shared_prefix(
