@@ -99,7 +99,9 @@ class Spec:
             text = "one of " + ", ".join(map(repr, self.choices))
         else:
             text = f"a list of {noun}s" if list_of else ("an " if noun[0] in "aeiou" else "a ") + noun
-            if self.low is not None and self.high is not None:
+            if kind is int and not list_of and self.low == 1 and self.high is not None:
+                text = f"a positive integer (at most {_bound(self.high)})"
+            elif self.low is not None and self.high is not None:
                 text += f" in {'(' if self.low_open else '['}{_bound(self.low)}, {_bound(self.high)}]"
             elif self.low is not None:
                 text += f" {'>' if self.low_open else '>='} {_bound(self.low)}"
