@@ -32,6 +32,11 @@ class LLM:
         cache. `options`: the engine options of EngineConfig (see the README). A bad option, or a
         checkpoint whose config.json or generation_config.json holds a value the engine cannot
         take, is a ValueError naming the option, or the file and the field."""
+        self._lock = threading.RLock()  # the engine and the tokenizer: one caller at a time
+        self._routes: dict[str, deque[RequestOutput]] = {}  # request id -> the outputs its caller has not read
+        self._streams = 0  # callers that read every output (stream); generate reads the final ones only
+        self._stepping = False
+        self._abandoned: list[str] = []  # requests of a caller that left during a step: aborted by the next
         self.model_name = str(model)
         path = resolve_model(model)
         self.config = EngineConfig.from_options(path, **options)
@@ -42,11 +47,6 @@ class LLM:
             raise FileNotFoundError(f"{path} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.engine = LLMEngine(self.config, self.model_config, self.tokenizer)
-        self._lock = threading.RLock()  # the engine and the tokenizer: one caller at a time
-        self._routes: dict[str, deque[RequestOutput]] = {}  # request id -> the outputs its caller has not read
-        self._streams = 0  # callers that read every output (stream); generate reads the final ones only
-        self._stepping = False
-        self._abandoned: list[str] = []  # requests of a caller that left during a step: aborted by the next
 
     def _engine(self) -> LLMEngine:
         if self.engine is None:

@@ -166,8 +166,11 @@ def validate_request(token_ids, params, config, model_config) -> Problem | None:
 
     if not isinstance(params, SamplingParams):
         return Problem(f"sampling params must be a SamplingParams, got {type(params).__name__}", "sampling_params")
-    if not isinstance(token_ids, (list, tuple)) or not all(is_int(t) for t in token_ids):
+    if not isinstance(token_ids, (list, tuple)):
         return Problem(f"the prompt must be a string or a list of ints, got {type(token_ids).__name__}", "prompt")
+    wrong = next((i for i, t in enumerate(token_ids) if not is_int(t)), None)
+    if wrong is not None:
+        return Problem(f"the prompt must be a string or a list of ints, but its item {wrong} is {_show(token_ids[wrong])}", "prompt")
     if not token_ids:
         return Problem("the prompt is empty", "prompt")
     vocab = model_config.vocab_size

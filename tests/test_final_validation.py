@@ -318,3 +318,24 @@ def test_a_stream_left_early_frees_its_blocks(llm):
         break
     assert event["token_ids"] and not llm.engine.has_unfinished_requests()
     assert llm.engine.block_manager.num_free_blocks == free
+
+
+def test_a_stream_closed_during_a_step_is_aborted_by_the_next(llm):
+    """A stream collected in the middle of a step (by the garbage collector, say) must not
+    change the engine under the step: its requests are aborted when the next step starts."""
+    a, b = random_prompts([7, 5], seed=36)
+    params = SamplingParams(max_tokens=8, **GREEDY)
+    (expected,) = tokens(llm.generate([b], params, use_tqdm=False))
+    free, engine = llm.engine.block_manager.num_free_blocks, llm.engine
+    stream = llm.stream([a], params)
+    next(stream)
+
+    def step(*args, **kwargs):
+        del engine.step  # the real one again
+        stream.close()
+        assert engine.num_running + engine.num_waiting == 2  # nothing aborted under the running step: a and b
+        return engine.step(*args, **kwargs)
+
+    engine.step = step
+    assert tokens(within(60, llm.generate, [b], params, False)) == [expected]
+    assert not engine.has_unfinished_requests() and engine.block_manager.num_free_blocks == free
