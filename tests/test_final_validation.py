@@ -58,7 +58,7 @@ NAN, INF = math.nan, math.inf
     [
         ("top_k", 2**63), ("seed", 2**63), ("seed", -(2**63) - 1), ("stop_token_ids", [2**63]), ("max_tokens", 2**63),
         ("min_tokens", 2**64), ("logprobs", 2**63), ("n", MAX_N + 1), ("n", 10**6),
-        ("temperature", NAN), ("temperature", INF), ("temperature", 1e300), ("top_p", NAN), ("min_p", NAN),
+        ("temperature", NAN), ("temperature", INF), ("temperature", 1e300), ("top_p", NAN), ("top_p", 1e-300), ("min_p", NAN),
         ("repetition_penalty", NAN), ("repetition_penalty", INF), ("repetition_penalty", 1e-300),
         ("presence_penalty", NAN), ("frequency_penalty", -INF),
         ("n", True), ("max_tokens", True), ("top_k", False), ("logprobs", True), ("stop_token_ids", [True]),
@@ -83,7 +83,7 @@ def test_sampling_params_are_checked_when_set_later():
 
 
 def test_sampling_params_take_the_limits():
-    p = SamplingParams(n=MAX_N, seed=-(2**63), top_k=2**63 - 1, temperature=1e6, repetition_penalty=1e-6, stop=[], stop_token_ids=())
+    p = SamplingParams(n=MAX_N, seed=-(2**63), top_k=2**63 - 1, temperature=1e6, top_p=1e-6, repetition_penalty=1e-6, stop=[], stop_token_ids=())
     assert (p.n, p.stop, p.stop_token_ids) == (MAX_N, [], [])
     assert p.resolve({}, vocab_size=512).top_k == 0  # beyond the vocabulary: every token, like 0
     assert SamplingParams(top_k=511).resolve({}, vocab_size=512).top_k == 511
@@ -196,11 +196,13 @@ def test_requests_outside_the_model_are_refused_before_any_work(llm):
     assert validate_request([5, vocab - 1], SamplingParams(stop_token_ids=[vocab - 1], logprobs=vocab), llm.config, llm.model_config) is None
 
 
-def test_huge_top_k_samples_like_all_tokens(llm):
+def test_the_limits_sample_sensibly(llm):
+    """top_k beyond the vocabulary keeps every token; the smallest top_p keeps the most likely one."""
     prompts = random_prompts([5, 8], seed=30)
-    run = lambda top_k: tokens(llm.generate(prompts, SamplingParams(temperature=1.0, top_k=top_k, seed=3, max_tokens=6), use_tqdm=False))
-    assert run(2**63 - 1) == run(0) == run(llm.model_config.vocab_size)
-    assert run(2) != run(0)  # top_k does take effect below the vocabulary
+    run = lambda **kw: tokens(llm.generate(prompts, SamplingParams(**({"temperature": 1.0, "seed": 3} | kw), max_tokens=6), use_tqdm=False))
+    assert run(top_k=2**63 - 1) == run(top_k=0) == run(top_k=llm.model_config.vocab_size)
+    assert run(top_k=2) != run(top_k=0)  # top_k does take effect below the vocabulary
+    assert run(top_p=1e-6) == run(min_p=1.0) == run(temperature=0.0)
 
 
 def test_request_ids_never_collide(llm):
