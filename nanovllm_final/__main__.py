@@ -16,51 +16,14 @@ lists its options.
 """
 
 import argparse
-import dataclasses
 import json
-import random
 import sys
 import time
 
-from . import LLM, SamplingParams
-from .engine_flags import MODEL_HELP, add_engine_options, engine_options, flag
+from . import LLM
+from .engine_flags import MODEL_HELP, add_engine_options, add_sampling_options, engine_options, flag, sampling_params
 from .server.cli import add_parser as add_serve_parser
-
-SAMPLING_HELP = {
-    "n": "completions per prompt (they share the prompt's KV blocks)",
-    "temperature": "0 is greedy; default: generation_config.json's, else 1.0",
-    "top_p": "nucleus: keep the most likely tokens up to this probability mass (0, 1]",
-    "top_k": "keep the k most likely tokens (0 or -1: all)",
-    "min_p": "drop tokens below min_p times the most likely token's probability",
-    "seed": "this request's random seed (the same tokens whatever else runs)",
-    "max_tokens": "most tokens to generate per completion",
-    "min_tokens": "suppress EOS and stop ids until this many tokens",
-    "stop": "a string that ends the completion (repeat for several)",
-    "stop_token_ids": "a token id that ends the completion (repeat for several)",
-    "ignore_eos": "keep going past EOS tokens",
-    "logprobs": "return the log-probabilities of the k most likely tokens at each step (with --json)",
-    "repetition_penalty": "> 1 discourages tokens of the prompt and the output",
-    "presence_penalty": "in [-2, 2], subtracted from tokens already generated",
-    "frequency_penalty": "in [-2, 2], subtracted per occurrence of tokens already generated",
-}
-
-
-def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("sampling (SamplingParams; unset: the checkpoint's generation_config.json, else vLLM's defaults)")
-    types = {"temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
-             "presence_penalty": float, "frequency_penalty": float}
-    for f in dataclasses.fields(SamplingParams):
-        if f.name == "ignore_eos":
-            group.add_argument(flag(f.name), action="store_true", default=None, help=SAMPLING_HELP[f.name])
-        elif f.name in ("stop", "stop_token_ids"):
-            group.add_argument(flag(f.name), action="append", type=int if f.name == "stop_token_ids" else str, help=SAMPLING_HELP[f.name])
-        else:
-            group.add_argument(flag(f.name), type=types.get(f.name, int), help=SAMPLING_HELP[f.name])
-
-
-def sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplingParams) if getattr(args, f.name) is not None}
-    return SamplingParams(**(values | overrides))
+from .workloads import WORKLOADS, make_workload, parameters
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,14 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", help="a system message to start the conversation with")
     chat.add_argument("--chat-template-kwargs", type=json.loads, default=None, help='JSON for the chat template, e.g. \'{"enable_thinking": false}\'')
     bench = commands.add_parser("bench", help="measure throughput on random prompts (nano-vllm's benchmark)",
-                                description="Random token-id prompts and lengths (nano-vllm's bench.py workload), ignore_eos; "
-                                            "prints output tokens per second and the engine's metrics.")
+                                description="A workload of nanovllm_final/workloads.py (default: nano-vllm's bench.py: random "
+                                            "token-id prompts and lengths, ignore_eos); prints output tokens per second and the "
+                                            "engine's metrics. Sampling flags apply on top of the workload's.")
     bench.set_defaults(func=run_bench)
-    bench.add_argument("--num-seqs", type=int, default=256)
-    bench.add_argument("--min-input-len", type=int, default=100)
-    bench.add_argument("--max-input-len", type=int, default=1024)
-    bench.add_argument("--min-output-len", type=int, default=100)
-    bench.add_argument("--max-output-len", type=int, default=1024)
+    bench.add_argument("--workload", default="nanovllm", choices=tuple(WORKLOADS))
+    for name in ("num_seqs", "min_input_len", "max_input_len", "min_output_len", "max_output_len"):
+        bench.add_argument(flag(name), type=int, help="the workload's parameter (default: the workload's)")
     bench.add_argument("--workload-seed", type=int, default=0)
     bench.add_argument("--out", help="also write the result as JSON to this file")
     for sub in (gen, chat, bench):
@@ -162,24 +124,22 @@ def run_chat(args: argparse.Namespace) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> None:
-    rng = random.Random(args.workload_seed)
+    lengths = {k: getattr(args, k) for k in ("num_seqs", "min_input_len", "max_input_len", "min_output_len", "max_output_len")}
+    overrides = {k: v for k, v in lengths.items() if v is not None} | ({} if args.temperature is None else {"temperature": args.temperature})
     with LLM(args.model, **engine_options(args)) as llm:
-        high = min(10000, llm.model_config.vocab_size - 1)
-        room = llm.config.max_model_len - 1
-        prompts, params = [], []
-        for _ in range(args.num_seqs):
-            out_len = min(rng.randint(args.min_output_len, args.max_output_len), room - 1)
-            in_len = min(rng.randint(args.min_input_len, args.max_input_len), room - out_len)
-            prompts.append([rng.randint(0, high) for _ in range(in_len)])
-            params.append(sampling_params(args, max_tokens=out_len, ignore_eos=True, **({} if args.temperature is not None else {"temperature": 0.6})))
+        defaults = parameters(args.workload)
+        if "max_input_len" in defaults:  # a prompt must leave room for one generated token
+            overrides["max_input_len"] = min(overrides.get("max_input_len", defaults["max_input_len"]), llm.config.max_model_len - 1)
+        prompts, workload = make_workload(args.workload, llm.model_config.vocab_size, seed=args.workload_seed, **overrides)
+        params = [sampling_params(args, **p) for p in workload]
         llm.generate([[1] * 16], sampling_params(args, max_tokens=4), use_tqdm=False)  # warm-up
         llm.engine.metrics.reset()
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=True)
         seconds = time.perf_counter() - start
         tokens = sum(len(c["token_ids"]) for o in outs for c in o["outputs"])
-        result = {"model": llm.model_name, "num_seqs": args.num_seqs, "output_tokens": tokens, "seconds": seconds,
-                  "output_tokens_per_s": tokens / seconds, "metrics": llm.metrics()}
+        result = {"model": llm.model_name, "workload": args.workload, "num_seqs": len(prompts), "output_tokens": tokens,
+                  "seconds": seconds, "output_tokens_per_s": tokens / seconds, "metrics": llm.metrics()}
     print(f"{tokens} output tokens in {seconds:.2f} s: {tokens / seconds:,.0f} tokens/s")
     m = result["metrics"]
     if m["ttft_s"]:

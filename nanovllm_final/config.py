@@ -7,7 +7,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from .sampling_params import GENERATION_CONFIG_FIELDS
+from .sampling_params import GENERATION_CONFIG_FIELDS, SamplingParams
+from .validate import INT32_MAX, INT64_MAX, INT64_MIN, Checked, Problem, is_int, is_number, option
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
@@ -18,33 +19,35 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
         return value
     name = str(value).removeprefix("torch.")
     if name not in _DTYPES:
-        raise ValueError(f"dtype {value!r} is not supported; use one of {', '.join(_DTYPES)}")
+        raise ValueError(f"{value!r} is not a supported dtype; use one of {', '.join(_DTYPES)}")
     return _DTYPES[name]
 
 
 @dataclass
-class EngineConfig:
-    """Every engine option of the public API."""
+class EngineConfig(Checked):
+    """Every engine option of the public API; each is checked when it is set (validate.py)."""
 
     model: str
-    device: str | None = None  # None: "cuda" if available, else "cpu"
-    dtype: str | torch.dtype | None = None  # None: the checkpoint's on CUDA, float32 on CPU
-    max_model_len: int = 4096
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 16384
-    enforce_eager: bool = False
-    overlap_scheduling: bool = True  # schedule step N+1 while the device runs step N (engine/llm_engine.py)
-    tensor_parallel_size: int = 1
-    kvcache_block_size: int = 16
-    num_kvcache_blocks: int = -1
-    gpu_memory_utilization: float = 0.9
-    cpu_kvcache_bytes: int = 1 << 30
-    attention_backend: str = "auto"
-    seed: int = 0  # seeds the sampler of requests without their own seed
-    # where the tensor-parallel ranks meet (torch.distributed's TCP rendezvous)
-    distributed_host: str = "127.0.0.1"
-    distributed_port: int = 0  # 0: rank 0 picks a free port at start-up (and writes it back here)
-    distributed_timeout: float = 120.0  # seconds the rendezvous or a collective may wait for a live peer
+    device: str | None = option(None, "cuda or cpu (default: cuda if available)", str, pattern=r"cpu|cuda(:\d+)?",
+                                rule="'cpu', 'cuda', 'cuda:N'")
+    dtype: str | torch.dtype | None = option(None, "float32, float16 or bfloat16 (default: the checkpoint's on CUDA, float32 on CPU)",
+                                             convert=lambda v: None if v is None else parse_dtype(v))
+    max_model_len: int = option(4096, "longest sequence, prompt plus output", low=1, high=INT32_MAX)
+    max_num_seqs: int = option(256, "most sequences in one step", low=1, high=INT32_MAX)
+    max_num_batched_tokens: int = option(16384, "most tokens in one step (longer prompts are chunked)", low=1, high=INT32_MAX)
+    enforce_eager: bool = option(False, "no CUDA graphs")
+    overlap_scheduling: bool = option(True, "schedule the next step while the device runs this one (engine/llm_engine.py)")
+    tensor_parallel_size: int = option(1, "GPUs (or CPU processes) to split the model over", low=1, high=INT32_MAX)
+    kvcache_block_size: int = option(16, "tokens per KV-cache block", low=1, high=INT32_MAX)
+    num_kvcache_blocks: int = option(-1, "KV-cache blocks (-1: as many as memory allows)", low=-1, high=INT32_MAX)
+    gpu_memory_utilization: float = option(0.9, "share of GPU memory the engine may use", float, low=0, low_open=True, high=1)
+    cpu_kvcache_bytes: int = option(1 << 30, "KV-cache bytes on CPU", low=1, high=INT64_MAX)
+    attention_backend: str = option("auto", "auto, torch, triton or flash_attn", choices=ATTENTION_BACKENDS)
+    seed: int = option(0, "seed of the sampler for requests without their own seed", low=INT64_MIN, high=INT64_MAX)
+    distributed_host: str = option("127.0.0.1", "tensor parallelism: where the ranks meet (torch.distributed's TCP rendezvous)")
+    distributed_port: int = option(0, "tensor parallelism: rendezvous port (0: rank 0 picks a free one at start-up)", low=0, high=65535)
+    distributed_timeout: float = option(120.0, "tensor parallelism: seconds the rendezvous or a collective may wait for a peer",
+                                        low=0, low_open=True, high=1e6)
 
     @classmethod
     def from_options(cls, model: str, **options) -> "EngineConfig":
@@ -57,37 +60,21 @@ class EngineConfig:
         return config
 
     def validate(self) -> None:
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "kvcache_block_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.num_kvcache_blocks != -1 and self.num_kvcache_blocks < 1:
-            raise ValueError(f"num_kvcache_blocks must be -1 (automatic) or positive, got {self.num_kvcache_blocks}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if not isinstance(self.overlap_scheduling, bool):
-            raise ValueError(f"overlap_scheduling must be True or False, got {self.overlap_scheduling!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        """What one field alone cannot say: the values that depend on each other or on this machine."""
+        if self.num_kvcache_blocks == 0:
+            raise Problem("num_kvcache_blocks must be -1 (automatic) or positive, got 0", "num_kvcache_blocks")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} was asked for, but CUDA is not available here; use device='cpu'")
-        if self.dtype is not None:
-            self.dtype = parse_dtype(self.dtype)
+            raise Problem(f"device {self.device!r} was asked for, but CUDA is not available here; use device='cpu'", "device")
         # one device per rank (on CPU, one process per rank: at most one per core)
         if self.device.startswith("cuda"):
             available, kind = torch.cuda.device_count(), "CUDA devices are visible"
         else:
             available, kind = os.cpu_count() or 1, "CPU cores are available (each rank is a process)"
         if self.tensor_parallel_size > available:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs one device per rank, but only {available} {kind}")
-        if not isinstance(self.distributed_host, str) or not self.distributed_host:
-            raise ValueError(f"distributed_host must be a host name or address, got {self.distributed_host!r}")
-        if not isinstance(self.distributed_port, int) or not 0 <= self.distributed_port <= 65535:
-            raise ValueError(f"distributed_port must be 0 (pick a free port) or a port number up to 65535, got {self.distributed_port!r}")
-        if not isinstance(self.distributed_timeout, (int, float)) or self.distributed_timeout <= 0:
-            raise ValueError(f"distributed_timeout must be a positive number of seconds, got {self.distributed_timeout!r}")
+            raise Problem(f"tensor_parallel_size={self.tensor_parallel_size} needs one device per rank, but only {available} {kind}",
+                          "tensor_parallel_size")
 
     @property
     def distributed_init_method(self) -> str:
@@ -129,15 +116,18 @@ class ModelConfig:
             raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
         if not any(path.glob("*.safetensors")):  # one file, or the shards of model.safetensors.index.json
             raise FileNotFoundError(f"{path} has no *.safetensors weight files")
-        raw = json.loads(config_file.read_text())
         gen_file = path / "generation_config.json"
-        gen = json.loads(gen_file.read_text()) if gen_file.exists() else {}
-        return cls.from_dict(raw, gen)
+        raw, gen = read_json(config_file), read_json(gen_file) if gen_file.exists() else {}
+        try:
+            return cls.from_dict(raw, gen)
+        except ValueError as err:  # it names the file and the field; say which checkpoint
+            raise ValueError(f"{path}: {err}") from None
 
     @classmethod
     def from_dict(cls, raw: dict, generation_config: dict | None = None) -> "ModelConfig":
         """Read both layouts: transformers 4.x (top-level rope_theta, rope_scaling,
         torch_dtype) and transformers 5 (rope_parameters, dtype)."""
+        check_checkpoint(raw, generation_config or {})
 
         def need(key: str):
             if key not in raw:
@@ -179,6 +169,66 @@ class ModelConfig:
             generation_defaults={k: v for k, v in (generation_config or {}).items() if k in GENERATION_CONFIG_FIELDS and v is not None},
             use_sliding_window=bool(raw.get("use_sliding_window", False)),
         )
+
+
+def read_json(file: pathlib.Path) -> dict:
+    """A checkpoint's JSON file; a corrupt one is a ValueError naming it."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def check_checkpoint(raw: dict, generation_config: dict) -> None:
+    """config.json's and generation_config.json's values the engine computes with, checked
+    before it does: a bad one is a ValueError naming the file and the field. A checkpoint's
+    sampling defaults must pass SamplingParams' checks and its EOS ids must be in the
+    vocabulary, or the checkpoint is refused (not silently changed)."""
+
+    def bad(file: str, key: str, rule: str, value) -> ValueError:
+        return ValueError(f"{file}: {key} must be {rule}, got {value!r}")
+
+    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "max_position_embeddings")
+    for key in sizes:  # the required ones that are missing: from_dict says so
+        if raw.get(key) is not None and not (is_int(raw[key]) and 1 <= raw[key] <= INT32_MAX):
+            raise bad("config.json", key, "a positive integer", raw[key])
+    heads, kv_heads = raw.get("num_attention_heads"), raw.get("num_key_value_heads")
+    if heads and kv_heads and heads % kv_heads:
+        raise bad("config.json", "num_attention_heads", f"a multiple of num_key_value_heads ({kv_heads})", heads)
+    rope = raw.get("rope_parameters")
+    for key, value in (("rms_norm_eps", raw.get("rms_norm_eps")), ("rope_theta", raw.get("rope_theta")),
+                       ("rope_parameters.rope_theta", rope.get("rope_theta") if isinstance(rope, dict) else None)):
+        if value is not None and not (is_number(value) and value > 0):
+            raise bad("config.json", key, "a positive number", value)
+    for key in ("rope_scaling", "rope_parameters"):
+        if raw.get(key) is not None and not isinstance(raw[key], dict):
+            raise bad("config.json", key, "an object or null", raw[key])
+    for key in ("tie_word_embeddings", "attention_bias", "use_sliding_window"):
+        if raw.get(key) is not None and not isinstance(raw[key], bool):
+            raise bad("config.json", key, "true or false", raw[key])
+    try:
+        parse_dtype(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
+    except ValueError as err:
+        raise ValueError(f"config.json: torch_dtype: {err}") from None
+    archs = raw.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise bad("config.json", "architectures", "a list of class names", archs)
+    vocab = raw.get("vocab_size")
+    for file, source in (("config.json", raw), ("generation_config.json", generation_config)):
+        ids = source.get("eos_token_id")
+        ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
+        if vocab is not None and not all(is_int(i) and 0 <= i < vocab for i in ids):
+            raise bad(file, "eos_token_id", f"a token id (or a list of them) in the vocabulary [0, {vocab})", source["eos_token_id"])
+    for key in GENERATION_CONFIG_FIELDS:
+        if generation_config.get(key) is not None:
+            try:
+                SamplingParams(**{key: generation_config[key]})
+            except ValueError as err:
+                raise ValueError(f"generation_config.json: {err}") from None
 
 
 def check_tensor_parallel(config: EngineConfig, model_config: ModelConfig) -> None:

@@ -3,6 +3,8 @@
 import os
 import pathlib
 
+from .validate import Problem
+
 
 def hub_cache_dir() -> pathlib.Path:
     """The hub cache huggingface_hub uses, read from the environment now (HF_HUB_CACHE, else HF_HOME/hub)."""
@@ -20,6 +22,8 @@ def looks_like_repo_id(model: str) -> bool:
 def resolve_model(model: str | os.PathLike) -> pathlib.Path:
     """The checkpoint directory for `model`: the directory itself, or the cached snapshot of a
     hub id such as "Qwen/Qwen3-0.6B" (never downloads: works offline)."""
+    if not isinstance(model, (str, os.PathLike)) or not str(model):
+        raise Problem(f"model must be a checkpoint directory or a hub id, got {model!r}", "model")
     path = pathlib.Path(model).expanduser()
     if path.is_dir() or not looks_like_repo_id(str(model)):
         return path  # a local directory (ModelConfig.from_dir says what is wrong with it)

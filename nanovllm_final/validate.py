@@ -1,7 +1,22 @@
-"""What is wrong with a request, said once: the LLM, the engine's request API and the
-server all ask `validate_request`, and the server maps a `Problem` to an OpenAI error."""
+"""Every value checked where it enters, said once.
 
-from .sampling_params import SamplingParams
+An option's help and what it takes live in its dataclass field (`option(...)`); a `Checked`
+dataclass checks every assignment against them, so EngineConfig and SamplingParams refuse
+a bad value when it is set, the command-line flags are generated from the same fields
+(engine_flags.py), and `options(cls)` lists them for the server's schema. What depends on
+the model (the vocabulary, max_model_len) is checked per request by `validate_request`,
+which the LLM, the engine's request API and the server all ask; the server maps a
+`Problem` to an OpenAI error (HTTP 400 with `param` and `code`)."""
+
+import functools
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+INT32_MAX, INT64_MIN, INT64_MAX = 2**31 - 1, -(2**63), 2**63 - 1
+_NAMES = {INT32_MAX: "2**31-1", INT64_MIN: "-2**63", INT64_MAX: "2**63-1"}
 
 
 class Problem(ValueError):
@@ -13,13 +28,149 @@ class Problem(ValueError):
         self.message, self.param, self.code = message, param, code
 
 
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """A finite int or float (a bool is not a number, nor is a string of digits)."""
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _bound(value) -> str:
+    return _NAMES.get(value, f"{value:g}".replace("e+0", "e").replace("e-0", "e-") if isinstance(value, float) else str(value))
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a field takes. `kind`: int, float (ints too), bool, str or list (of `items`:
+    int or str); None: anything `convert` accepts. `low`..`high` bound numbers and list
+    items (`low_open`: low itself excluded); `optional`: None is allowed too."""
+
+    kind: type | None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    optional: bool = False
+    items: type | None = None
+    choices: tuple = ()
+    pattern: str | None = None  # a str must match it whole
+    convert: Callable[[Any], Any] | None = None  # normalizes a value before the check (ValueError: refused)
+    rule: str = ""  # says what the value must be, instead of the generated text
+
+    def _in_range(self, value) -> bool:
+        low_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        return low_ok and (self.high is None or value <= self.high)
+
+    def _one(self, kind: type, value) -> bool:
+        if kind is int:
+            return is_int(value) and self._in_range(value)
+        if kind is float:
+            return is_number(value) and self._in_range(value)
+        if kind is bool:
+            return isinstance(value, bool)
+        if kind is str:
+            return (isinstance(value, str) and bool(value) and (not self.choices or value in self.choices)
+                    and (self.pattern is None or re.fullmatch(self.pattern, value) is not None))
+        return True
+
+    def accepts(self, value) -> bool:
+        if value is None:
+            return self.optional
+        if self.kind is list:
+            return isinstance(value, list) and all(self._one(self.items, v) for v in value)
+        return self._one(self.kind, value)
+
+    def describe(self) -> str:
+        """What the value must be, in words."""
+        list_of = self.kind is list
+        kind = self.items if list_of else self.kind
+        noun = {int: "integer", float: "finite number", str: "non-empty string"}.get(kind, "value")
+        if self.rule:
+            text = self.rule
+        elif kind is bool:
+            text = "True or False"
+        elif self.choices:
+            text = "one of " + ", ".join(map(repr, self.choices))
+        else:
+            text = f"a list of {noun}s" if list_of else ("an " if noun[0] in "aeiou" else "a ") + noun
+            if kind is int and not list_of and self.low == 1 and self.high is not None:
+                text = f"a positive integer (at most {_bound(self.high)})"
+            elif self.low is not None and self.high is not None:
+                text += f" in {'(' if self.low_open else '['}{_bound(self.low)}, {_bound(self.high)}]"
+            elif self.low is not None:
+                text += f" {'>' if self.low_open else '>='} {_bound(self.low)}"
+        return text + (" or None" if self.optional else "")
+
+    def check(self, name: str, value):
+        """The value to store, or a Problem naming the field."""
+        given = value
+        if self.convert is not None:
+            try:
+                value = self.convert(value)
+            except ValueError as err:
+                raise Problem(f"{name}: {err}", name) from None
+        if not self.accepts(value):
+            raise Problem(f"{name} must be {self.describe()}, got {_show(given)}", name)
+        return value
+
+
+def option(default, help: str, kind: type | None = None, **spec) -> Any:
+    """A dataclass field with its help and what it takes (Spec's keywords); None as the default
+    makes it optional."""
+    kind = type(default) if kind is None and default is not None else kind
+    spec.setdefault("optional", default is None)
+    return field(default=default, metadata={"help": help, "spec": Spec(kind, **spec)})
+
+
+@functools.cache
+def specs(cls: type) -> dict[str, Spec]:
+    return {f.name: f.metadata["spec"] for f in fields(cls) if "spec" in f.metadata}
+
+
+class Checked:
+    """A dataclass whose every assignment is checked against its fields' Spec."""
+
+    def __setattr__(self, name: str, value) -> None:
+        spec = specs(type(self)).get(name)
+        object.__setattr__(self, name, value if spec is None else spec.check(name, value))
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option as the command line and the server's schema show it."""
+
+    name: str
+    help: str
+    default: Any
+    annotation: Any  # the field's type, e.g. `float | None`
+    spec: Spec
+
+
+def options(cls: type) -> list[Option]:
+    """The options of a Checked dataclass (SamplingParams, EngineConfig) with their help and type."""
+    return [Option(f.name, f.metadata["help"], f.default, f.type, f.metadata["spec"]) for f in fields(cls) if "spec" in f.metadata]
+
+
 def validate_request(token_ids, params, config, model_config) -> Problem | None:
     """The problem with queueing `token_ids` under `params` on an engine of `config` and
-    `model_config`, or None. Nothing here needs the model: the server's API side asks it too."""
+    `model_config`, or None. SamplingParams checked its own fields when they were set; this
+    checks what depends on the model. Nothing here needs the model's weights: the server's
+    API side asks it too."""
+    from .sampling_params import SamplingParams
+
     if not isinstance(params, SamplingParams):
         return Problem(f"sampling params must be a SamplingParams, got {type(params).__name__}", "sampling_params")
-    if not isinstance(token_ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+    if not isinstance(token_ids, (list, tuple)):
         return Problem(f"the prompt must be a string or a list of ints, got {type(token_ids).__name__}", "prompt")
+    wrong = next((i for i, t in enumerate(token_ids) if not is_int(t)), None)
+    if wrong is not None:
+        return Problem(f"the prompt must be a string or a list of ints, but its item {wrong} is {_show(token_ids[wrong])}", "prompt")
     if not token_ids:
         return Problem("the prompt is empty", "prompt")
     vocab = model_config.vocab_size
@@ -29,6 +180,9 @@ def validate_request(token_ids, params, config, model_config) -> Problem | None:
     if len(token_ids) >= config.max_model_len:
         return Problem(f"the prompt has {len(token_ids)} tokens; max_model_len is {config.max_model_len}, "
                        "which must leave room for at least one generated token", "prompt", "context_length_exceeded")
+    bad = [t for t in params.stop_token_ids if t >= vocab]
+    if bad:
+        return Problem(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})", "stop_token_ids")
     if params.logprobs is not None and params.logprobs > vocab:
         return Problem(f"logprobs={params.logprobs} is more than the vocabulary's {vocab} tokens", "logprobs")
     return None

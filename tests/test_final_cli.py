@@ -11,7 +11,10 @@ import pytest
 
 from common import ROOT
 from nanovllm_final import LLM, SamplingParams
-from nanovllm_final.__main__ import main
+from nanovllm_final.__main__ import build_parser, main
+from nanovllm_final.config import EngineConfig
+from nanovllm_final.validate import options
+from nanovllm_final.workloads import make_workload
 
 
 def nanovllm(*args: str) -> subprocess.CompletedProcess:
@@ -75,8 +78,9 @@ def test_bench_writes_json(model_dir, tmp_path, capsys):
     main(["bench", "--model", str(model_dir("qwen3")), "--device", "cpu", "--max-model-len", "64", "--num-seqs", "3",
           "--min-input-len", "4", "--max-input-len", "12", "--min-output-len", "2", "--max-output-len", "5", "--out", str(out)])
     result = json.loads(out.read_text())
-    assert 3 * 2 <= result["output_tokens"] <= 3 * 5 and result["metrics"]["requests"] == 3
-    assert "tokens/s" in capsys.readouterr().out
+    _, params = make_workload("nanovllm", 512, num_seqs=3, min_input_len=4, max_input_len=12, min_output_len=2, max_output_len=5)
+    assert result["output_tokens"] == sum(p["max_tokens"] for p in params) and result["metrics"]["requests"] == 3  # the workload's
+    assert result["workload"] == "nanovllm" and "tokens/s" in capsys.readouterr().out
 
 
 def test_errors_exit_2(capsys):
@@ -99,3 +103,23 @@ def test_boolean_engine_flags():
     assert engine_options(parser.parse_args([])) == {}
     assert engine_options(parser.parse_args(["--enforce-eager", "--no-overlap-scheduling"])) == {"enforce_eager": True, "overlap_scheduling": False}
     assert engine_options(parser.parse_args(["--overlap-scheduling"])) == {"overlap_scheduling": True}
+
+
+def test_flags_are_generated_from_the_option_fields():
+    """Every SamplingParams and EngineConfig field is a flag of generate, chat and bench, with
+    the help written in its field; a value the field refuses is refused on the command line too."""
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    for name in ("generate", "chat", "bench"):
+        helps = {a.dest: a.help for a in commands[name]._actions}
+        for o in options(SamplingParams):
+            assert helps[o.name].startswith(o.help), (name, o.name)
+        for o in options(EngineConfig):
+            assert helps[f"engine_{o.name}"].startswith(o.help), (name, o.name)
+    args = parser.parse_args(["generate", "--model", "m", "--stop", "a", "--stop", "b", "--stop-token-ids", "3", "--ignore-eos", "--top-k", "5"])
+    from nanovllm_final.engine_flags import sampling_params
+
+    p = sampling_params(args)
+    assert (p.stop, p.stop_token_ids, p.ignore_eos, p.top_k, p.temperature) == (["a", "b"], [3], True, 5, None)
+    with pytest.raises(ValueError, match="temperature"):
+        sampling_params(parser.parse_args(["generate", "--model", "m", "--temperature", "nan"]))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from ..config import EngineConfig, ModelConfig, check_tensor_parallel
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+from ..validate import Problem, validate_request
 from .block_manager import BlockManager
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner, PendingSample
@@ -75,38 +76,29 @@ class LLMEngine:
 
     # ---- requests ----
 
-    def prompt_problem(self, token_ids: list[int]) -> str | None:
-        """What is wrong with a prompt, if anything: it must be a non-empty list of vocabulary
-        ids that leaves room for one generated token."""
-        if not isinstance(token_ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
-            return f"must be a string or a list of ints, got {type(token_ids).__name__}"
-        if not token_ids:
-            return "is empty"
-        vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            return f"has token ids {bad[:5]} outside the vocabulary [0, {vocab})"
-        if len(token_ids) >= self.config.max_model_len:
-            return (f"has {len(token_ids)} tokens; max_model_len is {self.config.max_model_len}, "
-                    "which must leave room for at least one generated token")
-        return None
-
-    def check_params(self, params: SamplingParams) -> None:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        if params.logprobs is not None and params.logprobs > self.model_config.vocab_size:
-            raise ValueError(f"logprobs={params.logprobs} is more than the vocabulary's {self.model_config.vocab_size} tokens")
-
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
-        """Queue a prompt; returns its request id. Bad input is a ValueError, and nothing is queued."""
-        problem = self.prompt_problem(prompt_token_ids)
+        """Queue a prompt; returns its request id. Bad input is a Problem (a ValueError naming
+        the field, see validate.py), and nothing is queued."""
+        problem = validate_request(prompt_token_ids, params, self.config, self.model_config)
         if problem:
-            raise ValueError(f"the prompt {problem}")
-        self.check_params(params)
-        request_id = str(next(self._ids)) if request_id is None else str(request_id)
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        request = Request(request_id, prompt_token_ids, params.resolve(self.model_config.generation_defaults), self.tokenizer)
+            raise problem
+        return self.enqueue(prompt_token_ids, params, request_id)
+
+    def enqueue(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """add_request for a prompt that validate_request has passed (the LLM checks a whole
+        batch before it queues any of it). An id given must not be in use; an id of None gets
+        a fresh one that no live request (nor an abort output not yet handed out) has."""
+        if request_id is None:
+            while (request_id := str(next(self._ids))) in self.requests or any(o.request_id == request_id for o in self.pending):
+                pass
+        elif not isinstance(request_id, str) or not request_id:
+            raise Problem(f"request_id must be a non-empty string or None, got {request_id!r}", "request_id")
+        elif request_id in self.requests:
+            raise Problem(f"request id {request_id!r} is already in use", "request_id")
+        else:  # a new request under an aborted one's id: the old abort output is not handed out as the new one's
+            self.pending = [o for o in self.pending if o.request_id != request_id]
+        resolved = params.resolve(self.model_config.generation_defaults, self.model_config.vocab_size)
+        request = Request(request_id, list(prompt_token_ids), resolved, self.tokenizer)
         self.requests[request_id] = request
         for seq in request.seqs:
             self.scheduler.add(seq)

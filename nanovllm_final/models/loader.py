@@ -1,11 +1,12 @@
 """Fill a model's parameters from the safetensors files of a Hugging Face checkpoint:
 one model.safetensors, or the shards that model.safetensors.index.json lists."""
 
-import json
 import pathlib
 
 from safetensors import safe_open
 from torch import nn
+
+from ..config import read_json
 
 # checkpoint name fragment -> (fused parameter fragment, shard id)
 PACKED_MODULES = {
@@ -22,7 +23,10 @@ def weight_files(model_dir: str | pathlib.Path) -> list[pathlib.Path]:
     index = path / "model.safetensors.index.json"
     if not index.exists():
         return sorted(path.glob("*.safetensors"))
-    files = sorted({path / name for name in json.loads(index.read_text())["weight_map"].values()})
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+        raise ValueError(f"{index}: weight_map must map weight names to shard file names")
+    files = sorted({path / name for name in weight_map.values()})
     missing = [f.name for f in files if not f.exists()]
     if missing:
         raise FileNotFoundError(f"{index} lists shards that are missing: {', '.join(missing)}")
