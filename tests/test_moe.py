@@ -234,6 +234,17 @@ def test_tp2_matches_hf(engine, moe_dir, hf_greedy):
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_final_on_cuda_fused_experts_in_cuda_graphs(moe_dir, hf_greedy):
+    """On CUDA the final engine runs the fused kernels, captured in its decode graphs (float32,
+    so that greedy tokens still equal Hugging Face's on CPU)."""
+    st, path = load_engine("final"), moe_dir("moe")
+    with st.LLM(path, device="cuda", dtype="float32", max_model_len=128, attention_backend="triton") as llm:
+        assert llm.engine.model_runner.graphs  # captured, with the fused MoE inside
+        generate_and_compare(st, llm, path, random_prompts([1, 9, 30, 17, 4], seed=160), hf_greedy)
+        assert llm.engine.model_runner.num_graph_replays > 0
+
+
 @pytest.mark.parametrize("engine", [e for e in ENGINES if level(e) >= 7])
 def test_tp_must_divide_expert_width(engine, moe_dir, tmp_path):
     path = tmp_path / "m"

@@ -128,7 +128,7 @@ def fused_experts(
     pairs = tokens * top_k
     if pairs == 0:
         return torch.zeros_like(x)
-    block_m = block_m or (16 if pairs < 4 * num_experts else 64)  # few rows per expert (decode): small blocks
+    block_m = block_m or (16 if pairs <= 16 * num_experts else 64)  # few rows per expert (decode): small blocks
     rows, block_expert, num_rows = align_by_expert(expert_ids, num_experts, block_m)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
     block_n, block_k = 64, 64
