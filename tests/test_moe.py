@@ -127,6 +127,21 @@ def test_sparse_block_equals_transformers(engine, renormalize):
         torch.testing.assert_close(ours(x[0]), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("engine", [e for e in ENGINES if 6 <= level(e) <= 7])
+def test_captured_path_equals_the_loop(engine):
+    """What a captured decode step of 06 and 07 runs (every expert on every token, weighted 0
+    where the router did not choose it) equals the loop over the experts that received tokens."""
+    experts = engine_module(engine, "layers.moe").Experts(6, 16, 8)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(torch.randn(experts.gate_up_proj.shape, generator=g))
+        experts.down_proj.copy_(torch.randn(experts.down_proj.shape, generator=g))
+    x = torch.randn(5, 16, generator=g)
+    weights, ids = engine_module(engine, "layers.moe").route(torch.randn(5, 6, generator=g), 2, renormalize=False)
+    assert len(ids.unique()) < 6  # some experts get no token
+    torch.testing.assert_close(experts.forward_every_expert(x, weights, ids), experts(x, weights, ids), atol=1e-5, rtol=1e-5)
+
+
 def test_experts_on_cpu_take_the_loop(monkeypatch):
     """The final engine's fused kernels are for CUDA; a CPU tensor runs the reference loop."""
     moe = engine_module("final", "layers.moe")

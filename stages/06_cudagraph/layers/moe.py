@@ -54,10 +54,25 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         """x: (tokens, hidden); weights, expert_ids: (tokens, top_k) -> (tokens, hidden)."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():  # NEW in 06_cudagraph
+            return self.forward_every_expert(x, weights, expert_ids)
         out = torch.zeros_like(x)
         for e in expert_ids.unique().tolist():  # the experts that received tokens, in increasing order
             token, slot = torch.where(expert_ids == e)  # (n,) each: token[i] chose e as its slot[i]-th expert
             h = self.act(F.linear(x[token], self.gate_up_proj[e]))  # (n, 2 * inter) -> (n, inter)
             y = F.linear(h, self.down_proj[e])  # (n, hidden)
             out.index_add_(0, token, y * weights[token, slot, None])
+        return out
+
+    def forward_every_expert(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        """NEW in 06_cudagraph: what a captured decode step runs. A graph cannot ask the host which
+        experts received tokens (`unique().tolist()` waits for the GPU), so every expert runs on every
+        token, scaled by the token's weight for it: 0 where the router did not choose it. That is
+        num_experts / top_k times the loop's work, on a decode step's few tokens; the final
+        engine's fused kernels capture only the routed work."""
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            weight = (weights * (expert_ids == e)).sum(dim=-1, keepdim=True)  # (tokens, 1)
+            h = self.act(F.linear(x, self.gate_up_proj[e]))  # (tokens, inter)
+            out += F.linear(h, self.down_proj[e]) * weight  # (tokens, hidden)
         return out
