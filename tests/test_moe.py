@@ -228,6 +228,25 @@ def test_shared_prefix(engine, moe_dir, hf_greedy):
             assert total(llm, "prefix_hit_blocks") >= 6
 
 
+def test_final_engine_with_fused_experts(moe_dir, hf_greedy, monkeypatch):
+    """The fused kernels in place of the loop inside the final engine (on CPU under the Triton
+    interpreter; on CUDA they are chosen by themselves): still Hugging Face's greedy tokens."""
+    moe = engine_module("final", "layers.moe")
+    if moe.fused_moe is None:
+        pytest.skip("no Triton here")
+    calls = []
+
+    def fused(self, x, weights, expert_ids):
+        calls.append(len(x))
+        return moe.fused_moe.fused_experts(x, self.gate_up_proj, self.down_proj, weights, expert_ids)
+
+    monkeypatch.setattr(moe.Experts, "forward", fused)
+    st, path = load_engine("final"), moe_dir("moe-mixed")
+    with st.LLM(path, device="cpu", max_model_len=64) as llm:
+        generate_and_compare(st, llm, path, random_prompts([13, 5], seed=170), hf_greedy, max_tokens=6)
+    assert len(calls) >= 2 * 6 and max(calls) >= 18  # both sparse layers, prefill and decode steps
+
+
 # ---------------------------------------------------------------- tensor parallelism
 
 
