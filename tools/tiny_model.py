@@ -10,6 +10,8 @@ trained in about a second on the English text below, with a ChatML chat template
 
     python -m tools.tiny_model OUT_DIR --arch llama --shape tiny --seed 0 --rope-scaling llama3
     python -m tools.tiny_model .models/tiny-qwen3 --if-missing  # what cached_model("tiny-qwen3") does
+    python -m tools.tiny_model .models/tiny-moe --arch qwen3_moe  # 8 experts, 2 per token
+    python -m tools.tiny_model .models/qwen3-30b-a3b --shape qwen3-30b-a3b --device cuda  # ~61 GB, drawn on the GPU
 
 Shapes: "tiny" (hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16, vocab 512, float32,
 init std 0.2 so that greedy output does not collapse to one token; with arch="qwen3_moe",
