@@ -3,8 +3,9 @@
 The families differ in three switches (models/__init__.py sets them): Qwen3 normalises
 q and k per head (`qk_norm`), Qwen2 adds a bias to q, k and v (`qkv_bias`), and some
 checkpoints add one to o_proj too (`o_bias`). Qwen3-MoE puts a mixture of experts
-(SparseMoeBlock) in place of the MLP in the layers config.json makes sparse. Every layer holds this rank's shard of the
-weights (layers/linear.py); QKVParallelLinear says how many heads that is."""
+(SparseMoeBlock) in place of the MLP in the layers config.json makes sparse. Every layer
+holds this rank's shard of the weights (layers/linear.py, layers/moe.py); QKVParallelLinear
+says how many heads that is."""
 
 import torch
 from torch import nn
