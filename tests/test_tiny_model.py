@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -188,6 +189,7 @@ def test_sharded_weights_load(tmp_path, build, monkeypatch):
 REAL_SHAPES = {
     "qwen3-0.6b": ("qwen3", 28, 1024, 3072, 16, 8, 128, 151936, True, None, 596_049_920),
     "qwen3-8b": ("qwen3", 36, 4096, 12288, 32, 8, 128, 151936, False, None, 8_190_735_360),
+    "qwen3-30b-a3b": ("qwen3_moe", 48, 2048, 6144, 32, 4, 128, 151936, False, None, 30_532_122_624),
     "llama-3.2-1b": ("llama", 16, 2048, 8192, 32, 8, 64, 128256, True, "llama3", 1_235_814_400),
     "tinyllama-1.1b": ("llama", 22, 2048, 5632, 32, 4, None, 32000, False, None, 1_100_048_384),
 }
@@ -207,7 +209,7 @@ def test_full_shape_configs(shape):
     assert (config["rope_scaling"] or {}).get("rope_type") == rope_type
     assert sum(math.prod(s) for s in param_shapes(config).values()) == params
     with pytest.raises(ValueError):
-        build_config("llama" if fields[0] == "qwen3" else "qwen3", shape)
+        build_config("llama" if fields[0].startswith("qwen3") else "qwen3", shape)
 
 
 @pytest.mark.parametrize("layout", ["hf4", "hf5"])
@@ -220,9 +222,59 @@ def test_full_shape_names_match_transformers(tmp_path, shape, layout):
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if config["tie_word_embeddings"]:
         del expected["lm_head.weight"]
-    assert param_shapes(config) == expected
+    assert stacked_experts(param_shapes(config)) == expected
     assert model.config.rope_parameters["rope_theta"] == (config.get("rope_theta") or
                                                           config["rope_parameters"]["rope_theta"])
+
+
+def stacked_experts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Per-expert checkpoint names folded into the stacked parameters that transformers 5 builds
+    (experts.gate_up_proj: (experts, 2 * width, hidden), experts.down_proj: (experts, hidden, width))."""
+    stacked = {}
+    for name, shape in shapes.items():  # experts in increasing order: the last one sets the count
+        match = re.fullmatch(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+        if not match:
+            stacked[name] = shape
+        elif match[3] == "down":
+            stacked[f"{match[1]}.down_proj"] = (int(match[2]) + 1, *shape)
+        else:
+            stacked[f"{match[1]}.gate_up_proj"] = (int(match[2]) + 1, 2 * shape[0], shape[1])
+    return stacked
+
+
+@pytest.mark.parametrize("layout", ["hf4", "hf5"])
+def test_tiny_moe_loads_in_transformers(build, layout):
+    path = build(arch="qwen3_moe", config_layout=layout)
+    config = read_config(path)
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"] and not config["tie_word_embeddings"]
+    assert config["num_experts" if layout == "hf4" else "num_local_experts"] == 8
+    assert ("num_local_experts" in config) is (layout == "hf5") and ("num_experts" in config) is (layout == "hf4")
+    names = tensor_names(path)
+    assert {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.experts.7.down_proj.weight"} <= names
+    assert not any(".mlp.gate_proj." in name for name in names)
+    assert names == set(param_shapes(config))
+    hf = AutoConfig.from_pretrained(path)
+    assert (hf.num_experts, hf.num_experts_per_tok, hf.moe_intermediate_size, hf.norm_topk_prob) == (8, 2, 32, True)
+    logits = hf_logits(path)  # load_hf asserts no missing, unexpected or mismatched keys
+    assert torch.equal(logits, hf_logits(build(arch="qwen3_moe")))
+    generated = load_hf(path).generate(PROMPT_IDS, max_new_tokens=24, do_sample=False)
+    assert len(set(generated[0, PROMPT_IDS.shape[1]:].tolist())) > 4
+
+
+def test_moe_dense_layers_and_overrides(build):
+    path = build(arch="qwen3_moe", num_hidden_layers=3, mlp_only_layers=[1], num_experts=4, num_experts_per_tok=3,
+                 moe_intermediate_size=16, norm_topk_prob=False)
+    names = tensor_names(path)
+    assert "model.layers.1.mlp.gate_proj.weight" in names and "model.layers.1.mlp.gate.weight" not in names
+    assert {"model.layers.0.mlp.experts.3.up_proj.weight", "model.layers.2.mlp.gate.weight"} <= names
+    assert "model.layers.0.mlp.experts.4.up_proj.weight" not in names
+    with safe_open(path / "model.safetensors", "pt") as f:
+        assert f.get_slice("model.layers.2.mlp.experts.0.down_proj.weight").get_shape() == [64, 16]
+    load_hf(path)
+    with pytest.raises(ValueError, match="apply to qwen3_moe"):
+        build_config("qwen3", num_experts=4)
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        build_config("qwen3_moe", num_experts_per_tok=9)
 
 
 def test_full_shape_generation_config():

@@ -1,7 +1,7 @@
 """Offline model factory: Hugging Face model directories with random weights.
 
 No checkpoint can be downloaded, so tests, notebooks and benchmarks use models made here:
-random weights for a Qwen3 or Llama model of any shape, and a byte-level BPE tokenizer
+random weights for a Qwen3, Qwen3-MoE, Qwen2 or Llama model of any shape, and a byte-level BPE tokenizer
 trained in about a second on the English text below, with a ChatML chat template.
 
     from tools.tiny_model import make_model, cached_model
@@ -10,11 +10,14 @@ trained in about a second on the English text below, with a ChatML chat template
 
     python -m tools.tiny_model OUT_DIR --arch llama --shape tiny --seed 0 --rope-scaling llama3
     python -m tools.tiny_model .models/tiny-qwen3 --if-missing  # what cached_model("tiny-qwen3") does
+    python -m tools.tiny_model .models/tiny-moe --arch qwen3_moe  # 8 experts, 2 per token
+    python -m tools.tiny_model .models/qwen3-30b-a3b --shape qwen3-30b-a3b --device cuda  # ~61 GB, drawn on the GPU
 
 Shapes: "tiny" (hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16, vocab 512, float32,
-init std 0.2 so that greedy output does not collapse to one token), or the shape of a real
-checkpoint, read from tools/configs/ ("qwen3-0.6b", "qwen3-8b", "llama-3.2-1b",
-"tinyllama-1.1b"; bfloat16, init std 0.02). Every model gets the same small tokenizer, so
+init std 0.2 so that greedy output does not collapse to one token; with arch="qwen3_moe",
+8 experts of width 32, 2 per token), or the shape of a real checkpoint, read from
+tools/configs/ ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "llama-3.2-1b", "tinyllama-1.1b";
+bfloat16, init std 0.02). Every model gets the same small tokenizer, so
 the token ids in config.json and generation_config.json are that tokenizer's, also for the
 real shapes; their vocab_size stays the real one (ids past the tokenizer decode to "").
 """
@@ -35,8 +38,10 @@ from transformers import PreTrainedTokenizerFast
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 MODELS_DIR = Path(__file__).resolve().parents[1] / ".models"
-FULL_SHAPES = ("qwen3-0.6b", "qwen3-8b", "llama-3.2-1b", "tinyllama-1.1b")
-ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+FULL_SHAPES = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "llama-3.2-1b", "tinyllama-1.1b")
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "llama": "LlamaForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM"}
+QK_NORM = ("qwen3", "qwen3_moe")  # model types that normalise q and k per head
 MAX_SHARD_BYTES = 4 * 1024**3  # weights above this are split into model-0000i-of-0000n files
 FACTORY_VERSION = 1  # bump when make_model writes different files, so cached models are rebuilt
 RECORD_FILE = "tiny_model.json"  # how make_model built a directory; written last, once complete
@@ -127,16 +132,24 @@ def build_config(
     num_attention_heads: int | None = None,
     max_position_embeddings: int | None = None,
     init_std: float | None = None,
+    num_experts: int | None = None,
+    num_experts_per_tok: int | None = None,
+    moe_intermediate_size: int | None = None,
+    norm_topk_prob: bool | None = None,
+    decoder_sparse_step: int | None = None,
+    mlp_only_layers: list[int] | None = None,
 ) -> dict:
     """The config.json that make_model writes for this architecture, shape and overrides.
 
-    arch: "qwen3", "qwen2" or "llama"; None means qwen3 for "tiny" and the shape's own for the others.
+    arch: "qwen3", "qwen3_moe", "qwen2" or "llama"; None means qwen3 for "tiny" and the shape's own
+    for the others. The mixture-of-experts overrides (num_experts, ...) apply to qwen3_moe only.
     Overrides left at None keep the shape's value. derive_head_dim=True leaves head_dim out,
     so readers must compute hidden_size / num_attention_heads. rope_scaling: "llama3" (Llama
     3 scaling, factor 8, original context max_position_embeddings / 16) or a dict written as
     is. attention_bias=True gives q, k, v and o projections a bias, as in transformers.
     config_layout: "hf4", what real checkpoints ship (top-level rope_theta, rope_scaling,
-    torch_dtype), or "hf5", what transformers 5 writes (rope_parameters, dtype).
+    torch_dtype), or "hf5", what transformers 5 writes (rope_parameters, dtype, and
+    num_local_experts for num_experts).
     """
     if config_layout not in ("hf4", "hf5"):
         raise ValueError(f"config_layout must be 'hf4' or 'hf5', not {config_layout!r}")
@@ -155,7 +168,17 @@ def build_config(
         "max_position_embeddings": max_position_embeddings,
         "initializer_range": init_std,
     }
-    config |= {key: value for key, value in overrides.items() if value is not None}
+    moe = {
+        "num_experts": num_experts,
+        "num_experts_per_tok": num_experts_per_tok,
+        "moe_intermediate_size": moe_intermediate_size,
+        "norm_topk_prob": norm_topk_prob,
+        "decoder_sparse_step": decoder_sparse_step,
+        "mlp_only_layers": mlp_only_layers,
+    }
+    if config["model_type"] != "qwen3_moe" and any(value is not None for value in moe.values()):
+        raise ValueError(f"the mixture-of-experts overrides apply to qwen3_moe models, not {config['model_type']}")
+    config |= {key: value for key, value in (overrides | moe).items() if value is not None}
     if rope_scaling is not None:
         config["rope_scaling"] = _rope_scaling(rope_scaling, config["max_position_embeddings"])
     if derive_head_dim:
@@ -202,8 +225,12 @@ def _tiny_config(arch: str) -> dict:
         "torch_dtype": "float32",
         "use_cache": True,
     }
-    if arch in ("qwen3", "qwen2"):
+    if arch in ("qwen3", "qwen3_moe", "qwen2"):
         config |= {"max_window_layers": 2, "sliding_window": None, "use_sliding_window": False}
+    if arch == "qwen3_moe":  # untied like Qwen3-30B-A3B; every layer sparse unless overridden
+        config |= {"tie_word_embeddings": False, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "output_router_logits": False, "router_aux_loss_coef": 0.001}
     if arch == "qwen2":  # q, k, v always have a bias, o_proj never: no attention_bias field
         del config["attention_bias"]
     elif arch == "llama":
@@ -229,7 +256,7 @@ def _omit_head_dim(config: dict) -> None:
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     if hidden % heads or config.get("head_dim", hidden // heads) != hidden // heads:
         raise ValueError("derive_head_dim needs head_dim == hidden_size / num_attention_heads")
-    if config["model_type"] == "qwen3" and hidden // heads != 128:
+    if config["model_type"] in QK_NORM and hidden // heads != 128:
         # transformers' Qwen3Config defaults head_dim to 128 instead of deriving it.
         raise ValueError("a Qwen3 config can leave head_dim out only when it is 128")
     config.pop("head_dim", None)
@@ -243,6 +270,8 @@ def _check(config: dict) -> None:
         raise ValueError("without head_dim, hidden_size must be a multiple of num_attention_heads")
     if config["vocab_size"] < TOKENIZER_SIZE:
         raise ValueError(f"vocab_size must be at least the tokenizer's {TOKENIZER_SIZE} tokens")
+    if config["model_type"] == "qwen3_moe" and not 1 <= config["num_experts_per_tok"] <= config["num_experts"]:
+        raise ValueError("num_experts_per_tok must be between 1 and num_experts")
 
 
 def _hf5_layout(config: dict) -> dict:
@@ -250,6 +279,8 @@ def _hf5_layout(config: dict) -> dict:
     rope = config.pop("rope_scaling", None) or {"rope_type": "default"}
     config["rope_parameters"] = {**rope, "rope_theta": config.pop("rope_theta")}
     config["dtype"] = config.pop("torch_dtype")
+    if "num_experts" in config:
+        config["num_local_experts"] = config.pop("num_experts")
     return config
 
 
@@ -271,17 +302,32 @@ def param_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         shapes[prefix + "self_attn.o_proj.weight"] = (hidden, heads * head_dim)
         if o_bias:
             shapes[prefix + "self_attn.o_proj.bias"] = (hidden,)
-        if config["model_type"] == "qwen3":
+        if config["model_type"] in QK_NORM:
             shapes[prefix + "self_attn.q_norm.weight"] = (head_dim,)
             shapes[prefix + "self_attn.k_norm.weight"] = (head_dim,)
         shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
-        shapes[prefix + "mlp.gate_proj.weight"] = (inter, hidden)
-        shapes[prefix + "mlp.up_proj.weight"] = (inter, hidden)
-        shapes[prefix + "mlp.down_proj.weight"] = (hidden, inter)
+        if is_moe_layer(config, layer):  # the router, then one SwiGLU MLP per expert, as the hub names them
+            experts, width = config.get("num_experts", config.get("num_local_experts")), config["moe_intermediate_size"]
+            shapes[prefix + "mlp.gate.weight"] = (experts, hidden)
+            for e in range(experts):
+                shapes[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = (width, hidden)
+                shapes[f"{prefix}mlp.experts.{e}.up_proj.weight"] = (width, hidden)
+                shapes[f"{prefix}mlp.experts.{e}.down_proj.weight"] = (hidden, width)
+        else:
+            shapes[prefix + "mlp.gate_proj.weight"] = (inter, hidden)
+            shapes[prefix + "mlp.up_proj.weight"] = (inter, hidden)
+            shapes[prefix + "mlp.down_proj.weight"] = (hidden, inter)
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (config["vocab_size"], hidden)
     return shapes
+
+
+def is_moe_layer(config: dict, layer: int) -> bool:
+    """Does layer `layer` of a qwen3_moe config hold experts (transformers' rule)?"""
+    experts = config.get("num_experts", config.get("num_local_experts")) or 0
+    return (config["model_type"] == "qwen3_moe" and experts > 0 and layer not in (config.get("mlp_only_layers") or [])
+            and (layer + 1) % config.get("decoder_sparse_step", 1) == 0)
 
 
 def make_model(

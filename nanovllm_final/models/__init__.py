@@ -21,6 +21,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": Architecture(qk_norm=True),
     "LlamaForCausalLM": Architecture(),
     "Qwen2ForCausalLM": Architecture(qkv_bias=True, o_bias=False),  # Qwen2 and Qwen2.5
+    "Qwen3MoeForCausalLM": Architecture(qk_norm=True),  # experts where config.json says (SparseMoeBlock)
 }
 
 

@@ -1,9 +1,11 @@
-"""One decoder-only transformer that covers Qwen3, Qwen2 and Llama.
+"""One decoder-only transformer that covers Qwen3, Qwen3-MoE, Qwen2 and Llama.
 
 The families differ in three switches (models/__init__.py sets them): Qwen3 normalises
 q and k per head (`qk_norm`), Qwen2 adds a bias to q, k and v (`qkv_bias`), and some
-checkpoints add one to o_proj too (`o_bias`). Every layer holds this rank's shard of the
-weights (layers/linear.py); QKVParallelLinear says how many heads that is."""
+checkpoints add one to o_proj too (`o_bias`). Qwen3-MoE puts a mixture of experts
+(SparseMoeBlock) in place of the MLP in the layers config.json makes sparse. Every layer
+holds this rank's shard of the weights (layers/linear.py, layers/moe.py); QKVParallelLinear
+says how many heads that is."""
 
 import torch
 from torch import nn
@@ -12,7 +14,8 @@ from ..config import ModelConfig
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from ..layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from ..layers.linear import Linear, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from ..layers.moe import Experts, route
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 
@@ -54,11 +57,23 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))  # (tokens, intermediate / tp) -> (tokens, hidden)
 
 
+class SparseMoeBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts)  # the router, replicated on every rank
+        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, expert_ids = route(self.gate(x), self.top_k, self.renormalize)  # (tokens, top_k) each
+        return self.experts(x, weights, expert_ids)  # (tokens, hidden), summed over the ranks
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int, **switches):
+    def __init__(self, cfg: ModelConfig, max_positions: int, layer: int, **switches):
         super().__init__()
         self.self_attn = SelfAttention(cfg, max_positions, **switches)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoeBlock(cfg) if cfg.is_moe_layer(layer) else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -77,7 +92,7 @@ class Model(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int, **switches):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, max_positions, **switches) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, max_positions, i, **switches) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 

@@ -95,6 +95,17 @@ class ModelConfig:
     attention_bias: bool
     torch_dtype: torch.dtype
     eos_token_ids: list[int] = field(default_factory=list)
+    # mixture of experts (Qwen3-MoE); dense models have num_experts == 0
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k: how many experts each token is sent to
+    moe_intermediate_size: int = 0  # each expert's SwiGLU width
+    norm_topk_prob: bool = False  # scale the top-k routing weights to sum to 1
+    decoder_sparse_step: int = 1  # layer i has experts if (i + 1) % decoder_sparse_step == 0 ...
+    mlp_only_layers: list[int] = field(default_factory=list)  # ... and i is not listed here
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Does decoder layer `layer` (0-based) hold experts, or a dense MLP? Hugging Face's rule."""
+        return self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
     @classmethod
     def from_dir(cls, model_dir: str | pathlib.Path) -> "ModelConfig":
@@ -153,4 +164,25 @@ class ModelConfig:
             attention_bias=raw.get("attention_bias", False),
             torch_dtype=parse_dtype(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
             eos_token_ids=eos,
+            **moe_fields(raw),
         )
+
+
+def moe_fields(raw: dict) -> dict:
+    """The mixture-of-experts fields of a config.json, checked: the expert count is `num_experts`
+    as the hub ships it, or `num_local_experts` as transformers 5 writes it. {} for a dense model."""
+    num_experts = raw.get("num_experts", raw.get("num_local_experts")) or 0
+    if not num_experts:
+        return {}
+    for key in ("num_experts_per_tok", "moe_intermediate_size"):
+        if key not in raw:
+            raise ValueError(f"config.json has num_experts={num_experts} but lacks the required field {key!r}")
+    top_k, step, dense = raw["num_experts_per_tok"], raw.get("decoder_sparse_step", 1), raw.get("mlp_only_layers") or []
+    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"num_experts_per_tok must be an integer from 1 to num_experts={num_experts}, got {top_k!r}")
+    if not isinstance(step, int) or step < 1:
+        raise ValueError(f"decoder_sparse_step must be a positive integer, got {step!r}")
+    if not isinstance(raw["moe_intermediate_size"], int) or raw["moe_intermediate_size"] < 1:
+        raise ValueError(f"moe_intermediate_size must be a positive integer, got {raw['moe_intermediate_size']!r}")
+    return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=raw["moe_intermediate_size"],
+                norm_topk_prob=bool(raw.get("norm_topk_prob", False)), decoder_sparse_step=step, mlp_only_layers=list(dense))

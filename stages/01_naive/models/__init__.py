@@ -6,7 +6,7 @@ from ..config import ModelConfig
 from .transformer import CausalLM
 
 # architecture name in config.json -> does it normalise q and k per head?
-SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": True, "LlamaForCausalLM": False}
+SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": True, "LlamaForCausalLM": False, "Qwen3MoeForCausalLM": True}
 
 
 def check_architecture(cfg: ModelConfig) -> None:

@@ -1,7 +1,9 @@
-"""One decoder-only transformer that covers Qwen3 and Llama.
+"""One decoder-only transformer that covers Qwen3, Qwen3-MoE and Llama.
 
-The two architectures differ in two switches: Qwen3 normalises q and k per head
-(`qk_norm`), and some checkpoints add a bias to q/k/v (`attention_bias`)."""
+The architectures differ in two switches: Qwen3 normalises q and k per head
+(`qk_norm`), and some checkpoints add a bias to q/k/v (`attention_bias`). Qwen3-MoE is
+Qwen3 with a mixture of experts in place of the MLP (SparseMoeBlock) in the layers that
+config.json makes sparse."""
 
 import torch
 from torch import nn
@@ -10,7 +12,8 @@ from ..config import ModelConfig
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from ..layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from ..layers.linear import Linear, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from ..layers.moe import Experts, route
 from ..layers.norm import RMSNorm
 from ..distributed import get_tp_size
 from ..layers.rotary import RotaryEmbedding
@@ -54,11 +57,27 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))  # (tokens, intermediate / tp) -> (tokens, hidden)
 
 
+class SparseMoeBlock(nn.Module):
+    """Qwen3-MoE's MLP: the router (`gate`) scores every expert for each token, the token goes
+    to its `num_experts_per_tok` best, and their outputs are summed with the routing weights."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts)  # the router
+        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        router_logits = self.gate(x)  # (tokens, experts)
+        weights, expert_ids = route(router_logits, self.top_k, self.renormalize)  # (tokens, top_k) each
+        return self.experts(x, weights, expert_ids)  # (tokens, hidden)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int):
+    def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int, layer: int):
         super().__init__()
         self.self_attn = SelfAttention(cfg, qk_norm, max_positions)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoeBlock(cfg) if cfg.is_moe_layer(layer) else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -77,7 +96,7 @@ class Model(nn.Module):
     def __init__(self, cfg: ModelConfig, qk_norm: bool, max_positions: int):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, qk_norm, max_positions) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, qk_norm, max_positions, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 

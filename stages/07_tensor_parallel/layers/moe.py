@@ -1,0 +1,98 @@
+"""Mixture of experts (Qwen3-MoE): a router sends each token to `top_k` of `num_experts`
+SwiGLU MLPs and adds up their outputs, weighted by the router's probabilities.
+
+This is the plain version, the reference for every faster one: one loop over the experts
+that received tokens, each running its MLP on just those tokens."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .activation import SiluAndMul
+from .parallel import all_reduce, divide, get_tp_rank, get_tp_size
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's `top_k` experts and their weights: a softmax over all experts (in float32),
+    the `top_k` largest kept and, with `renormalize` (config.json's norm_topk_prob), scaled to sum to 1."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # (tokens, experts)
+    weights, expert_ids = probs.topk(top_k, dim=-1)  # (tokens, top_k) each
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), expert_ids
+
+
+class Experts(nn.Module):
+    """`num_experts` SwiGLU MLPs with their weights stacked: `gate_up_proj` (experts, 2 * inter,
+    hidden) holds each expert's [gate | up] rows, `down_proj` is (experts, hidden, inter).
+
+    The checkpoint stores one tensor per expert and projection
+    (`mlp.experts.<e>.gate_proj.weight`, ...); the loader hands each to `weight_loader` with
+    shard id (e, "gate" | "up" | "down"), and `shard_ids` lists every piece that must arrive.
+
+    NEW in 07_tensor_parallel: every expert is split like a dense MLP, along its
+    intermediate dimension: rank r holds inter / tp of each expert's gate, up and down
+    weights, every rank runs every expert on its tokens, and one all-reduce per layer adds
+    the ranks' partial sums. The router is replicated, so all ranks pick the same experts."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()  # NEW in 07_tensor_parallel
+        intermediate_size = divide(intermediate_size, "moe_intermediate_size")  # this rank's share
+        self.num_experts, self.intermediate_size = num_experts, intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        for param, parts in ((self.gate_up_proj, ("gate", "up")), (self.down_proj, ("down",))):
+            param.weight_loader = self.weight_loader
+            param.shard_ids = {(e, part) for e in range(num_experts) for part in parts}
+        self.act = SiluAndMul()
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, str] | None) -> None:
+        if shard_id is None:
+            raise ValueError("expert weights are loaded one expert at a time (mlp.experts.<e>.gate_proj.weight, ...)")
+        expert, part = shard_id
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"the checkpoint has weights for expert {expert}, but config.json says num_experts={self.num_experts}")
+        loaded = self.rank_part(loaded, part)  # NEW in 07_tensor_parallel
+        target = param.data[expert]  # (2 * inter / tp, hidden) or (hidden, inter / tp)
+        if part != "down":
+            target = target.narrow(0, 0 if part == "gate" else self.intermediate_size, self.intermediate_size)
+        if target.shape != loaded.shape:
+            raise ValueError(f"expert {expert} {part}_proj: checkpoint shape {tuple(loaded.shape)} != model shape {tuple(target.shape)}")
+        target.copy_(loaded)
+
+    def rank_part(self, loaded: torch.Tensor, part: str) -> torch.Tensor:
+        """NEW in 07_tensor_parallel: this rank's block of one expert's full checkpoint tensor:
+        rows of gate_proj / up_proj (inter, hidden), columns of down_proj (hidden, inter)."""
+        dim = 1 if part == "down" else 0
+        return loaded.narrow(dim, self.tp_rank * self.intermediate_size, self.intermediate_size) if self.tp_size > 1 else loaded
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        """x: (tokens, hidden); weights, expert_ids: (tokens, top_k) -> (tokens, hidden)."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self.sum_over_ranks(self.forward_every_expert(x, weights, expert_ids))
+        out = torch.zeros_like(x)
+        for e in expert_ids.unique().tolist():  # the experts that received tokens, in increasing order
+            token, slot = torch.where(expert_ids == e)  # (n,) each: token[i] chose e as its slot[i]-th expert
+            h = self.act(F.linear(x[token], self.gate_up_proj[e]))  # (n, 2 * inter / tp) -> (n, inter / tp)
+            y = F.linear(h, self.down_proj[e])  # (n, hidden)
+            out.index_add_(0, token, y * weights[token, slot, None])
+        return self.sum_over_ranks(out)
+
+    def sum_over_ranks(self, out: torch.Tensor) -> torch.Tensor:
+        """NEW in 07_tensor_parallel: each rank ran its slice of every expert's width; one
+        all-reduce adds up the partial outputs, as for a dense MLP's down_proj."""
+        return all_reduce(out) if self.tp_size > 1 else out
+
+    def forward_every_expert(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        """What a captured decode step runs. A graph cannot ask the host which
+        experts received tokens (`unique().tolist()` waits for the GPU), so every expert runs on every
+        token, scaled by the token's weight for it: 0 where the router did not choose it. That is
+        num_experts / top_k times the loop's work, on a decode step's few tokens; the final
+        engine's fused kernels capture only the routed work."""
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            weight = (weights * (expert_ids == e)).sum(dim=-1, keepdim=True)  # (tokens, 1)
+            h = self.act(F.linear(x, self.gate_up_proj[e]))  # (tokens, inter / tp)
+            out += F.linear(h, self.down_proj[e]) * weight  # (tokens, hidden)
+        return out

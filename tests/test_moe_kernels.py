@@ -1,0 +1,126 @@
+"""The final engine's fused MoE kernels (layers/fused_moe.py) against the reference loop over
+the experts (layers/moe.py, Experts.forward_loop).
+
+Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set by
+conftest.py before triton is imported), in float32 and float16: the interpreter computes
+bfloat16 dots wrongly (numpy has no bfloat16), so bfloat16 is checked on a GPU only, as are
+the CUDA-graph capture and the automatic choice of the fused path."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+fused_moe = pytest.importorskip("nanovllm_final.layers.fused_moe")
+from nanovllm_final.layers.moe import Experts, route  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
+# tokens, experts, top_k, hidden, expert width
+SHAPES = [(1, 8, 2, 64, 32), (5, 8, 2, 64, 32), (37, 6, 3, 40, 24)]
+
+
+def tol(dtype: torch.dtype) -> dict:
+    # half types: the kernels sum in float32 where the loop adds rounded per-expert outputs
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 2e-2}
+
+
+def make_case(tokens: int, num_experts: int, top_k: int, hidden: int, width: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    experts = Experts(num_experts, hidden, width)
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(torch.randn(experts.gate_up_proj.shape, generator=g) * 0.2)
+        experts.down_proj.copy_(torch.randn(experts.down_proj.shape, generator=g) * 0.2)
+    x = torch.randn(tokens, hidden, generator=g)
+    weights, ids = route(torch.randn(tokens, num_experts, generator=g), top_k, renormalize=True)
+    return experts.to(dtype), x.to(dtype), weights.to(dtype), ids
+
+
+def fused(experts: Experts, x, weights, ids, **kwargs) -> torch.Tensor:
+    args = [t.to(DEVICE) for t in (x, experts.gate_up_proj.data, experts.down_proj.data, weights, ids)]
+    return fused_moe.fused_experts(*args, **kwargs).cpu()
+
+
+@pytest.mark.parametrize("block_m", [16, 64])
+@pytest.mark.parametrize("tokens, num_experts, top_k", [(1, 8, 2), (5, 8, 2), (37, 6, 3), (3, 128, 8)])
+def test_align_by_expert(tokens, num_experts, top_k, block_m):
+    """Every (token, slot) pair lands once, in a block of its own expert; each expert's run is
+    padded to whole blocks; the buffer sizes depend on the shapes only."""
+    ids = torch.randn(tokens, num_experts, generator=torch.Generator().manual_seed(tokens)).topk(top_k, dim=-1).indices
+    rows, block_expert, num_rows = fused_moe.align_by_expert(ids.to(DEVICE), num_experts, block_m)
+    rows, block_expert, used = rows.cpu(), block_expert.cpu(), int(num_rows.item())
+    pairs = tokens * top_k
+    assert rows.numel() == block_expert.numel() * block_m == -(-(pairs + min(num_experts, pairs) * (block_m - 1)) // block_m) * block_m
+    assert used % block_m == 0 and used <= rows.numel()
+    real = rows[rows < pairs]
+    assert sorted(real.tolist()) == list(range(pairs))  # each pair once
+    assert (rows[used:] == pairs).all()  # past the rows in use: padding only
+    flat = ids.flatten()
+    for b in range(used // block_m):
+        block = rows[b * block_m : (b + 1) * block_m]
+        block = block[block < pairs]
+        assert len(block) > 0 and (flat[block.long()] == block_expert[b]).all()
+    hit = flat.unique()
+    assert used == sum(-(-int((flat == e).sum()) // block_m) * block_m for e in hit)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fused_matches_loop(shape, dtype):
+    experts, x, weights, ids = make_case(*shape, dtype=dtype)
+    expected = experts.forward_loop(x, weights, ids)  # on CPU, in the same dtype
+    out = fused(experts, x, weights, ids)
+    assert out.shape == x.shape and out.dtype == dtype
+    torch.testing.assert_close(out, expected, **tol(dtype))
+
+
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_unrouted_experts_and_block_sizes(block_m):
+    """Experts 1, 2 and 5 get no token; both block sizes give the loop's result."""
+    experts, x, weights, _ = make_case(9, 6, 2, 48, 40, torch.float32, seed=3)
+    ids = torch.tensor([[0, 3], [4, 0], [3, 4], [0, 4], [3, 0], [4, 3], [0, 3], [3, 4], [4, 0]])
+    torch.testing.assert_close(fused(experts, x, weights, ids, block_m=block_m), experts.forward_loop(x, weights, ids), **tol(torch.float32))
+
+
+def test_no_tokens():
+    experts, x, weights, ids = make_case(0, 4, 2, 32, 16, torch.float32)
+    assert fused(experts, x, weights, ids).shape == (0, 32)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_graph_replay_follows_new_routing():
+    """Captured once, replayed with other tokens and other experts: the grid and buffers do not
+    depend on the routing, so the replay equals an eager call."""
+    experts, x, weights, ids = make_case(8, 16, 4, 256, 128, torch.bfloat16)
+    experts = experts.cuda()
+    static = [t.cuda() for t in (x, weights, ids)]
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fused_moe.fused_experts(static[0], experts.gate_up_proj, experts.down_proj, static[1], static[2])  # compile outside
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe.fused_experts(static[0], experts.gate_up_proj, experts.down_proj, static[1], static[2])
+    _, x2, weights2, ids2 = make_case(8, 16, 4, 256, 128, torch.bfloat16, seed=1)
+    for buffer, new in zip(static, (x2, weights2, ids2)):
+        buffer.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = fused_moe.fused_experts(x2.cuda(), experts.gate_up_proj, experts.down_proj, weights2.cuda(), ids2.cuda())
+    torch.testing.assert_close(out, eager, atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_selects_the_fused_path(monkeypatch):
+    experts, x, weights, ids = make_case(5, 8, 2, 64, 32, torch.bfloat16)
+    calls = []
+    real = fused_moe.fused_experts
+    monkeypatch.setattr(fused_moe, "fused_experts", lambda *args: calls.append(1) or real(*args))
+    experts = experts.cuda()
+    out = experts(x.cuda(), weights.cuda(), ids.cuda())
+    assert calls == [1]
+    torch.testing.assert_close(out.cpu(), experts.cpu().forward_loop(x, weights, ids), **tol(torch.bfloat16))
