@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .activation import SiluAndMul
-from .parallel import all_reduce, divide, get_tp_rank, get_tp_size
+from ..distributed import all_reduce, divide, get_tp_rank, get_tp_size
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
