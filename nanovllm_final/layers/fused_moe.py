@@ -18,6 +18,8 @@ import triton.language as tl
 
 from .fused_triton import _rounded
 
+TILES = {"BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}  # benchmarks/moe_layer_bench.py compares others
+
 
 def align_by_expert(expert_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """expert_ids (tokens, top_k) -> (rows, block_expert, num_rows):
@@ -118,6 +120,7 @@ def fused_experts(
     weights: torch.Tensor,  # (T, top_k) routing weights
     expert_ids: torch.Tensor,  # (T, top_k)
     block_m: int | None = None,
+    tiles: dict | None = None,
 ) -> torch.Tensor:
     """sum over each token's top_k experts e of weight * down[e] @ (silu(gate[e] @ x) * (up[e] @ x)): (T, hidden)."""
     tokens, hidden = x.shape
@@ -131,18 +134,19 @@ def fused_experts(
     block_m = block_m or (16 if pairs <= 16 * num_experts else 64)  # few rows per expert (decode): small blocks
     rows, block_expert, num_rows = align_by_expert(expert_ids, num_experts, block_m)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
-    block_n, block_k = 64, 64
+    tiles = {**TILES, **(tiles or {})}  # BLOCK_N, BLOCK_K and the launch's num_warps, num_stages
+    block_n = tiles["BLOCK_N"]
     _gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
         x, gate_up, h, rows, block_expert, num_rows,
         x.stride(0), gate_up.stride(0), gate_up.stride(1),
         pairs, inter, hidden,
-        TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+        TOP_K=top_k, BLOCK_M=block_m, **tiles,
     )
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)  # (pairs, hidden)
     _down_kernel[(block_expert.numel(), triton.cdiv(hidden, block_n))](
         h, down, weights.contiguous(), out, rows, block_expert, num_rows,
         down.stride(0), down.stride(1),
         pairs, hidden, inter,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+        BLOCK_M=block_m, **tiles,
     )
     return out.view(tokens, top_k, hidden).sum(dim=1)  # (T, hidden)

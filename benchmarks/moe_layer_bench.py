@@ -1,0 +1,112 @@
+"""One mixture-of-experts layer of a shape: the fused grouped-GEMM path (final's
+layers/fused_moe.py) against the loop over the experts that have tokens, bf16, CUDA only.
+
+    python -m benchmarks.moe_layer_bench --shape qwen3-30b-a3b --out benchmarks/results/moe_layer_qwen3-30b-a3b_h200.json
+
+For each token count, random hidden states and router logits; both paths must agree (max
+relative error printed). Times are medians of CUDA-event-timed calls after warm-up: the loop
+and the fused path called eagerly (the host's launches included), and the fused path
+replayed from a CUDA graph, as a captured decode step runs it, for each tile configuration
+of `--tiles` (the GPU's time alone). `weight_bytes` is what the layer must read at least
+(the experts that received a token), and `bound_us` that at `--bandwidth` TB/s."""
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from benchmarks.run import versions
+from nanovllm_final.layers import fused_moe
+from nanovllm_final.layers.moe import Experts, route
+from tools.tiny_model import FULL_SHAPES, build_config
+
+
+def timed(fn, repeat: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)  # microseconds
+    return statistics.median(times)
+
+
+def graph_time(fn) -> float:
+    """The median time of replaying `fn` captured in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay)
+
+
+TILE_CHOICES = [  # BLOCK_N, BLOCK_K, num_warps, num_stages
+    (64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (128, 64, 4, 3), (32, 128, 4, 4), (128, 128, 8, 3), (64, 256, 8, 3),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen3-30b-a3b", choices=[s for s in FULL_SHAPES if "a3b" in s])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 256, 1024, 4096])
+    parser.add_argument("--bandwidth", type=float, default=4.3, help="TB/s of the GPU memory (an H200 copies at about 4.3)")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    config = build_config(arch=None, shape=args.shape)
+    experts_n, top_k = config["num_experts"], config["num_experts_per_tok"]
+    hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
+    torch.manual_seed(0)
+    layer = Experts(experts_n, hidden, inter).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        layer.gate_up_proj.normal_(0, 0.02)
+        layer.down_proj.normal_(0, 0.02)
+    rows = []
+    print("time: median us per call; loop and eager include the host's launches, graph is the GPU alone")
+    with torch.inference_mode():
+        for tokens in args.tokens:
+            x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)  # (T, hidden)
+            logits = torch.randn(tokens, experts_n, device="cuda", dtype=torch.bfloat16)  # (T, E)
+            weights, ids = route(logits, top_k, config.get("norm_topk_prob", True))
+            fused = fused_moe.fused_experts(x, layer.gate_up_proj, layer.down_proj, weights, ids)
+            loop = layer.forward_loop(x, weights, ids)
+            error = ((fused.float() - loop.float()).abs().max() / loop.float().abs().max().clamp_min(1e-6)).item()
+            hit = ids.unique().numel()
+            weight_bytes = hit * 3 * hidden * inter * 2
+            def fused_with(tiles=None):
+                return lambda: fused_moe.fused_experts(x, layer.gate_up_proj, layer.down_proj, weights, ids, tiles=tiles)
+
+            graphs = {}
+            for bn, bk, warps, stages in TILE_CHOICES:
+                tiles = {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+                graphs[f"{bn}x{bk}/w{warps}/s{stages}"] = graph_time(fused_with(tiles))
+            best = min(graphs, key=graphs.get)
+            row = {
+                "tokens": tokens, "experts_hit": hit, "max_rel_error": error,
+                "loop_us": timed(lambda: layer.forward_loop(x, weights, ids), repeat=5),
+                "fused_eager_us": timed(fused_with()),
+                "fused_graph_us": graph_time(fused_with()), "graph_us_by_tiles": graphs, "best_tiles": best,
+                "weight_bytes": weight_bytes, "bound_us": weight_bytes / (args.bandwidth * 1e12) * 1e6,
+            }
+            row["speedup"] = row["loop_us"] / row["fused_eager_us"]
+            rows.append(row)
+            print(f"{tokens:>6} tokens {hit:>4} experts  loop {row['loop_us']:8.1f} us  fused eager {row['fused_eager_us']:7.1f}"
+                  f"  graph {row['fused_graph_us']:7.1f} (best {graphs[best]:7.1f} {best})  x{row['speedup']:5.1f}"
+                  f"  bound {row['bound_us']:6.1f} us  err {error:.1e}", flush=True)
+    record = {"benchmark": "moe_layer", "shape": args.shape, "device": torch.cuda.get_device_name(),
+              "dtype": "bfloat16", "num_experts": experts_n, "top_k": top_k, "hidden_size": hidden,
+              "moe_intermediate_size": inter, "rows": rows, "versions": versions()}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
