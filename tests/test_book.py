@@ -134,6 +134,18 @@ def test_no_internal_link_is_broken(site: Path):
     assert len(parsed) > 10, f"only {len(parsed)} pages were built"
 
 
+# What a loaded page shows, once its images have loaded or failed (run in the page).
+REPORT = """(async () => {
+  await Promise.all([...document.images].map(i => i.complete ? null :
+    new Promise(done => { i.addEventListener('load', done); i.addEventListener('error', done); })));
+  const main = document.querySelector('article') || document.body;
+  return {title: document.title, text: main.innerText.length,
+          images: [...main.querySelectorAll('img')].map(i => ({src: i.currentSrc.slice(0, 120),
+                  width: i.naturalWidth, height: i.naturalHeight})),
+          code: main.querySelectorAll('pre').length};
+})()"""
+
+
 class _Chromium:
     """One headless Chromium, spoken to through the DevTools protocol on a pipe."""
 
@@ -155,10 +167,14 @@ class _Chromium:
         os.close(to_child_r)
         os.close(from_child_w)
         self._buffer, self._events, self._next_id = b"", [], 0
+
+    def new_tab(self) -> str:
+        """A new page; returns its session id."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        self.call("Page.enable", session=self.session)
-        self.call("Runtime.enable", session=self.session)
+        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        self.call("Page.enable", session=session)
+        self.call("Runtime.enable", session=session)
+        return session
 
     def _read(self, deadline: float) -> dict:
         while b"\0" not in self._buffer:
@@ -188,38 +204,41 @@ class _Chromium:
                 return reply["result"]
             self._events.append(reply)
 
-    def wait_for(self, method: str, timeout: float = PAGE_TIMEOUT_S) -> dict:
+    def _next_event(self, method: str, sessions: set[str], timeout: float = PAGE_TIMEOUT_S) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             for i, event in enumerate(self._events):
-                if event.get("method") == method:
+                if event.get("method") == method and event.get("sessionId") in sessions:
                     return self._events.pop(i)
             self._events.append(self._read(deadline))
 
-    def take_events(self, method: str) -> list[dict]:
-        taken = [e for e in self._events if e.get("method") == method]
-        self._events = [e for e in self._events if e.get("method") != method]
+    def take_events(self, method: str, session: str) -> list[dict]:
+        taken = [e for e in self._events if e.get("method") == method and e.get("sessionId") == session]
+        self._events = [e for e in self._events if not (e.get("method") == method and e.get("sessionId") == session)]
         return taken
 
-    def open(self, url: str) -> dict:
-        """Load a page, wait for it and its images, and report what the browser shows."""
-        self.take_events("Page.loadEventFired")
-        self.call("Page.navigate", {"url": url}, session=self.session)
-        self.wait_for("Page.loadEventFired")
-        report = """(async () => {
-          await Promise.all([...document.images].map(i => i.complete ? null :
-            new Promise(done => { i.addEventListener('load', done); i.addEventListener('error', done); })));
-          const main = document.querySelector('article') || document.body;
-          return {title: document.title, text: main.innerText.length,
-                  images: [...main.querySelectorAll('img')].map(i => ({src: i.currentSrc.slice(0, 120),
-                          width: i.naturalWidth, height: i.naturalHeight})),
-                  code: main.querySelectorAll('pre').length};
-        })()"""
-        result = self.call("Runtime.evaluate", {"expression": report, "awaitPromise": True, "returnByValue": True},
-                           session=self.session)
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"{url}: {result['exceptionDetails']}")
-        return result["result"]["value"]
+    def open_all(self, urls: list[str], tabs: int = 4) -> dict[str, dict]:
+        """Load every page, several tabs at a time; once a page and its images have loaded, report
+        what the browser shows: {url: {title, text, images, code, errors}}."""
+        todo, shown, loading = list(urls), {}, {}  # loading: session -> url
+        idle = [self.new_tab() for _ in range(min(tabs, len(urls)))]
+        while todo or loading:
+            while todo and idle:
+                session, url = idle.pop(), todo.pop(0)
+                self.take_events("Page.loadEventFired", session)
+                self.take_events("Runtime.exceptionThrown", session)
+                self.call("Page.navigate", {"url": url}, session=session)
+                loading[session] = url
+            session = self._next_event("Page.loadEventFired", set(loading))["sessionId"]
+            url = loading.pop(session)
+            result = self.call("Runtime.evaluate", {"expression": REPORT, "awaitPromise": True, "returnByValue": True},
+                               session=session)
+            if "exceptionDetails" in result:
+                raise RuntimeError(f"{url}: {result['exceptionDetails']}")
+            errors = [e["params"]["exceptionDetails"].get("text") for e in self.take_events("Runtime.exceptionThrown", session)]
+            shown[url] = {**result["result"]["value"], "errors": errors}
+            idle.append(session)
+        return shown
 
     def close(self):
         try:
@@ -253,16 +272,16 @@ def test_every_page_renders_with_its_figures(site: Path, tmp_path: Path):
     base = f"http://127.0.0.1:{server.server_address[1]}"
     problems, figures = [], 0
     try:
-        for page in _pages(site):
-            path = _url_path(site, page)
-            shown = browser.open(base + path)
+        paths = [_url_path(site, page) for page in _pages(site)]
+        shown_all = browser.open_all([base + path for path in paths])
+        for path in paths:
+            shown = shown_all[base + path]
             if not shown["title"] or shown["text"] < 20:
                 problems.append(f"{path}: blank (title {shown['title']!r}, {shown['text']} characters of text)")
             for img in shown["images"]:
                 if not img["src"] or img["width"] == 0 or img["height"] == 0:
                     problems.append(f"{path}: image not loaded: {img['src']!r}")
-            for error in browser.take_events("Runtime.exceptionThrown"):
-                problems.append(f"{path}: script error: {error['params']['exceptionDetails'].get('text')}")
+            problems += [f"{path}: script error: {error}" for error in shown["errors"]]
             notebook = NOTEBOOKS / (path.strip("/") + ".ipynb")
             if notebook.exists() and path.count("/") == 2:
                 expected = _image_outputs(notebook)
