@@ -187,18 +187,24 @@ def on_page_content(html: str, page, config, files):
     # Notebooks arrive as HTML (mkdocs-jupyter): point their links at the pages' URLs.
     if not page.file.src_uri.endswith(".ipynb"):
         return html
-    _match_toc(page.toc, re.findall(r"<h[1-6][^>]*\sid=\"([^\"]+)\"", html))
+    headings = re.findall(r"<h([1-6])[^>]*\sid=\"([^\"]+)\"[^>]*>(.*?)</h\1>", html, re.S)
+    _match_toc(page.toc, [(id_, _plain(inner)) for _, id_, inner in headings])
     return _rewrite(html, page, lambda f, anchor: f.url_relative_to(page.file) + anchor)
 
 
-def _match_toc(toc, ids: list[str]) -> None:
-    """Point the page's table of contents at the headings' ids as the notebook's HTML has them
-    (mkdocs-jupyter derives the contents from Markdown, which drops code spans from the ids)."""
+def _plain(inner_html: str) -> str:
+    text = re.sub(r"<a class=\"anchor-link\".*?</a>", "", inner_html, flags=re.S)  # the heading's permalink
+    return re.sub(r"<[^>]+>", "", text).strip()  # entities stay escaped: the theme inserts titles as HTML
+
+
+def _match_toc(toc, headings: list[tuple[str, str]]) -> None:
+    """Point the page's table of contents at the headings as the notebook's HTML has them: their
+    ids and their text (mkdocs-jupyter derives the contents from Markdown, and drops code spans)."""
     anchors, todo = [], list(toc)
     while todo:
         anchor = todo.pop(0)
         anchors.append(anchor)
         todo[:0] = anchor.children
-    if len(anchors) == len(ids):
-        for anchor, id_ in zip(anchors, ids):
-            anchor.id = id_
+    if len(anchors) == len(headings):
+        for anchor, (id_, title) in zip(anchors, headings):
+            anchor.id, anchor.title = id_, title or anchor.title
