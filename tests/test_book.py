@@ -104,6 +104,8 @@ def test_book_has_the_syllabus(site: Path):
     spec.loader.exec_module(hooks)
     listed = [file for entry in hooks.syllabus(NOTEBOOKS / "README.md") for file in entry.values()]
     assert listed[0] == "01_naive.ipynb" and listed[-1] == "final.ipynb", listed
+    unlisted = sorted({p.name for p in NOTEBOOKS.glob("*.ipynb")} - set(listed))
+    assert not unlisted, f"not in the syllabus table of notebooks/README.md (its rows are the book's contents): {unlisted}"
     for nb in listed:
         assert (NOTEBOOKS / nb).exists(), f"the syllabus lists {nb}, which is not in notebooks/"
         assert (site / nb.removesuffix(".ipynb") / "index.html").exists(), f"{nb} has no page in the book"
