@@ -14,7 +14,7 @@ MODEL ?= $(COURSE)
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test install notebooks stage clean
+.PHONY: help demo test install notebooks book stage clean
 
 help:
 	@echo "make demo       set up .venv, then the final engine tells a story with the course model"
@@ -23,6 +23,7 @@ help:
 	@echo "                (STAGE: 01..07, a name such as 03_paged or paged, or final (the default); MODEL: the course model,"
 	@echo "                $(TINY) for the tiny random one, or any checkpoint directory)"
 	@echo "make notebooks  install JupyterLab (the 'notebook' extra) and open notebooks/"
+	@echo "make book       the course book: notebooks/ as they are committed (outputs included, nothing re-run) -> _book/"
 	@echo "make install    only create .venv (torch: TORCH=$(TORCH), TORCH_INDEX=$(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configuration))"
 	@echo "make clean      remove .venv and .models"
 	@echo "Anything else: run it with $(PY), or after 'source .venv/bin/activate' with python."
@@ -61,5 +62,16 @@ endif
 notebooks: .venv/.notebook
 	$(PY) -m jupyter lab --notebook-dir=notebooks $(JUPYTER_ARGS)
 
+.venv/.book: .venv/.installed
+	$(PY) -m pip install -q -e ".[dev,book]"
+	touch $@
+
+# The course book (MkDocs Material + mkdocs-jupyter; mkdocs.yml): notebooks/README.md and the notebooks
+# with their committed outputs, nothing re-executed. Read it at http://127.0.0.1:8000 after
+# `$(PY) -m http.server -d _book -b 127.0.0.1 8000`.
+book: .venv/.book
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build -q
+	@echo "built _book/; read it with: $(PY) -m http.server -d _book -b 127.0.0.1 8000"
+
 clean:
-	rm -rf .venv .models
+	rm -rf .venv .models _book

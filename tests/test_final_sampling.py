@@ -96,6 +96,17 @@ def test_seeded_noise_is_a_function_of_seed_position_token():
     assert (freq - torch.softmax(logits, -1)).abs().max() < 0.01
 
 
+def test_seeded_noise_is_never_zero():
+    # this (seed, position) hashes token 1692 to the largest 24-bit value, whose u rounds to 1.0 in float32
+    from nanovllm_final.engine.sampling_batch import completion_seed
+
+    noise = seeded_exponential(torch.tensor([completion_seed(0, 670)]), torch.tensor([0]), torch.arange(2048))
+    assert noise.min() > 0  # E = 0 makes p / E NaN (or inf) for that token, and argmax draws it even where p = 0
+    probs = torch.zeros(1, 2048)
+    probs[0, :4] = 0.25
+    assert int((probs / noise).argmax()) < 4  # a masked token is never drawn
+
+
 def test_penalties_follow_vllm():
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
     counts = torch.tensor([[2.0, 0.0, 1.0, 0.0]])  # generated: token 0 twice, token 2 once

@@ -37,6 +37,7 @@ def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, token_ids: 
     tokens = _mul32(token_ids.to(torch.int64), 0x27D4EB2F)  # (n,) or (rows, n)
     h = _mix32(_mix32(key[:, None] ^ tokens) ^ key[:, None])  # (rows, n)
     u = ((h >> 8).float() + 0.5) * 2.0**-24  # uniform in (0, 1), 24 bits
+    u = u.clamp(max=1 - 2.0**-24)  # the top value rounds to 1.0 in float32: E = 0 would make p / E NaN, drawn by argmax
     return -torch.log(u)
 
 
