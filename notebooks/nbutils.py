@@ -30,8 +30,9 @@ Then::
     check = nbutils.sampling_check(st, prompt_ids, seed=4)  # the same, without the figure: check["worst"] < 5
 
 `COURSE_MODEL` is the trained course model (models/course-llama), used wherever text matters;
-`STORY` is how its stories start. Diagrams of the engine's structures are in figures.py, the
-stages' code on screen in codeview.py, and the exercises in exercises/.
+`STORY` is how its stories start. Diagrams of the engine's structures are in figures.py,
+conceptual diagrams in diagrams.py, the course's map (the "you are here" strip) in course_map.py,
+the stages' code on screen in codeview.py, and the exercises in exercises/.
 
 Benchmark records (live, or recorded in benchmarks/results/) are read and plotted with
 benchmarks.results (`load_results`, `table`, `plot_throughput`), not here.
