@@ -121,7 +121,9 @@ def roofline(points: dict[str, tuple[float, float]], gpu: dict = H200, ax=None, 
         intensity = flops / bytes_
         attained = min(peak, bw * intensity)
         ax.plot(intensity, attained, "o", color=plt.get_cmap("tab10")(i))
-        ax.annotate(label, (intensity, attained), textcoords="offset points", xytext=(6, -12 if i % 2 else 5), fontsize=8)
+        below = i % 2  # alternate sides, so that neighbouring points keep their labels apart
+        ax.annotate(label, (intensity, attained), textcoords="offset points", xytext=(6, -12) if below else (-6, 6),
+                    ha="left" if below else "right", fontsize=8)
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per byte read from memory)",
            ylabel="attainable FLOP/s")
     ax.set_ylim(bw * 0.05, peak * 3)

@@ -353,6 +353,7 @@ def plot_ladder(upto: str, axes=None) -> dict[str, dict[str, float]]:
             else:
                 ax.text(i, top * 0.03, "no record", ha="center", fontsize=7, color="0.4", rotation=90)
         ax.set_xticks(range(len(RUNGS)), [r.split("_", 1)[0] for r in RUNGS])
+        ax.set_xlim(-0.6, len(RUNGS) - 0.4)
         ax.set_ylim(0, top * 1.15)
         ax.set_ylabel("output tokens / s")
         ax.set_title(conditions(next(iter(records.values()))), fontsize=8)
