@@ -195,7 +195,13 @@ def graph_ladder(sizes: list[int], *, graph_for=None, ax=None, title=None):
            hatch="///", label="padding rows (slot -1, context 0)")
     for s in sizes:
         ax.axhline(s, color="0.6", lw=0.6, ls=":")
-    ax.set_yticks(sizes)
+    ticks = [sizes[0]]
+    for s in sizes[1:]:  # a label per rung, but none closer than a twentieth of the axis to the one below
+        if s - ticks[-1] >= sizes[-1] / 20 or s == sizes[-1]:
+            ticks.append(s)
+    if len(ticks) > 1 and ticks[-1] - ticks[-2] < sizes[-1] / 20:
+        del ticks[-2]
+    ax.set_yticks(ticks)
     ax.set(xlabel="sequences in the decode step (n)", ylabel="rows of the graph replayed", xlim=(0.3, ns[-1] + 0.7))
     ax.legend(loc="upper left", fontsize=8)
     wasted = sum(p - n for p, n in zip(padded, ns)) / sum(padded)

@@ -20,16 +20,19 @@ Then::
     nbutils.plot_step_times({"01": stats01}, x=...)      # milliseconds per step, raw and smoothed
     nbutils.plot_kv_usage(llm.stats)                     # reserved vs used KV memory per step
     records = nbutils.benchmark(["01_naive", "02_kvcache"])  # live run of benchmarks/run.py
+    nbutils.plot_ladder("04_prefix_cache")              # the recorded GPU ladder, up to this rung
     workload, records = nbutils.recorded_pair(["03_paged", "04_prefix_cache"], ["shared-prefix", "nanovllm"])
 
     # sampling through a stage's engine against the model's own softmax (first and second token):
     reference = nbutils.model_distributions(nbutils.COURSE_MODEL, prompt_ids, (0.5, 1.0, 1.5))
     samples = nbutils.engine_samples(st, nbutils.COURSE_MODEL, prompt_ids, (0.5, 1.0, 1.5), n=300, seed=3)
     worst = nbutils.plot_engine_samples(samples, reference, labels=tokenizer.decode)  # deviations in standard errors
+    check = nbutils.sampling_check(st, prompt_ids, seed=4)  # the same, without the figure: check["worst"] < 5
 
 `COURSE_MODEL` is the trained course model (models/course-llama), used wherever text matters;
-`STORY` is how its stories start. Diagrams of the engine's structures are in figures.py, the
-stages' code on screen in codeview.py, and the exercises in exercises/.
+`STORY` is how its stories start. Diagrams of the engine's structures are in figures.py,
+conceptual diagrams in diagrams.py, the course's map (the "you are here" strip) in course_map.py,
+the stages' code on screen in codeview.py, and the exercises in exercises/.
 
 Benchmark records (live, or recorded in benchmarks/results/) are read and plotted with
 benchmarks.results (`load_results`, `table`, `plot_throughput`), not here.
@@ -229,6 +232,29 @@ def engine_samples(stage, model_dir, prompt_ids: list[int], temperatures, *, n: 
     return {"counts": counts, "stats": stats, "n": n}
 
 
+def sample_deviations(samples: dict, reference: dict) -> dict:
+    """Per (temperature, "first" or "second" token): the largest deviation of the engine's
+    frequencies from the reference probabilities, in standard errors sqrt(p (1 - p) / n), over
+    the tokens the draws should see at least 5 times (n * p >= 5)."""
+    n, worst = samples["n"], {}
+    for t, counts in samples["counts"].items():
+        for which in ("first", "second"):
+            p, freq = reference[t][which], counts[which].float() / n
+            ok = n * p >= 5
+            worst[t, which] = ((freq - p).abs() / (p * (1 - p) / n).sqrt())[ok].max().item()
+    return worst
+
+
+def sampling_check(stage, prompt_ids: list[int], temperatures=(0.5, 1.0, 1.5), *, n: int = 300, **options) -> dict:
+    """The one-line check of a later notebook (the figure is in 01_naive.ipynb): `n` draws per
+    temperature of the first two tokens through the stage's LLM.generate, against the course
+    model's own softmax (Hugging Face transformers). Returns {"worst": max deviation in standard
+    errors, "stats": the engine's per-step records}."""
+    reference = model_distributions(COURSE_MODEL, prompt_ids, temperatures)
+    samples = engine_samples(stage, COURSE_MODEL, prompt_ids, temperatures, n=n, **options)
+    return {"worst": max(sample_deviations(samples, reference).values()), "stats": samples["stats"], "n": n}
+
+
 def plot_engine_samples(samples: dict, reference: dict, *, top: int = 8, labels=None, axes=None, title=None) -> dict:
     """Bars: the frequencies of the `top` most likely tokens (and all the others together) among
     the engine's samples; markers: the reference probabilities. One column per temperature, one
@@ -240,7 +266,6 @@ def plot_engine_samples(samples: dict, reference: dict, *, top: int = 8, labels=
         fig, axes = plt.subplots(2, len(temperatures), figsize=(3.7 * len(temperatures), 5.6), squeeze=False)
         if title:
             fig.suptitle(title, fontsize=10)
-    worst = {}
     for col, t in enumerate(temperatures):
         for row, which in enumerate(("first", "second")):
             ax = axes[row][col]
@@ -252,9 +277,7 @@ def plot_engine_samples(samples: dict, reference: dict, *, top: int = 8, labels=
             names = [labels(i) if labels else str(i) for i in tokens.tolist()]
             ax.set_xticks(xs, names + ["rest"], fontsize=7, rotation=45)
             ax.set_title(f"{which} token, T = {t}", fontsize=9)
-            ok = n * p >= 5
-            z = ((freq - p).abs() / (p * (1 - p) / n).sqrt())[ok]
-            worst[t, which] = z.max().item()
+    worst = sample_deviations(samples, reference)
     axes[0][0].set_ylabel("probability")
     axes[1][0].set_ylabel("probability")
     axes[0][0].legend(fontsize=7)
@@ -276,3 +299,64 @@ def recorded_pair(engines: Sequence[str], workloads: Sequence[str]) -> tuple[str
         if found:
             return workload, [found[e] for e in engines if e in found]
     return None, []
+
+
+# ---- the recorded ladder: throughput of every rung on a GPU, up to the current notebook ----
+
+RUNGS = ["01_naive", "02_kvcache", "03_paged", "04_prefix_cache", "05_chunked_prefill", "06_cudagraph",
+         "07_tensor_parallel", "final"]
+LADDER_RECORDS = {  # panel: the recorded runs it reads (benchmarks/results/), one per engine
+    "headline": "nanovllm_qwen3-0.6b_*_h200.json",
+    "small": "small-nanovllm_qwen3-0.6b_*_h200.json",
+}
+
+
+def recorded_ladder() -> dict[str, dict[str, dict]]:
+    """{panel: {engine: record}} from the files of LADDER_RECORDS (the last file wins)."""
+    from benchmarks.results import load_results
+
+    return {panel: {r["engine"]: r for r in load_results(pattern)} for panel, pattern in LADDER_RECORDS.items()}
+
+
+def conditions(record: dict) -> str:
+    """The conditions of a recorded run, in words: workload, model shape, dtype, device."""
+    w = record["workload"]["params"]
+    return (f"{record['workload']['name']} workload: {w['num_seqs']} sequences, prompts of {w['min_input_len']}-"
+            f"{w['max_input_len']} tokens, {w['min_output_len']}-{w['max_output_len']} new tokens, T={w['temperature']}\n"
+            f"{record['model']['shape']} shape (random weights), {record['dtype']}, "
+            f"{record.get('device_count', 1)} {record['device_name']}")
+
+
+def plot_ladder(upto: str, axes=None) -> dict[str, dict[str, float]]:
+    """The ladder so far: recorded output tokens/s of every rung up to `upto` (a stage name or
+    "final"), one panel per workload; rungs ahead are left empty, rungs without a record on a
+    workload say so. Returns {panel: {engine: tokens/s}} of what is drawn."""
+    if upto not in RUNGS:
+        raise ValueError(f"unknown rung {upto!r}: one of {', '.join(RUNGS)}")
+    ladder, last = recorded_ladder(), RUNGS.index(upto)
+    if axes is None:
+        _, axes = plt.subplots(1, len(ladder), figsize=(13, 3.9))
+    shown = {}
+    for ax, (panel, records) in zip(axes, ladder.items()):
+        shown[panel] = {}
+        top = max(r["output_tokens_per_s"] for r in records.values())
+        for i, rung in enumerate(RUNGS):
+            label = rung.split("_")[0]
+            if i > last:
+                ax.bar(i, top, color="none", edgecolor="0.85", ls="--")
+                ax.text(i, top * 0.03, "ahead", ha="center", fontsize=7, color="0.6", rotation=90)
+            elif rung in records:
+                tps = records[rung]["output_tokens_per_s"]
+                shown[panel][rung] = tps
+                ax.bar(i, tps, color="tab:orange" if i == last else "tab:blue")
+                ax.text(i, tps, f"{tps:,.0f}", ha="center", va="bottom", fontsize=7.5)
+            else:
+                ax.text(i, top * 0.03, "no record", ha="center", fontsize=7, color="0.4", rotation=90)
+        ax.set_xticks(range(len(RUNGS)), [r.split("_", 1)[0] for r in RUNGS])
+        ax.set_xlim(-0.6, len(RUNGS) - 0.4)
+        ax.set_ylim(0, top * 1.15)
+        ax.set_ylabel("output tokens / s")
+        ax.set_title(conditions(next(iter(records.values()))), fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    plt.tight_layout()
+    return shown

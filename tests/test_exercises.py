@@ -1,27 +1,50 @@
 """The notebooks' exercises: every check passes on its reference solution and fails, with an
 ExerciseFailed that says what is wrong, on planted wrong answers (at least one per check)."""
 
-import importlib
+import os
 
-import pytest
 import torch
-import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # the kernels notebook's Triton solutions: before triton is imported
+
+import importlib  # noqa: E402
+import types  # noqa: E402
+from collections import deque  # noqa: E402
+
+import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 exercises = importlib.import_module("notebooks.exercises")
 ExerciseFailed = exercises.ExerciseFailed
 
 
-def ex(n: int):
-    return importlib.import_module(f"notebooks.exercises.ex{n:02d}")
+K = "kernels"  # kernels.ipynb's exercises: exkernels.py
 
 
-def sol(n: int):
-    return importlib.import_module(f"notebooks.exercises.solutions.ex{n:02d}")
+def _name(n: int | str) -> str:
+    return f"ex{n:02d}" if isinstance(n, int) else f"ex{n}"
 
 
-CHECKS = [(1, "naive_generate"), (1, "gumbel_max"), (2, "step_inputs"), (2, "attend_cached"), (3, "slot_mapping"),
-          (3, "gather_kv"), (4, "prefix_hashes"), (4, "cached_blocks"), (5, "plan_step"), (5, "document_chunks"),
-          (6, "graph_batch_sizes"), (6, "pad_for_graph"), (7, "row_parallel_linear"), (7, "qkv_rows")]
+def ex(n: int | str):
+    return importlib.import_module(f"notebooks.exercises.{_name(n)}")
+
+
+def sol(n: int | str):
+    return importlib.import_module(f"notebooks.exercises.solutions.{_name(n)}")
+
+
+CHECKS = [(1, "naive_generate"), (1, "gumbel_max"), (1, "filter_probs"), (2, "step_inputs"), (2, "attend_cached"),
+          (2, "static_scheduler"), (3, "slot_mapping"), (3, "gather_kv"), (3, "block_manager"), (4, "prefix_hashes"),
+          (4, "cached_blocks"), (4, "prefix_block_manager"), (5, "plan_step"), (5, "document_chunks"), (5, "schedule"),
+          (6, "graph_batch_sizes"), (6, "pad_for_graph"), (6, "replay"), (7, "row_parallel_linear"), (7, "qkv_rows"),
+          (7, "tp_mlp"), (K, "merge_splits"), (K, "store_kvcache")]
+REFERENCE = {"static_scheduler": "StaticBatchScheduler", "block_manager": "BlockManager",
+             "prefix_block_manager": "PrefixBlockManager"}  # classes: check_NAME checks solutions' CLASS
+
+
+def reference(n, name):
+    return getattr(sol(n), REFERENCE.get(name, name))
 
 
 @pytest.fixture(autouse=True)
@@ -32,17 +55,18 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("n, name", CHECKS, ids=[f"ex{n:02d}-{name}" for n, name in CHECKS])
+@pytest.mark.parametrize("n, name", CHECKS, ids=[f"{_name(n)}-{name}" for n, name in CHECKS])
 def test_reference_solution_passes(n, name):
-    summary = getattr(ex(n), f"check_{name}")(getattr(sol(n), name))
+    summary = getattr(ex(n), f"check_{name}")(reference(n, name))
     assert isinstance(summary, str) and summary
 
 
 def test_every_notebook_exercise_is_listed():
-    for n in range(1, 8):
+    for n in [*range(1, 8), K]:
         checks = {k.removeprefix("check_") for k in vars(ex(n)) if k.startswith("check_")}
         assert checks == {name for m, name in CHECKS if m == n}
-        assert all(callable(getattr(sol(n), name)) for name in checks)
+        assert all(callable(reference(n, name)) for name in checks)
+        assert any(getattr(ex(n), f"check_{name}").__doc__.startswith("STRETCH") for name in checks)  # one each
 
 
 # ---- planted wrong answers: each one a mistake a learner could make ----
@@ -177,6 +201,201 @@ def _row_parallel_split_outputs(x, w, b, tp):  # splits W by rows: that is colum
     return partials, torch.cat(partials, dim=-1)
 
 
+# -- the stretch exercises --
+
+
+def _filter_unnormalised(l, t, k, p, m):
+    out = sol(1).filter_probs(l, t, k, p, m)
+    return out * torch.softmax(l / t.unsqueeze(1), -1).where(out > 0, 0).sum(-1, keepdim=True)
+
+
+def _filter_p_inclusive(l, t, k, p, m):  # drops the token that crosses top_p
+    probs = torch.softmax(l / t.unsqueeze(1), -1)
+    sp, order = probs.sort(-1, descending=True)
+    keep = sp.cumsum(-1) <= p.unsqueeze(1)
+    keep[:, 0] = True
+    keep = torch.zeros_like(keep).scatter(-1, order, keep)
+    out = sol(1).filter_probs(l, t, k, torch.ones_like(p), m) * keep
+    return out / out.sum(-1, keepdim=True)
+
+
+def _filter_min_p_absolute(l, t, k, p, m):
+    out = sol(1).filter_probs(l, t, k, p, torch.zeros_like(m))
+    out = out * (torch.softmax(l / t.unsqueeze(1), -1) >= m.unsqueeze(1))
+    return out / out.sum(-1, keepdim=True)
+
+
+def _filter_k0_keeps_none(l, t, k, p, m):
+    return sol(1).filter_probs(l, t, torch.where(k == 0, 1, k), p, m)  # top_k = 0 read as "keep one"
+
+
+class _ContinuousRows(sol(2).StaticBatchScheduler):  # fills a freed row at once: not static batching
+    def schedule(self):
+        self.running = [s for s in self.running if not s.is_finished]
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting.popleft()
+            seq.status, seq.cache_row = type(seq.status).RUNNING, len(self.running)
+            self.running.append(seq)
+        return list(self.running)
+
+
+class _NoCacheBookkeeping(sol(2).StaticBatchScheduler):  # never advances num_cached_tokens: feeds everything
+    def postprocess(self, seqs, token_ids):
+        cached = [s.num_cached_tokens for s in seqs]
+        finished = super().postprocess(seqs, token_ids)
+        for s, c in zip(seqs, cached):
+            s.num_cached_tokens = c
+        return finished
+
+
+class _NoLengthLimit(sol(2).StaticBatchScheduler):
+    def __init__(self, max_num_seqs, max_model_len, eos):
+        super().__init__(max_num_seqs, 10**6, eos)
+
+
+class _LifoFree(sol(3).BlockManager):  # returned blocks go to the front
+    def deallocate(self, seq):
+        self.free_block_ids.extendleft(seq.block_table)
+        seq.block_table.clear()
+
+
+class _Leaks(sol(3).BlockManager):  # never gives blocks back
+    def deallocate(self, seq):
+        seq.block_table.clear()
+
+
+class _AlwaysRoom(sol(3).BlockManager):  # never says the pool is full: no preemption, then an empty deque
+    def can_append(self, seq):
+        return True
+
+
+class _NoEviction(sol(4).PrefixBlockManager):  # a reused block keeps its old entry in the hash map
+    def take_free_block(self):
+        block_id = self.free_block_ids.popleft()
+        self.ref_count[block_id], self.block_tokens[block_id] = 1, []
+        self.block_hash_of[block_id] = -1
+        return block_id
+
+
+class _NoRefCounts(sol(4).PrefixBlockManager):  # frees a block when any of its users finishes
+    def deallocate(self, seq):
+        for block_id in reversed(seq.block_table):
+            self.ref_count[block_id] = 0
+            if block_id not in self.free_block_ids:
+                self.free_block_ids.append(block_id)
+        seq.block_table.clear()
+
+
+class _ForgetsOnFree(sol(4).PrefixBlockManager):  # a freed block loses its hash: no reuse after a request ends
+    def deallocate(self, seq):
+        for block_id in seq.block_table:
+            if self.ref_count[block_id] == 1 and self.hash_to_block_id.get(self.block_hash_of[block_id]) == block_id:
+                del self.hash_to_block_id[self.block_hash_of[block_id]]
+                self.block_hash_of[block_id] = -1
+        super().deallocate(seq)
+
+
+def _schedule_waiting_first(self):
+    running, self.running = self.running, deque()
+    scheduled = sol(5).schedule(self)  # admits first, then...
+    self.running.extendleft(reversed(running))
+    return scheduled
+
+
+def _schedule_no_chunks(self):  # admits whole prompts, over the budget
+    budget = self.max_num_batched_tokens
+    self.max_num_batched_tokens = 10**6
+    try:
+        return sol(5).schedule(self)
+    finally:
+        self.max_num_batched_tokens = budget
+
+
+class _OldestFirst(deque):
+    def pop(self):
+        return self.popleft()
+
+
+def _schedule_preempts_oldest(self):  # makes room by preempting the first admitted, not the last
+    self.running = _OldestFirst(self.running)
+    return sol(5).schedule(self)
+
+
+def _replay_no_padding(self, ids, positions, context):
+    slots, lens = self.graph_inputs["slot_mapping"].clone(), self.graph_inputs["context_lens"].clone()
+    out = sol(6).replay(self, ids, positions, context)
+    n = len(ids)
+    self.graph_inputs["slot_mapping"][n:], self.graph_inputs["context_lens"][n:] = slots[n:], lens[n:]  # garbage stays
+    return out
+
+
+def _replay_largest(self, ids, positions, context):
+    sizes, self.graph_sizes = self.graph_sizes, self.graph_sizes[-1:]
+    try:
+        return sol(6).replay(self, ids, positions, context)
+    finally:
+        self.graph_sizes = sizes
+
+
+def _replay_uncounted(self, ids, positions, context):
+    out = sol(6).replay(self, ids, positions, context)
+    self.num_graph_replays -= 1
+    return out
+
+
+def _replay_no_tables(self, ids, positions, context):
+    tables = self.graph_inputs["block_tables"].clone()
+    out = sol(6).replay(self, ids, positions, context)
+    self.graph_inputs["block_tables"].copy_(tables)
+    return out
+
+
+def _mlp_fused_rows(x, gate, up, down, tp):  # splits the fused [gate | up] weight in contiguous blocks
+    fused, share = torch.cat([gate, up]), 2 * gate.shape[0] // tp
+    partials = []
+    for r in range(tp):
+        g, u = (x @ fused[r * share : (r + 1) * share].T).chunk(2, dim=-1)
+        partials.append((F.silu(g) * u) @ down[:, r * share // 2 : (r + 1) * share // 2].T)
+    return partials, sum(partials)
+
+
+def _mlp_down_by_rows(x, gate, up, down, tp):
+    partials, _ = sol(7).tp_mlp(x, gate, up, down, tp)
+    y = sum(partials)
+    return [y / tp] * tp, y
+
+
+def _merge_mean(out, lse):
+    return out.where(torch.isfinite(lse).unsqueeze(-1), 0).sum(0) / torch.isfinite(lse).sum(0).unsqueeze(-1)
+
+
+def _merge_empty_weighs(out, lse):  # an empty piece (lse = -inf) read as lse = 0
+    return sol(K).merge_splits(out, lse.nan_to_num(neginf=0.0))
+
+
+def _merge_unnormalised(out, lse):
+    w = torch.exp(lse - lse.max(0).values)
+    return (w.unsqueeze(-1) * out.where(w.unsqueeze(-1) > 0, 0)).sum(0)
+
+
+def _store_ignores_skip(key, value, k_cache, v_cache, slots):
+    flat_k, flat_v = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
+    flat_k[slots.long()], flat_v[slots.long()] = key, value  # slot -1 writes the last slot
+
+
+def _store_ignores_strides(key, value, k_cache, v_cache, slots):
+    n, h, d = key.shape
+    key = torch.as_strided(key, (n, h, d), (h * d, d, 1))  # reads as if the keys were contiguous
+    sol(K).store_kvcache(key.contiguous(), value, k_cache, v_cache, slots)
+
+
+def _store_block_major(key, value, k_cache, v_cache, slots):
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            k_cache[s % k_cache.shape[0], s // k_cache.shape[0]] = key[t]
+            v_cache[s % v_cache.shape[0], s // v_cache.shape[0]] = value[t]
+
+
 WRONG = {
     "naive_generate": [_naive_last_token_only, _naive_extra_call],
     "gumbel_max": [
@@ -207,12 +426,22 @@ WRONG = {
                       lambda s, l, z: _pad(s, l, z, _next_size(s, z), -1, 1)],  # padding attends to a token
     "row_parallel_linear": [_row_parallel_bias_everywhere, _row_parallel_concatenated, _row_parallel_split_outputs],
     "qkv_rows": [lambda h, kv, d, r, tp: list(range(r * (h + 2 * kv) * d // tp, (r + 1) * (h + 2 * kv) * d // tp))],
+    "filter_probs": [_filter_unnormalised, _filter_p_inclusive, _filter_min_p_absolute, _filter_k0_keeps_none,
+                     lambda l, t, k, p, m: sol(1).filter_probs(l, torch.ones_like(t), k, p, m)],  # forgets T
+    "static_scheduler": [_ContinuousRows, _NoCacheBookkeeping, _NoLengthLimit],
+    "block_manager": [_LifoFree, _Leaks, _AlwaysRoom],
+    "prefix_block_manager": [_NoEviction, _NoRefCounts, _ForgetsOnFree],
+    "schedule": [_schedule_waiting_first, _schedule_no_chunks, _schedule_preempts_oldest],
+    "replay": [_replay_no_padding, _replay_largest, _replay_uncounted, _replay_no_tables],
+    "tp_mlp": [_mlp_fused_rows, _mlp_down_by_rows],
+    "merge_splits": [_merge_mean, _merge_empty_weighs, _merge_unnormalised],
+    "store_kvcache": [_store_ignores_skip, _store_ignores_strides, _store_block_major],
 }
 
 WRONG_CASES = [(n, name, i) for n, name in CHECKS for i in range(len(WRONG[name]))]
 
 
-@pytest.mark.parametrize("n, name, i", WRONG_CASES, ids=[f"ex{n:02d}-{name}-{i}" for n, name, i in WRONG_CASES])
+@pytest.mark.parametrize("n, name, i", WRONG_CASES, ids=[f"{_name(n)}-{name}-{i}" for n, name, i in WRONG_CASES])
 def test_check_fails_on_a_wrong_answer(n, name, i):
     with pytest.raises(ExerciseFailed) as failure:
         getattr(ex(n), f"check_{name}")(WRONG[name][i])
@@ -228,12 +457,25 @@ def stub(*args):
     raise NotImplementedError
 
 
-def test_run_falls_back_to_the_solution_and_says_so(capsys, monkeypatch):
+def test_run_shows_the_reference_with_a_verdict_of_its_own(capsys, monkeypatch):
     monkeypatch.delenv("EXERCISES_STRICT", raising=False)
     used = exercises.run(ex(6).check_graph_batch_sizes, stub)
     assert used is sol(6).graph_batch_sizes
     out = capsys.readouterr().out
-    assert "not written yet" in out and "solutions/ex06.py" in out and "\N{CHECK MARK}" in out
+    assert "not written yet \N{EM DASH} reference shown" in out and "solutions/ex06.py" in out
+    assert "\N{CHECK MARK}" not in out  # an unwritten exercise never gets the tick of a pass
+    assert out.startswith(exercises.report.NOT_WRITTEN)
+
+
+def test_run_on_an_unwritten_class(capsys, monkeypatch):
+    monkeypatch.delenv("EXERCISES_STRICT", raising=False)
+
+    class BlockManager:
+        def __init__(self, num_blocks, block_size):
+            raise NotImplementedError
+
+    assert exercises.run(ex(3).check_block_manager, BlockManager) is sol(3).BlockManager
+    assert "\N{CHECK MARK}" not in capsys.readouterr().out
 
 
 def test_run_strict_mode_fails_on_a_stub(monkeypatch):

@@ -13,9 +13,14 @@ solution for each exercise, under the same name. In a notebook::
 
 `run` (in report.py) prints a tick and what was checked, or stops with the first wrong answer
 (which input, what was expected, what came back). While the stub still raises
-NotImplementedError, `run` says so and runs the same check on the reference solution instead,
-so the notebook runs top to bottom either way; set EXERCISES_STRICT=1 to make an unwritten stub
-an error. `run` returns the function that passed, for the cells below to use.
+NotImplementedError, the verdict is a different one, "\N{WHITE CIRCLE} not written yet \N{EM DASH} reference
+shown", never a tick: the check runs on the reference solution instead, so the notebook runs top
+to bottom unattended (as nbval runs it) and the cells below get a working function. Set
+EXERCISES_STRICT=1 to make an unwritten stub an error. `run` returns the function that passed
+(yours, or the reference), for the cells below to use.
+
+Each notebook has short exercises (one function, a few lines) and one stretch exercise of real
+size (a class or a loop of 20-60 lines: a block manager, a scheduler, a Triton kernel).
 """
 
 import warnings

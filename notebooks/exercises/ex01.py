@@ -3,7 +3,7 @@
 import torch
 
 from . import stage
-from .report import expect_equal, fail
+from .report import expect_close, expect_equal, fail
 
 STAGE = "01_naive"
 LOGITS = (0.5, 1.0, 2.0, 0.0, -0.5, -1.0, 1.5, 0.2)  # 8 tokens; the most likely is token 2
@@ -97,3 +97,48 @@ def check_gumbel_max(gumbel_max, samples: int = 20_000) -> str:
     return (f"greedy at T = 0, and at T = 0.5, 1, 2 the frequencies of {samples:,} draws each are within "
             f"{worst:.3f} of softmax(logits / T) (allowed: {tolerance:.3f}), like the stage's Sampler")
 
+
+
+def final_filter(logits: torch.Tensor, temperatures, top_k, top_p, min_p) -> torch.Tensor:
+    """The final engine's masks (nanovllm_final.layers.sampler.mask_probs), renormalised."""
+    import importlib
+
+    mask_probs = importlib.import_module("nanovllm_final.layers.sampler").mask_probs
+    probs = mask_probs(torch.softmax(logits / temperatures.unsqueeze(1), dim=-1), top_k, top_p, min_p)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def check_filter_probs(filter_probs) -> str:
+    """STRETCH. filter_probs(logits, temperatures, top_k, top_p, min_p) -> (rows, vocab): the
+    distribution a row samples from with vLLM's masks: softmax(logits / T); top_k keeps the k most
+    likely (0: all); top_p then keeps the most likely tokens until their mass reaches p of what
+    top_k kept (the token that crosses p stays, and so does the most likely one); min_p drops
+    tokens below min_p times the most likely one's probability; renormalised to sum 1. Compared
+    with the final engine's mask_probs."""
+    g = torch.Generator().manual_seed(11)
+    rows, vocab = 96, 40
+    cases = {
+        "no mask": (torch.zeros(rows, dtype=torch.long), torch.ones(rows), torch.zeros(rows)),
+        "top_k only": (torch.randint(1, 12, (rows,), generator=g), torch.ones(rows), torch.zeros(rows)),
+        "top_p only": (torch.zeros(rows, dtype=torch.long), 0.05 + 0.9 * torch.rand(rows, generator=g), torch.zeros(rows)),
+        "min_p only": (torch.zeros(rows, dtype=torch.long), torch.ones(rows), 0.3 * torch.rand(rows, generator=g)),
+        "all three": (torch.randint(0, 12, (rows,), generator=g), 0.05 + 0.9 * torch.rand(rows, generator=g),
+                      0.2 * torch.rand(rows, generator=g)),
+    }
+    for name, (top_k, top_p, min_p) in cases.items():
+        logits = 2.0 * torch.randn(rows, vocab, generator=g)  # (rows, vocab): no ties
+        temperatures = 0.3 + 1.5 * torch.rand(rows, generator=g)  # (rows,)
+        expected = final_filter(logits, temperatures, top_k, top_p, min_p)
+        got = filter_probs(logits.clone(), temperatures.clone(), top_k.clone(), top_p.clone(), min_p.clone())
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+            bad = ((got.float() - expected).abs() > 1e-5).any(-1) | ~torch.isfinite(got.float()).all(-1)
+            if bad.any():
+                r = int(bad.nonzero()[0])
+                kept = lambda p: (p[r] > 0).nonzero().flatten().tolist()
+                fail(f"row {r} differs from the final engine's masks ({name})",
+                     temperature=round(float(temperatures[r]), 3), top_k=int(top_k[r]), top_p=round(float(top_p[r]), 3),
+                     min_p=round(float(min_p[r]), 3), expected_kept_tokens=kept(expected), got_kept_tokens=kept(got),
+                     row_sums=f"expected 1, got {float(got[r].sum()):.4f}")
+        expect_close(got, expected, f"the distribution differs from the final engine's masks ({name})", atol=1e-5)
+    return (f"the same masked, renormalised distributions as the final engine's sampler in {len(cases)} batches of "
+            f"{rows} rows (top_k, top_p, min_p alone and together)")

@@ -83,3 +83,33 @@ def check_attend_cached(attend_cached) -> str:
                      atol=1e-5, **shapes)
         start += n
     return "the cache row and the attention output match the stage's layer after a prefill and two decode steps"
+
+
+STATIC_CASES = [  # (prompt lengths, new tokens, max_num_seqs, max_model_len)
+    ([12, 40, 8, 24, 30, 6, 18], [20, 30, 35, 10, 25, 15, 28], 4, 96),
+    ([5, 9, 7], [6, 3, 9], 2, 64),
+    ([20, 10, 30, 14, 8], [50, 12, 40, 60, 4], 3, 64),  # some reach max_model_len before max_tokens
+]
+
+
+def check_static_scheduler(StaticBatchScheduler) -> str:
+    """STRETCH. StaticBatchScheduler(max_num_seqs, max_model_len, eos_token_ids): the stage's
+    scheduler, written again (add, is_finished, schedule, postprocess, and the `waiting` and
+    `running` queues the engine's stats read). Installed in the stage's own engine in place of its
+    Scheduler; the completions and every step's record (sequences, tokens, KV slots reserved and
+    used) must be the same as with the stage's."""
+    g = torch.Generator().manual_seed(12)
+    steps = 0
+    for prompt_lens, max_tokens, max_num_seqs, max_model_len in STATIC_CASES:
+        prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in prompt_lens]
+
+        def install(llm):
+            eos = sorted(llm.engine.scheduler.eos_token_ids)
+            llm.engine.scheduler = StaticBatchScheduler(max_num_seqs, max_model_len, eos)
+
+        steps += stage.compare_runs(STAGE, dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len), prompts,
+                                    max_tokens, install, "Scheduler",
+                                    inputs=dict(prompt_lens=prompt_lens, max_tokens=max_tokens,
+                                                max_num_seqs=max_num_seqs, max_model_len=max_model_len))
+    return (f"in the stage's engine, the same tokens and the same {steps} steps (sequences, tokens, KV slots) as its "
+            f"own scheduler, in {len(STATIC_CASES)} workloads")

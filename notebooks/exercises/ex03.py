@@ -68,3 +68,40 @@ def check_gather_kv(gather_kv) -> str:
                      block_size=block_size, block_table=table, context_len=context_len)
         checked += 1
     return f"the same K/V as the stage's gather_kv for {checked} block tables (block sizes 3, 4 and 5, tables padded with -1)"
+
+
+def block_state(engine, index: dict) -> dict:
+    """What a step leaves in the block manager: each running request's block table, and the free list."""
+    scheduler = engine.scheduler
+    return {"tables": {index[s.seq_id]: list(s.block_table) for s in scheduler.running},
+            "free": list(scheduler.block_manager.free_block_ids)}
+
+
+POOL_CASES = [  # (prompt lengths, new tokens, block size, blocks in the pool)
+    ([10, 23, 8, 17, 12, 9], [14, 12, 20, 16, 18, 10], 4, 24),  # preempts
+    ([7, 16, 5, 12], [9, 17, 12, 8], 8, 64),  # room for everything
+    ([9, 14, 6, 11], [12, 8, 15, 10], 3, 22),  # preempts
+]
+
+
+def check_block_manager(BlockManager) -> str:
+    """STRETCH. BlockManager(num_blocks, block_size): the stage's free-list block manager, written
+    again (num_blocks, block_size, free_block_ids, num_free_blocks, can_allocate, allocate,
+    deallocate, can_append, may_append). Installed in the stage's own engine, on pools small
+    enough to force preemption; the completions, every step's record, the block tables and the
+    free list after every step must be the same as with the stage's."""
+    g = torch.Generator().manual_seed(13)
+    steps, preempted = 0, 0
+    for prompt_lens, max_tokens, block_size, num_blocks in POOL_CASES:
+        prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in prompt_lens]
+
+        def install(llm):
+            bm = BlockManager(num_blocks, block_size)
+            llm.engine.block_manager = llm.engine.scheduler.block_manager = bm
+
+        options = dict(kvcache_block_size=block_size, num_kvcache_blocks=num_blocks, max_model_len=64)
+        steps += stage.compare_runs(STAGE, options, prompts, max_tokens, install, "BlockManager", trace=block_state,
+                                    inputs=dict(prompt_lens=prompt_lens, max_tokens=max_tokens, block_size=block_size,
+                                                num_blocks=num_blocks))
+    return (f"in the stage's engine, the same tokens, block tables and free list as its own BlockManager over {steps} "
+            f"steps of {len(POOL_CASES)} workloads, preemptions included")

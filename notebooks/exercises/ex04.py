@@ -90,3 +90,52 @@ def check_cached_blocks(cached_blocks) -> str:
                      "(full blocks only, never the block holding the last token, stop at the first miss, and "
                      "confirm that the stored tokens are the same)", token_ids=token_ids, block_size=block_size)
     return f"the same shared blocks as the stage's allocate in {len(cases) + 1} cases (hits, misses, a block boundary, a collision)"
+
+
+def cache_state(engine, index: dict) -> dict:
+    """What a step leaves in the block manager: each running request's block table, the free
+    list, and which blocks the hash map can find."""
+    bm = engine.scheduler.block_manager
+    return {"tables": {index[s.seq_id]: list(s.block_table) for s in engine.scheduler.running},
+            "free": list(bm.free_block_ids), "registered": sorted(bm.hash_to_block_id.values())}
+
+
+def shared_prefix_workload(seed: int, num: int, prefix_len: int, prefixes: int = 1):
+    """num prompts: one of `prefixes` shared prefixes of prefix_len tokens, then 1-6 of their own."""
+    g = torch.Generator().manual_seed(seed)
+    heads = [torch.randint(3, 500, (prefix_len,), generator=g).tolist() for _ in range(prefixes)]
+    prompts = [heads[i % prefixes] + torch.randint(3, 500, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
+               for i in range(num)]
+    return prompts, torch.randint(4, 13, (num,), generator=g).tolist()
+
+
+PREFIX_CASES = [  # (seed, requests, prefix length, distinct prefixes, block size, pool, max_num_seqs)
+    (0, 7, 16, 1, 4, 64, 3),  # room to spare: every later request hits
+    (1, 8, 12, 2, 4, 16, 2),  # two prefixes in turn, a pool so small that freed blocks are taken back
+    (2, 8, 10, 1, 3, 24, 4),  # a prefix that ends inside a block
+]
+
+
+def check_prefix_block_manager(PrefixBlockManager) -> str:
+    """STRETCH. PrefixBlockManager(num_blocks, block_size): the stage's block manager with
+    reference counts and the prefix cache, written again (what 03's had, plus hash_to_block_id,
+    num_hit_tokens, hash_blocks, and sharing in allocate). Installed in the stage's own engine
+    on shared-prefix workloads, one with a pool small enough that cached blocks are evicted
+    (taken from the free list for new tokens, their hash forgotten); the completions, every
+    step's record (prefix hits included), the block tables, the free list and the registered
+    blocks after every step must be the same as with the stage's."""
+    steps = 0
+    for seed, num, prefix_len, prefixes, block_size, num_blocks, max_num_seqs in PREFIX_CASES:
+        prompts, max_tokens = shared_prefix_workload(seed, num, prefix_len, prefixes)
+
+        def install(llm):
+            bm = PrefixBlockManager(num_blocks, block_size)
+            llm.engine.block_manager = llm.engine.scheduler.block_manager = bm
+
+        options = dict(kvcache_block_size=block_size, num_kvcache_blocks=num_blocks, max_model_len=48,
+                       max_num_seqs=max_num_seqs)
+        steps += stage.compare_runs(STAGE, options, prompts, max_tokens, install, "BlockManager", trace=cache_state,
+                                    inputs=dict(requests=num, prefix_len=prefix_len, prefixes=prefixes,
+                                                block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs))
+    return (f"in the stage's engine, the same tokens, prefix hits, block tables, free list and registered blocks as its "
+            f"own BlockManager over {steps} steps of {len(PREFIX_CASES)} shared-prefix workloads, eviction included")

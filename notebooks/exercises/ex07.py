@@ -101,3 +101,51 @@ def check_qkv_rows(qkv_rows) -> str:
                          num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, rank=rank, tp_size=tp_size)
             checked += 1
     return f"the same rows as the stage's QKVParallelLinear on {checked} ranks (TP = 1, 2, 4; GQA and MHA)"
+
+
+def stage_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, tp_size: int):
+    """Each rank's MLP (built and loaded by the stage: merged column-parallel gate_up, row-parallel
+    down) on the whole x, before the all-reduce; and the stage's unsharded MLP."""
+    from types import SimpleNamespace
+
+    MLP = stage.module(STAGE, "models.transformer").MLP
+    linear = stage.module(STAGE, "layers.linear")
+    cfg = SimpleNamespace(hidden_size=gate.shape[1], intermediate_size=gate.shape[0])
+    original, outs = linear.all_reduce, []
+    linear.all_reduce = lambda t: t  # keep each rank's partial sum
+    try:
+        for rank in [*range(tp_size), None]:
+            with as_rank(rank or 0, 1 if rank is None else tp_size):
+                mlp = MLP(cfg)
+            mlp.gate_up_proj.weight.weight_loader(mlp.gate_up_proj.weight, gate, 0)
+            mlp.gate_up_proj.weight.weight_loader(mlp.gate_up_proj.weight, up, 1)
+            mlp.down_proj.weight.weight_loader(mlp.down_proj.weight, down)
+            outs.append(mlp(x))
+    finally:
+        linear.all_reduce = original
+    return outs[:-1], outs[-1]
+
+
+def check_tp_mlp(tp_mlp) -> str:
+    """STRETCH. tp_mlp(x, gate, up, down, tp_size) -> (partials, y): a tensor-parallel SwiGLU MLP,
+    simulated with one tensor slice per rank. gate and up are (intermediate, hidden), down is
+    (hidden, intermediate); y = down(silu(x gate^T) * (x up^T)). Rank r holds rows r*I/tp ..
+    (r+1)*I/tp of gate and of up (merged column-parallel: no communication) and the same columns
+    of down (row-parallel): its partial output is (tokens, hidden), and the all-reduce sums them.
+    Compared with the stage's MLP built on each rank and with its unsharded MLP."""
+    g = torch.Generator().manual_seed(16)
+    for tokens, hidden, inter, tp_size in ((3, 8, 12, 2), (2, 6, 16, 4), (4, 8, 10, 1), (5, 16, 24, 2)):
+        x = torch.randn(tokens, hidden, generator=g)
+        gate, up = torch.randn(inter, hidden, generator=g), torch.randn(inter, hidden, generator=g)
+        down = torch.randn(hidden, inter, generator=g)
+        with torch.no_grad():
+            expected_partials, expected = stage_mlp(x, gate, up, down, tp_size)
+        got = tp_mlp(x.clone(), gate.clone(), up.clone(), down.clone(), tp_size)
+        shapes = dict(x=tuple(x.shape), gate=tuple(gate.shape), down=tuple(down.shape), tp_size=tp_size)
+        if not isinstance(got, (tuple, list)) or len(got) != 2 or len(got[0]) != tp_size:
+            fail("return (partials, y): a list of tp_size partial outputs, and their sum", **shapes)
+        for rank, (mine, theirs) in enumerate(zip(got[0], expected_partials)):
+            expect_close(mine, theirs, f"rank {rank}'s partial output differs from the stage's MLP on rank {rank} "
+                         "(its own rows of gate AND of up, the same columns of down)", atol=1e-4, **shapes)
+        expect_close(got[1], expected, "the all-reduced output differs from the unsharded MLP", atol=1e-4, **shapes)
+    return "each rank's partial output matches the stage's MLP on that rank, and their sum the unsharded MLP (TP = 1, 2, 4)"

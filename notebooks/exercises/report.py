@@ -14,30 +14,40 @@ class ExerciseFailed(AssertionError):
         return [f"\N{BALLOT X} {line}" if i == 0 else f"  {line}" for i, line in enumerate(str(self).splitlines())]
 
 
+NOT_WRITTEN = "\N{WHITE CIRCLE}"  # the verdict of an exercise not written yet: never the tick of a pass
+
+
 def run(check: Callable[[Callable], str], fn: Callable) -> Callable:
     """Run `check(fn)` and print its verdict; return the function that passed.
 
-    A stub that raises NotImplementedError is not written yet: the check runs on the reference
-    solution instead (solutions/exNN.py, same name) and says so, unless EXERCISES_STRICT=1."""
+    A stub that raises NotImplementedError is not written yet. The verdict says so, with a mark
+    of its own (never the tick of a pass): "not written yet — reference shown". The check then
+    runs on the reference solution (solutions/exNN.py, same name), so that the cells below have
+    a working function and the notebook runs top to bottom unattended; EXERCISES_STRICT=1 makes
+    an unwritten stub an error instead."""
     try:
         summary = check(fn)
     except NotImplementedError:
         if os.environ.get("EXERCISES_STRICT") == "1":
             raise ExerciseFailed(f"{fn.__name__} is not written yet: it raises NotImplementedError") from None
-        solution = reference(check)
-        print(f"{fn.__name__} is not written yet (it raises NotImplementedError): checking the reference "
-              f"solution, notebooks/exercises/solutions/{check.__module__.rsplit('.', 1)[-1]}.py, instead.")
+        solution = reference(check, fn.__name__)
+        module = check.__module__.rsplit(".", 1)[-1]
         summary = check(solution)
-        fn = solution
+        print(f"{NOT_WRITTEN} {fn.__name__}: not written yet \N{EM DASH} reference shown. Your stub raises "
+              f"NotImplementedError, so nothing of yours was checked; the cells below use the reference solution "
+              f"(notebooks/exercises/solutions/{module}.py), on which the check says: {summary}")
+        return solution
     print(f"\N{CHECK MARK} {fn.__name__}: {summary}")
     return fn
 
 
-def reference(check: Callable) -> Callable:
-    """The reference solution a check belongs to: check_NAME in exNN.py -> NAME in solutions/exNN.py."""
+def reference(check: Callable, name: str | None = None) -> Callable:
+    """The reference solution a check belongs to: check_NAME in exNN.py -> NAME in solutions/exNN.py,
+    or, for a class (check_block_manager -> BlockManager), the stub's own name."""
     package, module = check.__module__.rsplit(".", 1)
     solutions = importlib.import_module(f"{package}.solutions.{module}")
-    return getattr(solutions, check.__name__.removeprefix("check_"))
+    found = getattr(solutions, check.__name__.removeprefix("check_"), None)
+    return found if found is not None else getattr(solutions, name)
 
 
 # ---- what the checks use to say what is wrong ----

@@ -17,3 +17,19 @@ def gumbel_max(logits: torch.Tensor, temperatures: torch.Tensor, uniform: torch.
     noise = -torch.log(uniform)  # Exp(1): -log of a uniform draw
     sampled = (probs / noise).argmax(dim=-1)  # (rows,)
     return torch.where(temperatures == 0, logits.argmax(dim=-1), sampled)
+
+
+def filter_probs(logits, temperatures, top_k, top_p, min_p) -> torch.Tensor:
+    # logits: (rows, vocab); temperatures, top_k, top_p, min_p: (rows,)
+    probs = torch.softmax(logits / temperatures.unsqueeze(1), dim=-1)  # (rows, vocab)
+    vocab = probs.shape[-1]
+    sorted_p, order = probs.sort(dim=-1, descending=True)  # (rows, vocab), most likely first
+    k = torch.where(top_k > 0, top_k, vocab).unsqueeze(1)  # (rows, 1): 0 means all
+    keep = torch.arange(vocab) < k  # (rows, vocab), in sorted order
+    kept = sorted_p * keep  # the mass top_k kept
+    before = kept.cumsum(-1) - kept  # (rows, vocab): mass of the more likely kept tokens
+    keep &= (before < top_p.unsqueeze(1) * kept.sum(-1, keepdim=True)) | (top_p >= 1).unsqueeze(1)
+    keep = torch.zeros_like(keep).scatter(-1, order, keep)  # back to vocabulary order
+    keep &= probs >= min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+    masked = probs * keep
+    return masked / masked.sum(-1, keepdim=True)
