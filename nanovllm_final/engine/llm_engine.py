@@ -17,7 +17,7 @@ from .request import Request
 from .sampling import PendingSample, build_sampling_batch, sample
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .step_input import build_step_input
+from .step_input import StepInput, build_step_input
 from .workers import WorkerError, WorkerGroup
 
 logger = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ class InFlight:
     of `sample` is the pending token of `sampling[i]`, on the device, where it feeds the
     next step (overlap scheduling) before the host sees it."""
 
+    step: StepInput
     seqs: list[Sequence]  # every sequence the step runs
     sampling: list[Sequence]  # those it samples for, in row order
     sample: PendingSample | None
@@ -214,7 +215,7 @@ class LLMEngine:
         self.scheduler.launched(seqs)
         record = self.metrics.step_record(step, len(seqs), self.block_manager.num_hit_tokens - hits_before)
         needs_tokens = any(seq.params.has_penalties for seq in sampling)
-        return InFlight(seqs, sampling, pending, record, start, needs_tokens)
+        return InFlight(step, seqs, sampling, pending, record, start, needs_tokens)
 
     def _complete(self, done: InFlight, finished_only: bool) -> list[RequestOutput]:
         """Wait for the step's tokens; resolve, detokenize, check stops, hand out outputs."""
