@@ -1,8 +1,9 @@
 """A step that raises in the final engine (a request's bad value that slipped past the
 checks, a failed copy): the requests in that step end with finish_reason "error" and the
 error's message, their KV blocks are freed, and the engine serves the others as if
-nothing had happened. An error that loses the device ends every request at once and
-stops the engine with the reason; nobody waits forever. With and without overlap."""
+nothing had happened. An error that loses the device stops the engine: the step raises
+it, every request it held ends with an error, later calls say why; nobody waits forever.
+With and without overlap."""
 
 import pytest
 import torch
@@ -137,10 +138,12 @@ def test_a_lost_device_ends_every_request_and_stops_the_engine(model_dir, monkey
             raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
         monkeypatch.setattr(runner, "execute", lost)
-        finals = drain(engine)
+        with pytest.raises(torch.AcceleratorError, match="illegal memory access"):  # the step that met it says so
+            engine.step()
+        finals = drain(engine)  # then every request it held ends
         assert sorted(finals) == sorted(ids)  # the waiting one too
         assert all(out.outputs[0].finish_reason == "error" and "illegal memory access" in out.error for out in finals.values())
         assert_all_free(engine)
         monkeypatch.setattr(runner, "execute", real)
-        with pytest.raises(RuntimeError, match="the engine stopped after an error .*illegal memory access"):
+        with pytest.raises(RuntimeError, match="the engine stopped earlier: AcceleratorError: .*illegal memory access"):
             llm.generate(prompts[:1], GOOD, use_tqdm=False)

@@ -63,7 +63,8 @@ class LLMEngine:
 
     A step that raises ends its requests with finish_reason "error" (the message in the
     output's `error`) and frees their blocks; the others go on. An error that loses the
-    device or the tensor-parallel workers ends every request, and later steps raise."""
+    device or the tensor-parallel workers stops the engine: that step raises it, the next
+    call hands out an error output for every request, and later calls raise."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, tokenizer):
         check_tensor_parallel(config, model_config)
@@ -81,7 +82,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager)
         self.metrics = EngineMetrics(self.scheduler, self.block_manager)
         self.requests: dict[str, Request] = {}
-        self.pending: list[RequestOutput] = []  # outputs of aborted or failed requests, handed out by the next step
+        self.pending: list[RequestOutput] = []  # outputs not handed out yet (the step returns them)
         self.overlap = config.overlap_scheduling
         self.in_flight: InFlight | None = None
         self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
@@ -167,33 +168,33 @@ class LLMEngine:
         """One model step; returns an output for every request that got tokens or finished
         (`finished_only`: for the finished ones only, which spares decoding text nobody reads).
         With overlap, the outputs are those of the step launched by the call before."""
-        if self.error is not None:
-            raise RuntimeError(f"the engine stopped after an error ({self.error}); create a new LLM")
-        outputs = self._overlapped_step(finished_only) if self.overlap else self._sequential_step(finished_only)
-        outputs, self.pending = self.pending + outputs, []
+        if self.error is not None and not self.pending:
+            raise RuntimeError(f"the engine stopped earlier: {self.error}; create a new LLM")
+        if self.error is None:
+            self._overlapped_step(finished_only) if self.overlap else self._sequential_step(finished_only)
+        outputs, self.pending = self.pending, []
         return outputs
 
-    def _sequential_step(self, finished_only: bool) -> list[RequestOutput]:
+    def _sequential_step(self, finished_only: bool) -> None:
         """Launch a step and complete it."""
         done = self._launch(None)
-        return self._complete(done, finished_only) if done is not None else []
+        if done is not None:
+            self._complete(done, finished_only)
 
-    def _overlapped_step(self, finished_only: bool) -> list[RequestOutput]:
+    def _overlapped_step(self, finished_only: bool) -> None:
         """Launch step N+1, then complete step N (the one in flight) while the device runs N+1."""
-        outputs = []
         done, self.in_flight = self.in_flight, None
         if done is not None and done.needs_tokens:  # N+1's schedule needs N's tokens on the host
-            outputs += self._complete(done, finished_only)
+            self._complete(done, finished_only)
             done = None
         self.in_flight = self._launch(done)
-        if done is not None and self.error is None:
-            outputs += self._complete(done, finished_only)
+        if done is not None:
+            self._complete(done, finished_only)
         if self.in_flight is not None and not self.requests:  # it runs only sequences that have ended
-            outputs += self._complete(self.in_flight, finished_only)
+            self._complete(self.in_flight, finished_only)
             self.in_flight = None
         if self.in_flight is None:
             self.last_done = None  # idle: the next step's time counts from its launch
-        return outputs
 
     def _launch(self, prev: InFlight | None) -> InFlight | None:
         """Schedule, build the inputs, queue the model and the sampler on the device. `prev`:
@@ -217,8 +218,8 @@ class LLMEngine:
         needs_tokens = any(seq.params.has_penalties for seq in sampling)
         return InFlight(step, seqs, sampling, pending, record, start, needs_tokens)
 
-    def _complete(self, done: InFlight, finished_only: bool) -> list[RequestOutput]:
-        """Wait for the step's tokens; resolve, detokenize, check stops, hand out outputs."""
+    def _complete(self, done: InFlight, finished_only: bool) -> None:
+        """Wait for the step's tokens; resolve, detokenize, check stops, queue the outputs."""
         try:
             sampled = done.sample.result() if done.sample is not None else None
             now = time.perf_counter()
@@ -242,7 +243,8 @@ class LLMEngine:
             outputs = [request.output() for request in news.values() if request.finished or not finished_only]
         except Exception as err:
             self._fail(done.seqs, err)
-            return []
+            return
+        self.pending += outputs
         for request in news.values():
             if request.finished:
                 del self.requests[request.request_id]
@@ -250,18 +252,19 @@ class LLMEngine:
         end = time.perf_counter()
         self.metrics.on_step(done.record, end - max(done.launched_at, self.last_done or 0.0))
         self.last_done = end
-        return outputs
 
     # ---- a step that failed ----
 
     def _fail(self, seqs: list[Sequence], err: Exception) -> None:
         """End the requests of a failed step with finish_reason "error" and free their blocks;
-        if the error lost the device or the workers, end every request and stop the engine."""
+        if the error lost the device or the workers, end every request, stop the engine and
+        raise the error."""
         fatal = isinstance(err, (WorkerError, torch.AcceleratorError)) or (self.workers is not None and not self.workers.alive)
         message = f"{type(err).__name__}: {err}"
-        logger.error("a step failed: %s; %s", message, "the engine stops" if fatal else "its requests end with an error", exc_info=err)
         if fatal:
             self.error, self.in_flight = message, None
+        else:
+            logger.error("a step failed, its requests end with an error: %s", message, exc_info=err)
         for request_id in list(self.requests) if fatal else dict.fromkeys(seq.request_id for seq in seqs):
             request = self.requests.pop(request_id, None)
             if request is None:
@@ -270,6 +273,8 @@ class LLMEngine:
                 self.scheduler.finish(seq, "error")
             self.pending.append(self._error_output(request, message))
             self.metrics.on_finish(request)
+        if fatal:
+            raise err
 
     @staticmethod
     def _error_output(request: Request, message: str) -> RequestOutput:
