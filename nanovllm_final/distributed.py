@@ -16,33 +16,40 @@ graph is destroyed. So the model runner hands its graphs to `keep_graphs`, and l
 import datetime
 import os
 import threading
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-_rank, _size = 0, 1  # the shard that layers built from now on take
-_owned = False  # did we create torch.distributed's default group (so that we may destroy it)?
-_graph_holders: list[dict] = []  # dicts of CUDA graphs that captured this group's collectives
+
+@dataclass
+class _Group:
+    rank: int = 0  # the shard that layers built from now on take
+    size: int = 1
+    owned: bool = False  # did we create torch.distributed's default group (so that we may destroy it)?
+    graph_holders: list[dict] = field(default_factory=list)  # dicts of CUDA graphs that captured its collectives
+
+
+_group = _Group()  # this process's place in a tensor-parallel group
 
 
 def get_tp_rank() -> int:
-    return _rank
+    return _group.rank
 
 
 def get_tp_size() -> int:
-    return _size
+    return _group.size
 
 
 def set_tp_rank(rank: int, size: int) -> None:
-    global _rank, _size
-    _rank, _size = rank, size
+    _group.rank, _group.size = rank, size
 
 
 def divide(n: int, what: str) -> int:
     """Each rank's equal share of `n` (the engine checks divisibility up front; this is a guard)."""
-    if n % _size:
-        raise ValueError(f"{what}={n} is not divisible by tensor_parallel_size={_size}")
-    return n // _size
+    if n % _group.size:
+        raise ValueError(f"{what}={n} is not divisible by tensor_parallel_size={_group.size}")
+    return n // _group.size
 
 
 # ---- the group's lifecycle ----
@@ -59,38 +66,36 @@ def require_no_process_group() -> None:
 def init_tensor_parallel(rank: int, size: int, backend: str, init_method: str, timeout_s: float) -> None:
     """Join the group: blocks until all `size` ranks have called it with the same `init_method`.
     `timeout_s` bounds the rendezvous and each collective (a live but stuck peer)."""
-    global _owned
     require_no_process_group()
     if backend == "nccl":  # on a failed or timed-out collective, abort the group but never kill this process
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
-    _owned = True
+    _group.owned = True
     set_tp_rank(rank, size)
 
 
 def keep_graphs(graphs: dict) -> None:
     """`graphs` holds CUDA graphs that capture this group's collectives: leaving the group
     empties it first (NCCL waits for those graphs to die before it lets a communicator go)."""
-    _graph_holders.append(graphs)
+    _group.graph_holders.append(graphs)
 
 
 def release_graphs() -> None:
     """Drop every CUDA graph that captured a collective. A graph still replaying is freed by
     CUDA when its launch completes."""
-    for graphs in _graph_holders:
+    for graphs in _group.graph_holders:
         graphs.clear()
 
 
 def destroy_tensor_parallel() -> None:
     """Leave the group, together with the other ranks (each waits for the others to leave
     too). Idempotent; a group that someone else created is left alone."""
-    global _owned
     release_graphs()
-    _graph_holders.clear()
-    if _owned and dist.is_initialized():
+    _group.graph_holders.clear()
+    if _group.owned and dist.is_initialized():
         dist.destroy_process_group()
-    _owned = False
+    _group.owned = False
     set_tp_rank(0, 1)
 
 
@@ -105,7 +110,7 @@ def abort_tensor_parallel() -> None:
     that another thread is replaying dies when that replay call returns). torch's abort is
     private API."""
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if not (_owned and dist.is_initialized() and dist.get_backend() == "nccl" and abort is not None):
+    if not (_group.owned and dist.is_initialized() and dist.get_backend() == "nccl" and abort is not None):
         return
     release_graphs()
 

@@ -12,7 +12,7 @@ class CompletionOutput:
     token_ids: list[int]  # every generated token so far
     delta_text: str  # text new in this step (held back while it could be the start of a stop string)
     delta_token_ids: list[int]  # tokens new in this step
-    finish_reason: str | None  # None while running; "stop" | "length" | "abort"
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error"
     logprobs: list[dict] | None  # per token {"token_id", "logprob", "top_logprobs": {id: logprob}}; None if not asked
 
     @property
@@ -41,6 +41,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool  # all n completions are done
     metrics: RequestMetrics = field(default=None)
+    error: str | None = None  # why the request failed (its completions' finish_reason is "error")
 
     def as_dict(self) -> dict:
         """The dict `LLM.generate` returns: the first completion's fields, plus all of them in `outputs`."""

@@ -158,7 +158,7 @@ def test_contiguous_cache_too_big_is_a_startup_error(model_dir):
 
 @pytest.mark.parametrize("engine", [e for e in ENGINES if level(e) >= 6])
 def test_cudagraph_ladder(engine):
-    runner = engine_module(engine, "engine.model_runner")
+    runner = engine_module(engine, "engine.cuda_graphs" if engine == "final" else "engine.model_runner")
     assert runner.graph_batch_sizes(256) == [1, 2, 4, 8, *range(16, 257, 16)]
     assert runner.graph_batch_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
     assert runner.graph_batch_sizes(1000)[-1] == 512

@@ -80,9 +80,9 @@ def test_sliding_window_is_refused(model_dir, tmp_path):
 
 
 def test_vocab_past_the_tokenizer_warns_once(tmp_path, caplog, monkeypatch):
-    import nanovllm_final.engine.llm_engine as llm_engine
+    from nanovllm_final.log import log_once
 
-    monkeypatch.setattr(llm_engine, "_warned_vocab", False)  # as in a fresh process
+    log_once.cache_clear()  # as in a fresh process
     path = make_model(tmp_path / "wide", arch="qwen3", vocab_size=4096)  # the tokenizer has 500 tokens
     params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
     with caplog.at_level(logging.WARNING, logger="nanovllm_final"):

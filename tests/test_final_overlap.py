@@ -7,7 +7,7 @@ import pytest
 
 from common import random_prompts
 from nanovllm_final import LLM, SamplingParams
-from nanovllm_final.engine import model_runner
+from nanovllm_final.engine import sampling
 
 OPTIONS = dict(device="cpu", max_model_len=96, kvcache_block_size=4)
 
@@ -34,8 +34,8 @@ def tokens_fed(llm, prompts, params) -> int:
 
 def assert_no_leak(llm):
     engine = llm.engine
-    assert engine.in_flight is None and not engine.requests
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert engine.in_flight is None and not engine.has_unfinished_requests()
+    assert engine.num_free_blocks == engine.num_blocks
 
 
 def stop_ids(llm, prompts) -> list[int]:
@@ -97,7 +97,7 @@ def test_overlap_under_chunking_and_preemption(model_dir, options):
             runs[overlap] = tokens(llm, prompts, params)
             assert_no_leak(llm)
             if "num_kvcache_blocks" in options:
-                assert llm.engine.scheduler.total_preemptions > 0
+                assert llm.engine.metrics_summary()["preemptions"] > 0
     assert runs[True] == runs[False]
 
 
@@ -116,9 +116,9 @@ def test_next_step_launches_before_the_last_one_is_read(pair, monkeypatch):
     events = []
     for llm, name in ((on, "on"), (off, "off")):
         runner = llm.engine.model_runner
-        monkeypatch.setattr(runner, "execute", lambda step, f=runner.execute, n=name: (events.append((n, "launch")), f(step))[1])
-    result = model_runner.PendingSample.result
-    monkeypatch.setattr(model_runner.PendingSample, "result", lambda self: (events.append((current[0], "read")), result(self))[1])
+        monkeypatch.setattr(runner, "execute", lambda step, f=runner.execute, n=name, **kw: (events.append((n, "launch")), f(step, **kw))[1])
+    result = sampling.PendingSample.result
+    monkeypatch.setattr(sampling.PendingSample, "result", lambda self: (events.append((current[0], "read")), result(self))[1])
     prompts = random_prompts([6, 9], seed=4)
     for llm, name in ((on, "on"), (off, "off")):
         current = [name]

@@ -265,23 +265,19 @@ def test_paged_decode_matches_torch_reference(flash_attn, engine, dtype):
     torch.testing.assert_close(got, want, **TOL[dtype])
 
 
-def test_final_flash_backend_class_calls_the_wrappers(flash_attn):
-    """The final engine's FlashAttnBackend (what the runner holds) gives the torch backend's results."""
+def test_final_flash_backend_gives_the_torch_backends_results(flash_attn):
+    """The final engine's flash_attn backend (the module make_backend hands the runner) gives the torch backend's results."""
     attn = engine_module("final", "layers.attention")
-    ctx_mod = engine_module("final", "layers.context")
     flash_backend = attn.make_backend("flash_attn", torch.device("cuda"), BLOCK, torch.bfloat16)  # a name check: nothing runs on CUDA
-    torch_backend = attn.TorchBackend()
+    torch_backend = attn.make_backend("torch", torch.device("cpu"), BLOCK, torch.bfloat16)
     seqs = [(400, 144), (256, 256)]
     b = make_batch(seqs, torch.bfloat16, seed=3)
-    _store(torch_backend.ops, b, seqs)
-    for is_decode in (False, True):
-        q = torch.stack([qs[-1] for qs in b["qs"]]) if is_decode else b["q"]
-        cu = torch.arange(len(seqs) + 1, dtype=torch.int32) if is_decode else b["cu_seqlens_q"]
-        ctx = ctx_mod.Context(cu_seqlens_q=cu, slot_mapping=torch.empty(0, dtype=torch.int64), context_lens=b["context_lens"],
-                              block_tables=b["block_tables"], max_seqlen_q=1 if is_decode else b["max_seqlen_q"], is_decode=is_decode)
-        run = (lambda be: be.decode) if is_decode else (lambda be: be.prefill)
-        torch.testing.assert_close(run(flash_backend)(q, b["k_cache"], b["v_cache"], ctx, 0.125),
-                                   run(torch_backend)(q, b["k_cache"], b["v_cache"], ctx, 0.125), **TOL[torch.bfloat16])
+    _store(torch_backend, b, seqs)
+    cache = (b["k_cache"], b["v_cache"])
+    prefill = (b["q"], *cache, b["cu_seqlens_q"], b["context_lens"], b["block_tables"], 0.125, b["max_seqlen_q"])
+    decode = (torch.stack([qs[-1] for qs in b["qs"]]), *cache, b["context_lens"], b["block_tables"], 0.125)
+    torch.testing.assert_close(flash_backend.paged_prefill_attention(*prefill), torch_backend.paged_prefill_attention(*prefill), **TOL[torch.bfloat16])
+    torch.testing.assert_close(flash_backend.paged_decode_attention(*decode), torch_backend.paged_decode_attention(*decode), **TOL[torch.bfloat16])
 
 
 # --------------------------------------------------------------------------------------

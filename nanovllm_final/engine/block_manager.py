@@ -16,6 +16,11 @@ def block_hash(token_ids: list[int], prefix_hash: int) -> int:
     return h.intdigest()
 
 
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold `num_tokens` tokens (the last one may be part full)."""
+    return -(-num_tokens // block_size)
+
+
 class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -53,7 +58,7 @@ class BlockManager:
         return len(self.free_block_ids)
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return (num_tokens + self.block_size - 1) // self.block_size
+        return blocks_needed(num_tokens, self.block_size)
 
     def can_allocate(self, seq: Sequence) -> bool:
         """Are there enough free blocks for the whole sequence as it is now? (Cache hits

@@ -1,36 +1,46 @@
+import functools
 import itertools
 import logging
 import time
 from dataclasses import dataclass
 
+import torch
+
 from ..config import EngineConfig, ModelConfig, check_tensor_parallel
-from ..outputs import RequestOutput
+from ..log import log_once
+from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from ..validate import Problem, validate_request
 from .block_manager import BlockManager
 from .metrics import EngineMetrics
-from .model_runner import ModelRunner, PendingSample
+from .model_runner import ModelRunner
 from .request import Request
-from .sampling_batch import build_sampling_batch
+from .sampling import PendingSample, build_sampling_batch, sample
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_input import StepInput, build_step_input
-from .workers import WorkerGroup
+from .workers import WorkerError, WorkerGroup
 
 logger = logging.getLogger(__name__)
-_warned_vocab = False
 
 
 @dataclass
 class InFlight:
-    """A step launched on the device whose sampled tokens the host has not seen yet."""
+    """A launched step whose sampled tokens the host has not read yet. It holds them: row i
+    of `sample` is the pending token of `sampling[i]`, on the device, where it feeds the
+    next step (overlap scheduling) before the host sees it."""
 
     step: StepInput
-    sampling: list[Sequence]  # in row order
+    seqs: list[Sequence]  # every sequence the step runs
+    sampling: list[Sequence]  # those it samples for, in row order
     sample: PendingSample | None
     record: dict  # its stats record, taken at launch (metrics.py)
     launched_at: float
     needs_tokens: bool  # the next schedule needs its tokens on the host (penalties count the output)
+
+    def pending_rows(self) -> dict[int, int]:
+        """seq_id -> the row of its pending token."""
+        return {seq.seq_id: row for row, seq in enumerate(self.sampling)}
 
 
 class LLMEngine:
@@ -50,7 +60,12 @@ class LLMEngine:
     detokenizing and stop checks hide behind the GPU's work instead of adding to it. A
     sequence that stops at step N has run step N+1 in vain (its result is dropped).
     Penalties need the output tokens on the host, so a step that applies them is
-    completed before the next one is scheduled."""
+    completed before the next one is scheduled.
+
+    A step that raises ends its requests with finish_reason "error" (the message in the
+    output's `error`) and frees their blocks; the others go on. An error that loses the
+    device or the tensor-parallel workers stops the engine: that step raises it, the next
+    call hands out an error output for every request, and later calls raise."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, tokenizer):
         check_tensor_parallel(config, model_config)
@@ -68,10 +83,11 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager)
         self.metrics = EngineMetrics(self.scheduler, self.block_manager)
         self.requests: dict[str, Request] = {}
-        self.pending: list[RequestOutput] = []  # outputs of aborted requests, handed out by the next step
+        self.pending: list[RequestOutput] = []  # outputs not handed out yet (the step returns them)
         self.overlap = config.overlap_scheduling
         self.in_flight: InFlight | None = None
         self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
+        self.error: str | None = None  # why the engine stopped, if it did
         self._ids = itertools.count()
 
     # ---- requests ----
@@ -129,85 +145,153 @@ class LLMEngine:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 
+    @property
+    def num_blocks(self) -> int:
+        """KV-cache blocks in the pool."""
+        return self.block_manager.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
     # ---- the loop ----
 
     def step(self, finished_only: bool = False) -> list[RequestOutput]:
         """One model step; returns an output for every request that got tokens or finished
         (`finished_only`: for the finished ones only, which spares decoding text nobody reads).
         With overlap, the outputs are those of the step launched by the call before."""
+        if self.error is not None and not self.pending:
+            raise RuntimeError(f"the engine stopped earlier: {self.error}; create a new LLM")
+        if self.error is None:
+            self._overlapped_step(finished_only) if self.overlap else self._sequential_step(finished_only)
         outputs, self.pending = self.pending, []
-        done = self.in_flight
-        if done is not None and (not self.overlap or done.needs_tokens):
-            outputs += self._complete(done, finished_only)
+        return outputs
+
+    def _sequential_step(self, finished_only: bool) -> None:
+        """Launch a step and complete it."""
+        done = self._launch(None)
+        if done is not None:
+            self._complete(done, finished_only)
+
+    def _overlapped_step(self, finished_only: bool) -> None:
+        """Launch step N+1, then complete step N (the one in flight) while the device runs N+1."""
+        done, self.in_flight = self.in_flight, None
+        if done is not None and done.needs_tokens:  # N+1's schedule needs N's tokens on the host
+            self._complete(done, finished_only)
             done = None
-        self.in_flight = self._launch()
-        if done is not None:  # while the device runs the step just launched
-            outputs += self._complete(done, finished_only)
-        # without overlap, or when it only runs sequences that have ended: complete it now
-        if self.in_flight is not None and (not self.overlap or not self.requests):
-            outputs += self._complete(self.in_flight, finished_only)
+        self.in_flight = self._launch(done)
+        if done is not None:
+            self._complete(done, finished_only)
+        if self.in_flight is not None and not self.requests:  # it runs only sequences that have ended
+            self._complete(self.in_flight, finished_only)
             self.in_flight = None
         if self.in_flight is None:
             self.last_done = None  # idle: the next step's time counts from its launch
-        return outputs
 
-    def _launch(self) -> InFlight | None:
-        """Schedule, build the inputs, queue the model and the sampler on the device."""
+    def _launch(self, prev: InFlight | None) -> InFlight | None:
+        """Schedule, build the inputs, queue the model and the sampler on the device. `prev`:
+        the step still in flight, whose sampled tokens this one feeds."""
         start = time.perf_counter()
         hits_before = self.block_manager.num_hit_tokens
         seqs = self.scheduler.schedule()
         if not seqs:
             return None
-        step = build_step_input(seqs, self.config.kvcache_block_size)
-        logits = self.model_runner.execute(step) if self.workers is None else self.workers.call("execute", self.model_runner.execute, step)
-        sampling = [seq for seq in seqs if seq.samples_this_step]
-        sample = self.model_runner.sample(logits, build_sampling_batch(sampling, self.eos_token_ids)) if sampling else None
+        try:
+            step = build_step_input(seqs, self.config.kvcache_block_size, prev.pending_rows() if prev is not None else None)
+            execute = functools.partial(self.model_runner.execute, carried=prev.sample.token_ids if prev is not None and prev.sample is not None else None)
+            logits = execute(step) if self.workers is None else self.workers.call("execute", execute, step)
+            sampling = [seq for seq in seqs if seq.samples_this_step]
+            pending = sample(self.model_runner.sampler, logits, build_sampling_batch(sampling, self.eos_token_ids)) if sampling else None
+        except Exception as err:
+            self._fail(seqs, err)
+            return None
         self.scheduler.launched(seqs)
         record = self.metrics.step_record(step, len(seqs), self.block_manager.num_hit_tokens - hits_before)
         needs_tokens = any(seq.params.has_penalties for seq in sampling)
-        return InFlight(step, sampling, sample, record, start, needs_tokens)
+        return InFlight(step, seqs, sampling, pending, record, start, needs_tokens)
 
-    def _complete(self, done: InFlight, finished_only: bool) -> list[RequestOutput]:
-        """Wait for the step's tokens; resolve, detokenize, check stops, hand out outputs."""
-        sampled = done.sample.result() if done.sample is not None else None
-        now = time.perf_counter()
-        news: dict[str, Request] = {}
-        for row, seq in enumerate(done.sampling):
-            if seq.is_finished:
-                continue  # aborted, or stopped by the token of the step before
-            token_id = sampled.token_ids[row]
-            self.scheduler.resolve(seq, token_id)
-            request = self.requests[seq.request_id]
-            self._check_vocab(token_id)
-            logprob = sampled.logprobs[row] if sampled.logprobs else None
-            reason = request.on_token(seq, token_id, logprob, now, self.eos_set, self.config.max_model_len)
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
-            news[request.request_id] = request
-        outputs = []
+    def _complete(self, done: InFlight, finished_only: bool) -> None:
+        """Wait for the step's tokens; resolve, detokenize, check stops, queue the outputs."""
+        try:
+            sampled = done.sample.result() if done.sample is not None else None
+            now = time.perf_counter()
+            news: dict[str, Request] = {}
+            for row, seq in enumerate(done.sampling):
+                if seq.is_finished:
+                    continue  # aborted, or stopped by the token of the step before
+                token_id = sampled.token_ids[row]
+                self.scheduler.resolve(seq, token_id)
+                request = self.requests[seq.request_id]
+                if token_id >= self.tokenizer_size:
+                    log_once(logger, logging.WARNING, (
+                        f"sampled a token id of {self.tokenizer_size} or more, but the tokenizer has only {self.tokenizer_size} tokens: "
+                        "such ids decode to no text (is this a random-weight model whose vocab_size exceeds its tokenizer?)"
+                    ))
+                logprob = sampled.logprobs[row] if sampled.logprobs else None
+                reason = request.on_token(seq, token_id, logprob, now, self.eos_set, self.config.max_model_len)
+                if reason is not None:
+                    self.scheduler.finish(seq, reason)
+                news[request.request_id] = request
+            outputs = [request.output() for request in news.values() if request.finished or not finished_only]
+        except Exception as err:
+            self._fail(done.seqs, err)
+            return
+        self.pending += outputs
         for request in news.values():
-            if request.finished or not finished_only:
-                outputs.append(request.output())
             if request.finished:
                 del self.requests[request.request_id]
                 self.metrics.on_finish(request)
         end = time.perf_counter()
         self.metrics.on_step(done.record, end - max(done.launched_at, self.last_done or 0.0))
         self.last_done = end
-        return outputs
 
-    def _check_vocab(self, token_id: int) -> None:
-        global _warned_vocab
-        if token_id >= self.tokenizer_size and not _warned_vocab:
-            _warned_vocab = True  # once per process, not once per engine
-            logger.warning(
-                "sampled token id %d, but the tokenizer has only %d tokens: such ids decode to no text "
-                "(is this a random-weight model whose vocab_size exceeds its tokenizer?)", token_id, self.tokenizer_size,
-            )
+    # ---- a step that failed ----
+
+    def _fail(self, seqs: list[Sequence], err: Exception) -> None:
+        """End the requests of a failed step with finish_reason "error" and free their blocks;
+        if the error lost the device or the workers, end every request, stop the engine and
+        raise the error."""
+        fatal = isinstance(err, (WorkerError, torch.AcceleratorError)) or (self.workers is not None and not self.workers.alive)
+        message = f"{type(err).__name__}: {err}"
+        if fatal:
+            self.error, self.in_flight = message, None
+        else:
+            logger.error("a step failed, its requests end with an error: %s", message, exc_info=err)
+        for request_id in list(self.requests) if fatal else dict.fromkeys(seq.request_id for seq in seqs):
+            request = self.requests.pop(request_id, None)
+            if request is None:
+                continue  # ended already
+            for seq in request.seqs:
+                self.scheduler.finish(seq, "error")
+            self.pending.append(self._error_output(request, message))
+            self.metrics.on_finish(request)
+        if fatal:
+            raise err
+
+    @staticmethod
+    def _error_output(request: Request, message: str) -> RequestOutput:
+        try:
+            out = request.output()
+        except Exception:  # its own text may be what failed
+            completions = [CompletionOutput(seq.index, "", seq.completion_token_ids, "", [], "error", None) for seq in request.seqs]
+            out = RequestOutput(request.request_id, request.prompt_token_ids, completions, True, request.metrics())
+        out.error = message
+        return out
+
+    # ---- measurements ----
 
     @property
     def stats(self) -> list[dict]:
+        """One record per step (metrics.py)."""
         return self.metrics.stats
+
+    def metrics_summary(self) -> dict:
+        """Requests, tokens, throughput, latency percentiles, prefix-cache hit rate, KV usage, preemptions."""
+        return self.metrics.summary()
+
+    def reset_metrics(self) -> None:
+        """Forget what was measured so far (e.g. after a warm-up)."""
+        self.metrics.reset()
 
     def shutdown(self) -> None:
         if self.workers is not None:

@@ -1,41 +1,23 @@
-import functools
 import logging
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..distributed import broadcast_from_first, destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.attention import Attention, make_backend
 from ..layers.context import Context, set_context
-from ..layers.sampler import Sampler, apply_penalties, logprobs_of
+from ..layers.sampler import Sampler
+from ..log import log_once
 from ..models import build_model
 from ..models.loader import load_weights
 from ..sampling_params import SamplingParams
-from .sampling_batch import SamplingBatch, build_sampling_batch
+from .block_manager import blocks_needed
+from .cuda_graphs import CUDAGraphs
+from .sampling import build_sampling_batch, sample
 from .sequence import Sequence
-from .step_input import StepInput, build_step_input
+from .step_input import StepInput, build_step_input, to_device
 
 logger = logging.getLogger(__name__)
-
-
-@functools.cache
-def log_once(level: int, message: str) -> None:
-    """Logged once per process, not once per engine."""
-    logger.log(level, message)
-
-
-def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """The decode batch sizes to capture: 1, 2, 4, 8, then multiples of 16 up to
-    max_num_seqs (at most 512), and max_num_seqs itself."""
-    max_bs = min(max_num_seqs, 512)
-    return sorted({bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs})
-
-
-def graph_for(num_seqs: int, sizes: list[int]) -> int:
-    """The captured size a decode step of `num_seqs` sequences is padded up to."""
-    return next(size for size in sizes if size >= num_seqs)
 
 
 def warmup_lengths(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int) -> list[int]:
@@ -49,42 +31,15 @@ def warmup_lengths(max_num_batched_tokens: int, max_model_len: int, max_num_seqs
     return [first] + [rest + (i < extra) for i in range(num_seqs - 1)]
 
 
-@dataclass
-class SamplerOutput:
-    token_ids: list[int]  # one per sampling row
-    logprobs: list[dict] | None  # per row {"token_id", "logprob", "top_logprobs"}; None if no row asked
-
-
-class PendingSample:
-    """A step's sampled ids (and logprobs) on their way to the host: the copies are queued
-    behind the step on the device, and `result()` waits for them (the step's one sync)."""
-
-    def __init__(self, tensors: list[torch.Tensor], device: torch.device):
-        self.host = [t.to("cpu", non_blocking=True) for t in tensors]  # into pinned memory on CUDA
-        self.done = torch.cuda.Event() if device.type == "cuda" else None
-        if self.done is not None:
-            self.done.record()
-
-    def result(self) -> SamplerOutput:
-        if self.done is not None:
-            self.done.synchronize()
-        ids, *rest = (t.tolist() for t in self.host)
-        if not rest:
-            return SamplerOutput(ids, None)
-        chosen, top_values, top_ids = rest
-        logprobs = [
-            {"token_id": t, "logprob": lp, "top_logprobs": dict(zip(i, v))} for t, lp, v, i in zip(ids, chosen, top_values, top_ids)
-        ]
-        return SamplerOutput(ids, logprobs)
-
-
 class ModelRunner:
-    """Owns the model on its device: the weights, the KV cache, the CUDA graphs.
+    """Owns the model on its device: builds it (weights, sampler, CUDA graphs), sizes and
+    holds the KV cache, and executes steps.
 
     One runner per tensor-parallel rank, each holding its shard of the weights and of the
     KV cache; every rank runs `execute` on the same StepInput (engine/workers.py delivers
-    it). Only rank 0 gets logits and samples (`sample`). The runner knows nothing of
-    schedules or worker processes; sequences appear only in the throwaway warm-up step."""
+    it). Only rank 0 gets logits, which the engine samples with the runner's `sampler`
+    (engine/sampling.py). The runner knows nothing of schedules or worker processes;
+    sequences appear only in the throwaway warm-up step."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0):
         self.config = config
@@ -111,13 +66,16 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.backend = self.attention_backend
         self.allocate_kv_cache(model_config)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> graph
-        if self.world_size > 1:
-            keep_graphs(self.graphs)  # dropped before the group is left (distributed.py says why)
-        self.num_graph_replays = 0
-        self.last_sampled: torch.Tensor | None = None  # (rows,) the latest step's sampled ids, on rank 0's device
+        self.cuda_graphs: CUDAGraphs | None = None
         if self.use_cudagraphs():
-            self.capture_cudagraphs(model_config)
+            self.cuda_graphs = CUDAGraphs(config.max_num_seqs, config.max_model_len, self.block_size, model_config.hidden_size, self.dtype, self.device)
+            if self.world_size > 1:
+                keep_graphs(self.cuda_graphs.graphs)  # dropped before the group is left (distributed.py says why)
+            self.cuda_graphs.capture(self.model)
+
+    @property
+    def num_graph_replays(self) -> int:
+        return self.cuda_graphs.num_replays if self.cuda_graphs is not None else 0
 
     # ---- the KV cache ----
 
@@ -125,7 +83,7 @@ class ModelRunner:
         """A pool of blocks of `block_size` slots, as many as memory allows (or
         `num_kvcache_blocks`). Sequences take blocks as they grow."""
         block_bytes = 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * cfg.head_dim * self.dtype.itemsize
-        one_seq = -(-self.config.max_model_len // self.block_size)  # blocks for one max-length sequence
+        one_seq = blocks_needed(self.config.max_model_len, self.block_size)  # blocks for one max-length sequence
         num_blocks = self.config.num_kvcache_blocks
         if num_blocks == -1:
             # never more than every batch slot at full length could use
@@ -167,7 +125,7 @@ class ModelRunner:
         It holds the most tokens a step may hold and samples the most rows a step may sample,
         so its peak memory covers every step's activations, logits and sampler buffers."""
         lengths = warmup_lengths(self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs)
-        blocks = [-(-n // self.block_size) for n in lengths]  # blocks per sequence
+        blocks = [blocks_needed(n, self.block_size) for n in lengths]  # blocks per sequence
         shape = (2, cfg.num_hidden_layers, sum(blocks), self.block_size, self.num_kv_heads, cfg.head_dim)
         scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.bind_kv_cache(scratch)
@@ -182,7 +140,7 @@ class ModelRunner:
             seqs.append(seq)
         logits = self.execute(build_step_input(seqs, self.block_size))
         if logits is not None:  # rank 0 samples
-            self.sample(logits, build_sampling_batch(seqs, []))
+            sample(self.sampler, logits, build_sampling_batch(seqs, []))
         nbytes = scratch.numel() * scratch.element_size()
         del scratch
         torch.cuda.empty_cache()
@@ -190,19 +148,16 @@ class ModelRunner:
 
     # ---- a step ----
 
-    def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        """On the device, copied from pinned memory so that the host does not wait for the copy
-        (nor for the steps queued before it)."""
-        t = torch.from_numpy(array)
-        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
+    def _tensor(self, array) -> torch.Tensor:
+        return to_device(array, self.device)
 
-    def input_ids(self, step: StepInput) -> torch.Tensor:
-        """(tokens,) the step's token ids, with the tokens the step before sampled (still on
-        the device) put in at `carry_index`; rank 0 sends them to the other ranks."""
+    def input_ids(self, step: StepInput, carried: torch.Tensor | None) -> torch.Tensor:
+        """(tokens,) the step's token ids, with the tokens the step before sampled (`carried`,
+        still on rank 0's device) put in at `carry_index`; rank 0 sends them to the other ranks."""
         input_ids = self._tensor(step.input_ids)
         if len(step.carry_index):
             if self.rank == 0:
-                carried = self.last_sampled[self._tensor(step.carry_rows)]  # (carried,)
+                carried = carried[self._tensor(step.carry_rows)]  # (carried,)
             else:
                 carried = torch.empty(len(step.carry_index), dtype=torch.int64, device=self.device)
             if self.world_size > 1:
@@ -211,9 +166,10 @@ class ModelRunner:
         return input_ids
 
     @torch.inference_mode()
-    def execute(self, step: StepInput) -> torch.Tensor | None:
+    def execute(self, step: StepInput, carried: torch.Tensor | None = None) -> torch.Tensor | None:
         """Run the model on the step's tokens; logits (rows, vocab) of the sampling rows on rank 0,
-        None on the other ranks (and when no row samples)."""
+        None on the other ranks (and when no row samples). `carried`: on rank 0, the sampled ids
+        of the step in flight (overlap scheduling), which feed this one."""
         context = Context(
             cu_seqlens_q=self._tensor(step.cu_seqlens_q),
             slot_mapping=self._tensor(step.slot_mapping),
@@ -222,134 +178,41 @@ class ModelRunner:
             max_seqlen_q=step.max_seqlen_q,
             is_decode=step.is_decode,
         )
-        hidden = self.forward(self.input_ids(step), self._tensor(step.positions), context)  # (tokens, hidden)
+        hidden = self.forward(self.input_ids(step, carried), self._tensor(step.positions), context)  # (tokens, hidden)
         if not len(step.sample_rows):
             return None
         return self.model.compute_logits(hidden[self._tensor(step.sample_rows)])  # (rows, vocab) on rank 0
 
-    @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> PendingSample:
-        """Rank 0: penalties, masks and Gumbel-max; logprobs from the raw logits. Queued on the
-        device; the ids stay there for the next step's input (`last_sampled`)."""
-        raw = logits  # (rows, vocab) in the model's dtype
-        if batch.penalties is not None:
-            p = batch.penalties
-            logits = apply_penalties(
-                logits.float(), self._counts(p["output_ids"], logits.shape[1]), self._counts(p["prompt_ids"], logits.shape[1]) > 0,
-                self._tensor(p["repetition"]), self._tensor(p["presence"]), self._tensor(p["frequency"]),
-            )
-        if batch.suppress is not None:
-            rows, ids = batch.suppress
-            logits = logits.index_put((self._tensor(rows), self._tensor(ids)), torch.tensor(float("-inf"), dtype=logits.dtype, device=self.device))
-        if batch.all_greedy:
-            token_ids = logits.argmax(dim=-1)  # (rows,)
-        else:
-            optional = {name: None if getattr(batch, name) is None else self._tensor(getattr(batch, name)) for name in ("top_k", "top_p", "min_p", "seeds")}
-            # every row keeps at most its top_k: a partial sort of max(top_k) columns is enough (known on the host)
-            max_k = int(batch.top_k.max()) if batch.top_k is not None and (batch.top_k > 0).all() else None
-            token_ids = self.sampler(logits, self._tensor(batch.temperatures), positions=self._tensor(batch.positions), max_k=max_k, **optional)
-        self.last_sampled = token_ids
-        if batch.num_logprobs is None:
-            return PendingSample([token_ids], self.device)
-        return PendingSample([token_ids, *logprobs_of(raw, token_ids, batch.num_logprobs)], self.device)
-
-    def _counts(self, token_lists: list[list[int]], vocab_size: int) -> torch.Tensor:
-        """(rows, vocab) float32: how often each token occurs in each row's list."""
-        width = max(1, max(len(ids) for ids in token_lists))
-        padded = np.full((len(token_lists), width), vocab_size, np.int64)  # vocab_size: padding, dropped below
-        for i, ids in enumerate(token_lists):
-            padded[i, : len(ids)] = ids
-        index = self._tensor(padded)
-        counts = torch.zeros(len(token_lists), vocab_size + 1, device=self.device)
-        return counts.scatter_add_(1, index, torch.ones_like(index, dtype=counts.dtype))[:, :vocab_size]
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
         """A decode step replays the graph captured for the next batch size up; everything
         else runs eagerly."""
-        num_seqs = len(input_ids)
-        if context.is_decode and self.graphs and num_seqs <= self.graph_sizes[-1]:
-            return self.replay(input_ids, positions, context)
+        if self.cuda_graphs is not None and self.cuda_graphs.can_replay(context, len(input_ids)):
+            return self.cuda_graphs.replay(input_ids, positions, context)
         set_context(context)
         try:
             return self.model(input_ids, positions)  # (tokens, hidden)
         finally:
             set_context(None)
 
-    # ---- CUDA graphs ----
+    # ---- CUDA graphs (captured and replayed by cuda_graphs.py) ----
 
     def use_cudagraphs(self) -> bool:
         if self.config.enforce_eager:
             return False
         if self.device.type != "cuda":  # eager by nature, nothing to act on: information, not a warning
-            log_once(logging.INFO, f"CUDA graphs need a CUDA device; this {self.device.type} run is eager")
+            log_once(logger, logging.INFO, f"CUDA graphs need a CUDA device; this {self.device.type} run is eager")
             return False
         if not self.attention_backend.capturable:
-            log_once(logging.WARNING, (
+            log_once(logger, logging.WARNING, (
                 f"the {self.attention_backend.name} attention backend cannot be captured in a CUDA graph, so decode runs "
                 "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)"
             ))
             return False
         return True
 
-    @torch.inference_mode()  # no autograd records: the graphs' memory pool holds only what a step needs
-    def capture_cudagraphs(self, cfg: ModelConfig) -> None:
-        """Record one decode step per batch size of the ladder (`graph_batch_sizes`). A graph
-        replays every kernel launch of the step with one call, on fixed buffers: the inputs
-        are copied into them before a replay."""
-        self.graph_sizes = graph_batch_sizes(self.config.max_num_seqs)
-        max_bs = self.graph_sizes[-1]
-        max_blocks = -(-self.config.max_model_len // self.block_size)
-        self.graph_inputs = {  # static buffers shared by every graph; a graph of size bs uses the first bs rows
-            "input_ids": torch.zeros(max_bs, dtype=torch.int64, device=self.device),
-            "positions": torch.zeros(max_bs, dtype=torch.int64, device=self.device),
-            "slot_mapping": torch.full((max_bs,), -1, dtype=torch.int64, device=self.device),
-            "context_lens": torch.zeros(max_bs, dtype=torch.int32, device=self.device),
-            "block_tables": torch.full((max_bs, max_blocks), -1, dtype=torch.int32, device=self.device),
-            "cu_seqlens_q": torch.arange(max_bs + 1, dtype=torch.int32, device=self.device),
-        }
-        self.graph_output = torch.zeros(max_bs, cfg.hidden_size, dtype=self.dtype, device=self.device)
-        pool = None
-        for bs in reversed(self.graph_sizes):  # largest first, so smaller graphs fit in its memory pool
-            graph = torch.cuda.CUDAGraph()
-            set_context(self.graph_context(bs))
-            ids, pos = self.graph_inputs["input_ids"][:bs], self.graph_inputs["positions"][:bs]
-            self.graph_output[:bs] = self.model(ids, pos)  # warm-up: autotuning and allocations happen outside the graph
-            with torch.cuda.graph(graph, pool):
-                self.graph_output[:bs] = self.model(ids, pos)
-            pool = pool or graph.pool()
-            self.graphs[bs] = graph
-            torch.cuda.synchronize()
-        set_context(None)
-
-    def graph_context(self, bs: int) -> Context:
-        g = self.graph_inputs
-        return Context(
-            cu_seqlens_q=g["cu_seqlens_q"][: bs + 1],
-            slot_mapping=g["slot_mapping"][:bs],
-            context_lens=g["context_lens"][:bs],
-            block_tables=g["block_tables"][:bs],
-            max_seqlen_q=1,
-            is_decode=True,
-        )
-
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
-        n = len(input_ids)
-        bs = graph_for(n, self.graph_sizes)  # pad the batch up to a captured size
-        g = self.graph_inputs
-        g["input_ids"][:n] = input_ids
-        g["positions"][:n] = positions
-        g["slot_mapping"][:bs].fill_(-1)  # padding rows store nothing ...
-        g["slot_mapping"][:n] = context.slot_mapping
-        g["context_lens"][:bs].zero_()  # ... and attend to nothing
-        g["context_lens"][:n] = context.context_lens
-        width = context.block_tables.shape[1]
-        g["block_tables"][:n, :width] = context.block_tables
-        self.graphs[bs].replay()
-        self.num_graph_replays += 1
-        return self.graph_output[:n]  # (seqs, hidden)
-
     def shutdown(self) -> None:
-        self.graphs.clear()
+        if self.cuda_graphs is not None:
+            self.cuda_graphs.graphs.clear()
         del self.model, self.kv_cache
         if self.world_size > 1:
             destroy_tensor_parallel()  # leave the group

@@ -17,9 +17,10 @@ class Scheduler:
     recomputed from its tokens (the prefix cache often still holds most of them).
 
     Overlap: a step counts as computed once it is launched (`launched`), so the next one
-    can be scheduled while the device runs it. Its sampled tokens are pending until the
-    engine resolves them (`resolve`); a sequence whose pending token ends it by length is
-    not fed again, and one that turns out to stop ran one step in vain.
+    can be scheduled while the device runs it. Each sequence it samples for has a pending
+    token (counted, its id still on the device) until the engine resolves it (`resolve`); a
+    sequence whose pending token ends it by length is not fed again, and one that turns
+    out to stop ran one step in vain.
 
     The scheduler moves tokens and blocks; when a sequence is finished is the engine's
     call (`finish`)."""
@@ -103,16 +104,13 @@ class Scheduler:
     def launched(self, seqs: list[Sequence]) -> None:
         """The step is queued on the device: the fed tokens' K/V count as cached (their full
         blocks shareable: any step that reads them runs after this one), and each sequence whose
-        feed reached its end gets a pending token, sampled in the next row of the step's output."""
-        row = 0
+        feed reached its end gets a pending token (the step samples it)."""
         for seq in seqs:
             samples = seq.samples_this_step
             seq.num_cached_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
+            seq.num_pending += samples
             self.block_manager.hash_blocks(seq, seq.num_cached_tokens)
-            if samples:
-                seq.append_pending(row)
-                row += 1
 
     def resolve(self, seq: Sequence, token_id: int) -> None:
         """The step that sampled the sequence's oldest pending token is done: it is `token_id`."""
@@ -128,5 +126,5 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
-        seq.drop_pending()
+        seq.num_pending = 0  # tokens still in flight are dropped: their steps ran in vain
         self.block_manager.deallocate(seq)

@@ -4,9 +4,6 @@ from enum import Enum, auto
 from ..sampling_params import SamplingParams
 
 
-PENDING = -1  # stands for a token sampled by a step still running on the device
-
-
 class SequenceStatus(Enum):
     WAITING = auto()
     RUNNING = auto()
@@ -22,7 +19,7 @@ class Sequence:
     def __init__(self, token_ids: list[int], params: SamplingParams, index: int = 0, leader: "Sequence | None" = None):
         self.seq_id = next(Sequence._ids)
         self.status = SequenceStatus.WAITING
-        self.token_ids = list(token_ids)
+        self.token_ids = list(token_ids)  # the tokens whose ids the host knows
         self.num_prompt_tokens = len(token_ids)
         self.params = params  # resolved: no None fields left but max_tokens
         self.request_id = ""  # set by its Request
@@ -35,31 +32,30 @@ class Sequence:
         self.block_table: list[int] = []  # the physical KV blocks holding this sequence, in token order
         self.num_scheduled_tokens = 0  # tokens fed this step (a prompt may take several steps)
         self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
-        # Overlap scheduling: a token sampled by the step in flight is appended as PENDING at
-        # once, so that the next step can be scheduled before the token is known; the step's
-        # sampled ids (row `pending_row`) feed it on the device, and the engine writes it here
-        # when the step completes (`resolve`).
+        # Overlap scheduling: tokens sampled by steps still on the device. They follow
+        # token_ids; their ids are the in-flight step's to hold (llm_engine.InFlight) until it
+        # completes and `resolve` appends them.
         self.num_pending = 0
-        self.pending_row = -1
         self.finish_reason: str | None = None
 
     def __len__(self) -> int:
-        return len(self.token_ids)
+        """Tokens, pending ones included: what the cache must hold and the next step may feed."""
+        return len(self.token_ids) + self.num_pending
 
     @property
     def num_completion_tokens(self) -> int:
-        """Generated tokens, a pending one included (the index the next sampled token gets)."""
-        return len(self.token_ids) - self.num_prompt_tokens
+        """Generated tokens, pending ones included (the index the next sampled token gets)."""
+        return len(self) - self.num_prompt_tokens
 
     @property
     def num_known_tokens(self) -> int:
-        """Tokens whose ids are known on the host (all but the pending one)."""
-        return len(self.token_ids) - self.num_pending
+        """Tokens whose ids the host knows (all but the pending ones)."""
+        return len(self.token_ids)
 
     @property
     def completion_token_ids(self) -> list[int]:
         """The generated tokens known so far."""
-        return self.token_ids[self.num_prompt_tokens : self.num_known_tokens]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:
@@ -78,18 +74,7 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 
-    def append_pending(self, row: int) -> None:
-        """A token the step just launched samples in row `row` of its output."""
-        self.token_ids.append(PENDING)
-        self.num_pending += 1
-        self.pending_row = row
-
     def resolve(self, token_id: int) -> None:
         """The oldest pending token is `token_id`."""
-        self.token_ids[len(self.token_ids) - self.num_pending] = token_id
+        self.token_ids.append(token_id)
         self.num_pending -= 1
-
-    def drop_pending(self) -> None:
-        """Forget tokens still in flight (the sequence has ended: their steps were wasted)."""
-        del self.token_ids[self.num_known_tokens :]
-        self.num_pending = 0

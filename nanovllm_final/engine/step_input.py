@@ -2,9 +2,10 @@
 sent as they are to every tensor-parallel rank (no Sequence ever crosses a process)."""
 
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
+import torch
 
 from .sequence import Sequence
 
@@ -18,8 +19,8 @@ class StepInput:
     context_lens: np.ndarray  # (seqs,) int32: cached tokens after this step's writes
     block_tables: np.ndarray  # (seqs, max_blocks) int32, padded with -1
     sample_rows: np.ndarray  # (rows,) int64: index of the last fed token of each sequence that samples
-    # tokens sampled by the step before, still on the device (overlap scheduling): input_ids
-    # holds PENDING at carry_index, to be replaced by that step's sampled ids at carry_rows
+    # tokens sampled by the step before, still on the device (overlap scheduling): the runner
+    # puts that step's sampled ids of rows carry_rows into input_ids at carry_index
     carry_index: np.ndarray  # (carried,) int64
     carry_rows: np.ndarray  # (carried,) int64
     max_seqlen_q: int
@@ -30,9 +31,23 @@ class StepInput:
         return len(self.input_ids)
 
 
-def build_step_input(seqs: list[Sequence], block_size: int) -> StepInput:
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """On the device, copied from pinned memory so that the host does not wait for the copy
+    (nor for the steps queued before it)."""
+    t = torch.from_numpy(array)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+def fed_ids(seq: Sequence, start: int, end: int):
+    """The ids of the tokens fed from `start` to `end`; a pending one (it is always the last) is a
+    placeholder 0 here, replaced on the device (carry_index)."""
+    return chain(seq.token_ids[start:end], repeat(0, end - seq.num_known_tokens))
+
+
+def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[int, int] | None = None) -> StepInput:
     """Each sequence feeds `num_scheduled_tokens` tokens from `num_cached_tokens` on; the
-    per-token arrays are computed with numpy, not a Python loop over tokens."""
+    per-token arrays are computed with numpy, not a Python loop over tokens. `pending_rows`:
+    the step in flight's output row of each sequence it samples for (seq_id -> row)."""
     starts = np.fromiter((s.num_cached_tokens for s in seqs), np.int64, len(seqs))  # (seqs,)
     counts = np.fromiter((s.num_scheduled_tokens for s in seqs), np.int64, len(seqs))  # (seqs,)
     ends = starts + counts
@@ -45,9 +60,9 @@ def build_step_input(seqs: list[Sequence], block_size: int) -> StepInput:
     for i, s in enumerate(seqs):
         block_tables[i, : len(s.block_table)] = s.block_table
     slots = block_tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
-    input_ids = np.fromiter(chain.from_iterable(s.token_ids[a:b] for s, a, b in zip(seqs, starts, ends)), np.int64, int(cu[-1]))
+    input_ids = np.fromiter(chain.from_iterable(fed_ids(s, a, b) for s, a, b in zip(seqs, starts.tolist(), ends.tolist())), np.int64, int(cu[-1]))
     samples = np.fromiter((s.samples_this_step for s in seqs), bool, len(seqs))
-    pending = [i for i, s in enumerate(seqs) if s.num_pending]  # a pending token is always a sequence's last
+    pending = [i for i, s in enumerate(seqs) if s.num_pending]
     max_seqlen_q = int(counts.max())
     return StepInput(
         input_ids=input_ids,
@@ -58,7 +73,7 @@ def build_step_input(seqs: list[Sequence], block_size: int) -> StepInput:
         block_tables=block_tables,
         sample_rows=(cu[1:] - 1)[samples],  # the last fed token of each sequence that samples
         carry_index=cu[1:][pending] - 1,
-        carry_rows=np.array([seqs[i].pending_row for i in pending], np.int64),
+        carry_rows=np.array([pending_rows[seqs[i].seq_id] for i in pending], np.int64),
         max_seqlen_q=max_seqlen_q,
         is_decode=max_seqlen_q == 1,
     )

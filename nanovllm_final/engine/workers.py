@@ -109,6 +109,11 @@ class WorkerGroup:
         except WorkerError as err:
             raise WorkerError(f"{err}\n{START_HINT}") from err.__cause__
 
+    @property
+    def alive(self) -> bool:
+        """False once the workers are stopped (after a failure, or shutdown)."""
+        return self._finalizer.alive
+
     # ---- driving ----
 
     def call(self, method: str, local: Callable, *args):
@@ -130,7 +135,7 @@ class WorkerGroup:
 
     def send(self, method: str, *args) -> None:
         """Start `method(*args)` on every worker."""
-        if not self._finalizer.alive:
+        if not self.alive:
             raise WorkerError(f"the tensor-parallel workers were stopped earlier ({self.failure or 'shutdown'}); create a new LLM")
         for rank, proc in enumerate(self.processes, 1):
             if proc.exitcode is not None:
@@ -159,7 +164,7 @@ class WorkerGroup:
         """Rank 0's part of a call raised. If a worker died or failed (a collective with a dead
         peer fails at once), raise WorkerError saying which. Either way the ranks are out of
         step now, so the workers are stopped; otherwise the caller re-raises `err`."""
-        if not self._finalizer.alive:
+        if not self.alive:
             return  # stopped already
         self._out_of_step.set()
         # our own input errors (every rank raises the same) and Ctrl-C need no diagnosis, unless

@@ -2,10 +2,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-try:
-    from . import fused_triton
-except ImportError:  # no Triton on this platform: the PyTorch code below everywhere
-    fused_triton = None
+from .fused import fused_triton
 
 
 class SiluAndMul(nn.Module):

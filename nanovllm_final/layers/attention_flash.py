@@ -10,6 +10,9 @@ from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
 from .attention_triton import store_kvcache  # noqa: F401  (re-exported: the backend's store)
 
+name = "flash_attn"
+capturable = True
+
 
 def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q):
     cu_seqlens_k = F.pad(context_lens.cumsum(0, dtype=torch.int32), (1, 0))  # (seqs+1,)

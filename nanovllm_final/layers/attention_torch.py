@@ -21,6 +21,9 @@ positions of its context of context_lens[i] tokens, so one rule covers
 
 import torch
 
+name = "torch"
+capturable = False  # it reads sizes on the host (.tolist())
+
 
 def store_kvcache(
     key: torch.Tensor,  # (N, kv_heads, head_dim)
@@ -46,9 +49,8 @@ def gather_kv(
     context_len: int,
 ) -> torch.Tensor:  # (context_len, kv_heads, head_dim)
     """The first context_len tokens of one sequence, read through its block table."""
-    block_size = cache.shape[1]
-    num_blocks = (context_len + block_size - 1) // block_size
-    blocks = block_table[:num_blocks].to(device=cache.device, dtype=torch.long)
+    last = (context_len - 1) // cache.shape[1]  # the block holding the last token
+    blocks = block_table[: last + 1].to(device=cache.device, dtype=torch.long)
     return cache[blocks].reshape(-1, *cache.shape[2:])[:context_len]
 
 
@@ -92,3 +94,15 @@ def paged_attention(
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
+
+
+# the backend's prefill and decode (attention.py): both are one paged_attention
+
+
+def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q):
+    return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
+
+
+def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale):
+    cu_seqlens_q = torch.arange(len(context_lens) + 1, dtype=torch.int32)  # one query per sequence
+    return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)

@@ -23,9 +23,14 @@ and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads
 masks). To debug on a CPU, set ``TRITON_INTERPRET=1`` before importing triton.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+
+name = "triton"
+capturable = True  # no launch reads a device value
 
 # exp(x) == exp2(x * log2(e)): exp2 is the cheaper instruction on GPUs, so the kernels
 # fold log2(e) into the softmax scale once and use exp2 everywhere.
@@ -374,16 +379,15 @@ def _paged_decode_reduce_kernel(
              out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-_NUM_SMS: dict[int, int] = {}
-
-
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _NUM_SMS:
-        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _NUM_SMS[index]
+    return _sms_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: torch.device,

@@ -1,10 +1,7 @@
 import torch
 from torch import nn
 
-try:
-    from . import fused_triton
-except ImportError:  # no Triton on this platform: the PyTorch code below everywhere
-    fused_triton = None
+from .fused import fused_triton
 
 
 class RMSNorm(nn.Module):

@@ -3,10 +3,7 @@ import math
 import torch
 from torch import nn
 
-try:
-    from . import fused_triton
-except ImportError:  # no Triton on this platform: the PyTorch code below everywhere
-    fused_triton = None
+from .fused import fused_triton
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

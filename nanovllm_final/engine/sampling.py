@@ -1,0 +1,144 @@
+"""Sampling a step, from its sequences to token ids on the host (rank 0 only):
+
+    batch = build_sampling_batch(seqs, eos_token_ids)  # host: each row's parameters as arrays
+    pending = sample(sampler, logits, batch)           # queued on the device
+    pending.token_ids                                  # (rows,) on the device: overlap feeds them to the next step
+    pending.result()                                   # waits for the copies: SampledTokens
+
+The math (penalties, masks, Gumbel-max, logprobs) is layers/sampler.py's; this module turns
+sequences into its inputs and its outputs into what the engine reads."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..layers.sampler import Sampler, apply_penalties, logprobs_of
+from .sequence import Sequence
+from .step_input import to_device
+
+
+@dataclass
+class SamplingBatch:
+    temperatures: np.ndarray  # (rows,) float32, 0 = greedy
+    top_k: np.ndarray | None  # (rows,) int64, 0 = off; None: off for every row
+    top_p: np.ndarray | None  # (rows,) float32, 1 = off
+    min_p: np.ndarray | None  # (rows,) float32, 0 = off
+    seeds: np.ndarray | None  # (rows,) int64, -1 = the engine's generator; None: no row has a seed
+    positions: np.ndarray  # (rows,) int64: output index of the token each row samples
+    penalties: dict | None  # repetition/presence/frequency (rows,) and the rows' prompt/output ids
+    suppress: tuple[np.ndarray, np.ndarray] | None  # (row, token id) pairs masked out (min_tokens)
+    num_logprobs: int | None  # the largest `logprobs` of the rows; None: no row asks
+
+    @property
+    def all_greedy(self) -> bool:
+        """Every row takes the argmax: no masks, no noise to compute."""
+        return not self.temperatures.any()
+
+
+def completion_seed(seed: int, index: int) -> int:
+    """The seed of completion `index` of a request seeded with `seed` (its n completions differ)."""
+    return (seed + index * 0x9E3779B97F4A7C15) % 2**63
+
+
+def build_sampling_batch(seqs: list[Sequence], eos_token_ids: list[int]) -> SamplingBatch:
+    """`seqs`: the sequences that sample this step, in row order."""
+    params = [s.params for s in seqs]
+
+    def column(name: str, dtype, off) -> np.ndarray | None:
+        values = np.array([getattr(p, name) for p in params], dtype)
+        return None if (values == off).all() else values
+
+    suppress_rows, suppress_ids = [], []
+    for row, (seq, p) in enumerate(zip(seqs, params)):
+        if seq.num_completion_tokens < p.min_tokens:  # EOS and stop ids may not end it yet
+            ids = ([] if p.ignore_eos else eos_token_ids) + p.stop_token_ids
+            suppress_rows += [row] * len(ids)
+            suppress_ids += ids
+    penalized = any(p.has_penalties for p in params)
+    asked = [p.logprobs for p in params if p.logprobs is not None]
+    return SamplingBatch(
+        temperatures=np.array([p.temperature for p in params], np.float32),
+        top_k=column("top_k", np.int64, 0),
+        top_p=column("top_p", np.float32, 1.0),
+        min_p=column("min_p", np.float32, 0.0),
+        seeds=np.array([-1 if p.seed is None else completion_seed(p.seed, s.index) for s, p in zip(seqs, params)], np.int64)
+        if any(p.seed is not None for p in params) else None,
+        positions=np.array([s.num_completion_tokens for s in seqs], np.int64),
+        penalties=None if not penalized else {
+            "repetition": np.array([p.repetition_penalty for p in params], np.float32),
+            "presence": np.array([p.presence_penalty for p in params], np.float32),
+            "frequency": np.array([p.frequency_penalty for p in params], np.float32),
+            "prompt_ids": [s.token_ids[: s.num_prompt_tokens] for s in seqs],
+            "output_ids": [s.completion_token_ids for s in seqs],
+        },
+        suppress=(np.array(suppress_rows, np.int64), np.array(suppress_ids, np.int64)) if suppress_rows else None,
+        num_logprobs=max(asked) if asked else None,
+    )
+
+
+@dataclass
+class SampledTokens:
+    token_ids: list[int]  # one per sampling row
+    logprobs: list[dict] | None  # per row {"token_id", "logprob", "top_logprobs"}; None if no row asked
+
+
+class PendingSample:
+    """A step's sampled ids (and logprobs) on their way to the host: the copies are queued
+    behind the step on the device, and `result()` waits for them (the step's one sync)."""
+
+    def __init__(self, token_ids: torch.Tensor, logprobs: tuple[torch.Tensor, ...] = ()):
+        self.token_ids = token_ids  # (rows,) on the device
+        self.host = [t.to("cpu", non_blocking=True) for t in (token_ids, *logprobs)]  # into pinned memory on CUDA
+        self.done = torch.cuda.Event() if token_ids.is_cuda else None
+        if self.done is not None:
+            self.done.record()
+
+    def result(self) -> SampledTokens:
+        if self.done is not None:
+            self.done.synchronize()
+        ids, *rest = (t.tolist() for t in self.host)
+        if not rest:
+            return SampledTokens(ids, None)
+        chosen, top_values, top_ids = rest
+        logprobs = [
+            {"token_id": t, "logprob": lp, "top_logprobs": dict(zip(i, v))} for t, lp, v, i in zip(ids, chosen, top_values, top_ids)
+        ]
+        return SampledTokens(ids, logprobs)
+
+
+@torch.inference_mode()
+def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> PendingSample:
+    """Penalties, masks and Gumbel-max; logprobs from the raw logits. Queued on the device."""
+    device, vocab_size = logits.device, logits.shape[1]
+    raw = logits  # (rows, vocab) in the model's dtype
+    if batch.penalties is not None:
+        p = batch.penalties
+        logits = apply_penalties(
+            logits.float(), token_counts(p["output_ids"], vocab_size, device), token_counts(p["prompt_ids"], vocab_size, device) > 0,
+            to_device(p["repetition"], device), to_device(p["presence"], device), to_device(p["frequency"], device),
+        )
+    if batch.suppress is not None:
+        rows, ids = batch.suppress
+        logits = logits.index_put((to_device(rows, device), to_device(ids, device)), torch.tensor(float("-inf"), dtype=logits.dtype, device=device))
+    if batch.all_greedy:
+        token_ids = logits.argmax(dim=-1)  # (rows,)
+    else:
+        optional = {name: None if getattr(batch, name) is None else to_device(getattr(batch, name), device) for name in ("top_k", "top_p", "min_p", "seeds")}
+        # every row keeps at most its top_k: a partial sort of max(top_k) columns is enough (known on the host)
+        max_k = int(batch.top_k.max()) if batch.top_k is not None and (batch.top_k > 0).all() else None
+        token_ids = sampler(logits, to_device(batch.temperatures, device), positions=to_device(batch.positions, device), max_k=max_k, **optional)
+    if batch.num_logprobs is None:
+        return PendingSample(token_ids)
+    return PendingSample(token_ids, logprobs_of(raw, token_ids, batch.num_logprobs))
+
+
+def token_counts(token_lists: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """(rows, vocab) float32: how often each token occurs in each row's list."""
+    width = max(1, max(len(ids) for ids in token_lists))
+    padded = np.full((len(token_lists), width), vocab_size, np.int64)  # vocab_size: padding, dropped below
+    for i, ids in enumerate(token_lists):
+        padded[i, : len(ids)] = ids
+    index = to_device(padded, device)
+    counts = torch.zeros(len(token_lists), vocab_size + 1, device=device)
+    return counts.scatter_add_(1, index, torch.ones_like(index, dtype=counts.dtype))[:, :vocab_size]
