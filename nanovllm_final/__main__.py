@@ -133,7 +133,7 @@ def run_bench(args: argparse.Namespace) -> None:
         prompts, workload = make_workload(args.workload, llm.model_config.vocab_size, seed=args.workload_seed, **overrides)
         params = [sampling_params(args, **p) for p in workload]
         llm.generate([[1] * 16], sampling_params(args, max_tokens=4), use_tqdm=False)  # warm-up
-        llm.engine.metrics.reset()
+        llm.engine.reset_metrics()
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=True)
         seconds = time.perf_counter() - start

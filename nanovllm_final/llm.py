@@ -62,7 +62,7 @@ class LLM:
         """A summary: requests, tokens, throughput, TTFT/TPOT percentiles, prefix-cache hit rate,
         KV-cache usage (now and peak), preemptions."""
         with self._lock:
-            return self._engine().metrics.summary()
+            return self._engine().metrics_summary()
 
     def encode_chat(self, messages: Messages, chat_template_kwargs: dict | None = None) -> list[int]:
         """The token ids of a conversation in the model's chat template, ending with the

@@ -98,7 +98,7 @@ def test_seeded_noise_is_a_function_of_seed_position_token():
 
 def test_seeded_noise_is_never_zero():
     # this (seed, position) hashes token 1692 to the largest 24-bit value, whose u rounds to 1.0 in float32
-    from nanovllm_final.engine.sampling_batch import completion_seed
+    from nanovllm_final.engine.sampling import completion_seed
 
     noise = seeded_exponential(torch.tensor([completion_seed(0, 670)]), torch.tensor([0]), torch.arange(2048))
     assert noise.min() > 0  # E = 0 makes p / E NaN (or inf) for that token, and argmax draws it even where p = 0

@@ -12,10 +12,7 @@ from torch import nn
 from ..distributed import all_reduce, divide, get_tp_rank, get_tp_size
 from .activation import SiluAndMul
 
-try:
-    from . import fused_moe
-except ImportError:  # no Triton on this platform: the loop below everywhere
-    fused_moe = None
+from .fused import fused_moe
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
