@@ -65,8 +65,8 @@ class ModelRunner:
         self.attention_backend = make_backend(config.attention_backend, self.device, self.block_size, self.dtype)
         for layer in self.attention_layers:
             layer.backend = self.attention_backend
+        self.cuda_graphs: CUDAGraphs | None = None  # none yet: the warm-up below runs eagerly
         self.allocate_kv_cache(model_config)
-        self.cuda_graphs: CUDAGraphs | None = None
         if self.use_cudagraphs():
             self.cuda_graphs = CUDAGraphs(config.max_num_seqs, config.max_model_len, self.block_size, model_config.hidden_size, self.dtype, self.device)
             if self.world_size > 1:
