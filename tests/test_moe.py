@@ -276,7 +276,7 @@ def test_final_on_cuda_fused_experts_in_cuda_graphs(moe_dir, hf_greedy):
     so that greedy tokens still equal Hugging Face's on CPU)."""
     st, path = load_engine("final"), moe_dir("moe")
     with st.LLM(path, device="cuda", dtype="float32", max_model_len=128, attention_backend="triton") as llm:
-        assert llm.engine.model_runner.graphs  # captured, with the fused MoE inside
+        assert llm.engine.model_runner.cuda_graphs.graphs  # captured, with the fused MoE inside
         generate_and_compare(st, llm, path, random_prompts([1, 9, 30, 17, 4], seed=160), hf_greedy)
         assert llm.engine.model_runner.num_graph_replays > 0
 
