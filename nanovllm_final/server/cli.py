@@ -45,6 +45,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-request-bytes", type=_positive(int), default=8 << 20, help="largest request body accepted (default: %(default)s)")
     parser.add_argument("--header-timeout", type=_positive(float), default=10.0,
                         help="seconds a connection has to send a request's headers (default: %(default)s)")
+    parser.add_argument("--body-timeout", type=_positive(float), default=30.0,
+                        help="seconds a client has to send a request's body (default: %(default)s)")
     parser.add_argument("--max-stream-backlog", type=_positive(int), default=256,
                         help="engine steps a streaming client may fall behind before it is cut off (default: %(default)s)")
     parser.add_argument("--shutdown-timeout", type=float, default=5.0,
@@ -82,10 +84,11 @@ def serve(args: argparse.Namespace) -> None:
         names += [alias for alias in (args.model,) if alias not in names]  # the path as given is accepted too
         # uvicorn re-raises the signal that stopped it once it is done, and more may come while
         # the engine stops: from here on they change nothing (the shutdown is bounded in time)
-        signal.signal(signal.SIGTERM, _ignore)
-        signal.signal(signal.SIGINT, _ignore)
+        # (SIG_IGN, not a Python handler: the interpreter's exit keeps it, so a late signal cannot make it -15)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         log.info("serving %s as %r on http://%s:%d", args.model, names[0], args.host, args.port)
-        server = Server(client, names, args.shutdown_timeout, Limits(max_body_bytes=args.max_request_bytes))
+        server = Server(client, names, args.shutdown_timeout, Limits(max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout))
         run(server, sock, args.log_level, header_timeout_s=args.header_timeout)
     finally:
         client.stop()
@@ -131,6 +134,3 @@ def _positive(kind: type):
 def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
 
-
-def _ignore(signum, frame):
-    pass

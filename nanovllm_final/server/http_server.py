@@ -1,6 +1,8 @@
 """uvicorn, set up for a server facing clients it does not trust: a connection must send a
 request's headers within `header_timeout_s` of opening (or of its previous response), an
-idle keep-alive connection is closed after `keep_alive_s`, and shutdown (SIGINT/SIGTERM)
+idle keep-alive connection is closed after `keep_alive_s`, the kernel buffers at most
+SEND_BUFFER_BYTES of a connection's unsent output (so that a client that stops reading
+blocks its stream soon, and is cut off, engine_client.py), and shutdown (SIGINT/SIGTERM)
 first refuses new work, then, after the grace period, aborts what the engine still runs,
 so that every open stream ends with a last chunk."""
 
@@ -12,6 +14,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .app import Server, create_app
 
+SEND_BUFFER_BYTES = 256 << 10  # per connection; the kernel doubles it (and would autotune it up to MBs)
+
 
 class HeaderTimeoutProtocol(H11Protocol):
     """uvicorn's h11 protocol, which closes a connection whose next request's headers have not
@@ -21,6 +25,9 @@ class HeaderTimeoutProtocol(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._arm()
 
     def on_response_complete(self) -> None:
