@@ -31,6 +31,7 @@ class IncrementalDetokenizer:
         self.tail = ""  # the text's last max_stop_len - 1 characters: where a stop string may begin
         self.unsent: list[str] = []  # text not handed out as a delta yet
         self.stopped = False  # a stop string was found: the text is final
+        self.waited_at = -1  # len(ids) when update last decoded (and waited for more, unless it took the text)
 
     @property
     def text(self) -> str:
@@ -53,8 +54,9 @@ class IncrementalDetokenizer:
 
     def update(self, final: bool = False) -> bool:
         """Decode the pushed tokens (`final`: whatever is left); True once a stop string was found."""
-        if self.stopped or self.read_offset == len(self.ids):
+        if self.stopped or self.read_offset == len(self.ids) or (self.waited_at == len(self.ids) and not final):
             return self.stopped
+        self.waited_at = len(self.ids)
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset :])
         complete = len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR)
@@ -64,7 +66,7 @@ class IncrementalDetokenizer:
         if self.prefix_offset > 4096:  # forget tokens no window will read again (amortized O(1))
             del self.ids[: self.prefix_offset]
             self.read_offset -= self.prefix_offset
-            self.prefix_offset = 0
+            self.prefix_offset, self.waited_at = 0, -1
         return self._append(new_text[len(prefix_text) :])
 
     def _decode(self, ids: list[int]) -> str:
