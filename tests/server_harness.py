@@ -26,12 +26,12 @@ NAME = "tiny-qwen3"
 # ---- a server process ----
 
 class ServerProcess:
-    def __init__(self, model: pathlib.Path, log_path: pathlib.Path, *extra: str):
+    def __init__(self, model: pathlib.Path, log_path: pathlib.Path, *extra: str, entry: tuple[str, ...] = ("-m", "nanovllm_final.server")):
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "wb")
-        args = [sys.executable, "-m", "nanovllm_final.server", str(model), "--port", str(self.port),
+        args = [sys.executable, *entry, str(model), "--port", str(self.port),
                 "--served-model-name", NAME, "--shutdown-timeout", "1", *ENGINE_ARGS, *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)

@@ -282,3 +282,38 @@ def test_a_dead_engine_answers_every_waiting_request_within_5s(fragile):
     start = time.monotonic()
     assert post(fragile.base + "/v1/completions", {"model": NAME, "prompt": "hi"})[0] == 503
     assert time.monotonic() - start < 2
+
+
+def test_a_failed_step_answers_every_waiting_request_with_its_cause(model, tmp_path):
+    """The engine's step raises (tests/server_poisoned.py) while streams run and more requests
+    are on their way: every one is answered within 5 s with a 503 that says what failed, and
+    the server still answers /health (503) and stops with code 0."""
+    srv = ServerProcess(model, tmp_path / "poisoned.log", "--max-pending-requests", "64", entry=(str(ROOT / "tests" / "server_poisoned.py"),))
+    try:
+        long = {"model": NAME, "prompt": "bread", "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+        streams = [RawRequest(srv.port, long) for _ in range(3)]
+        for s in streams:
+            s.read_until(1)
+        answers: list[tuple[int, dict]] = []
+        bodies = [long] * 8 + [{**long, "prompt": [7, 7, 7, 7, 5]}] + [long] * 8  # the poison, with requests before and after
+        threads = [threading.Thread(target=lambda b=b: answers.append(post(srv.base + "/v1/completions", b, timeout=30))) for b in bodies]
+        for t in threads:
+            t.start()
+        start = time.monotonic()
+        for s in streams:
+            s.read_all(timeout=30)
+            last = s.events()[-1]
+            assert last["error"]["code"] == "engine_dead" and "injected fault" in last["error"]["message"], last
+            s.close()
+        failed = time.monotonic()
+        for t in threads:
+            t.join(max(0.1, failed + 5 - time.monotonic()))
+        assert len(answers) == len(bodies), f"{len(bodies) - len(answers)} requests not answered within 5 s of the failure"
+        for status, answer in answers:
+            assert status == 503 and "injected fault" in answer["error"]["message"], answer
+        status, health = get(srv.base + "/health")
+        assert status == 503 and "injected fault" in json.loads(health)["error"]
+        assert time.monotonic() - start < 30
+        assert srv.stop(signal.SIGTERM, timeout=30) == 0, srv.output()
+    finally:
+        srv.stop(signal.SIGKILL, timeout=10)
