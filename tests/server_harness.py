@@ -130,7 +130,7 @@ class RawRequest:
     def read_all(self, timeout: float = 30.0) -> bytes:
         """Everything until the server closes the connection or ends the stream."""
         deadline = time.monotonic() + timeout
-        while not self.received.endswith(b"data: [DONE]\n\n"):
+        while not (b"data: [DONE]\n\n" in self.received and self.received.endswith(b"\r\n0\r\n\r\n")):  # the last chunk
             assert time.monotonic() < deadline, f"the stream did not end within {timeout} s: {self.received[-500:]!r}"
             chunk = self.sock.recv(65536)
             if not chunk:

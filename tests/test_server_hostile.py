@@ -244,6 +244,16 @@ def test_nan_logprobs_stream_as_valid_json(fragile):
     assert entries and all(lp is None for lp in entries)  # NaN, written as null
 
 
+def end_with_engine_dead(streams: list[RawRequest], cause: str, timeout: float) -> None:
+    """Each stream ends (within `timeout`) with an engine_dead error event naming `cause`, then [DONE]."""
+    for s in streams:
+        s.read_all(timeout=timeout)
+        last = s.events()[-1]
+        assert last["error"]["code"] == "engine_dead" and cause in last["error"]["message"], last
+        assert s.received.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), s.received[-100:]
+        s.close()
+
+
 def test_a_dead_engine_answers_every_waiting_request_within_5s(fragile):
     """Streams, plain requests and requests sent just before: all answered within 5 s of the
     engine process's death, with a 503 (or a stream's error event) that names the cause."""
@@ -266,11 +276,7 @@ def test_a_dead_engine_answers_every_waiting_request_within_5s(fragile):
     engine = engine_pid(fragile.proc.pid)
     subprocess.run(["kill", "-9", str(engine)], check=True)
     killed = time.monotonic()
-    for s in streams:
-        s.read_all(timeout=5)
-        last = s.events()[-1]
-        assert last["error"]["code"] == "engine_dead" and "exited" in last["error"]["message"], last
-        s.close()
+    end_with_engine_dead(streams, "exited", timeout=5)
     for t in threads:
         t.join(max(0.1, killed + 5 - time.monotonic()))
     assert len(answers) == len(threads), f"{len(threads) - len(answers)} requests not answered within 5 s"
@@ -300,11 +306,7 @@ def test_a_failed_step_answers_every_waiting_request_with_its_cause(model, tmp_p
         for t in threads:
             t.start()
         start = time.monotonic()
-        for s in streams:
-            s.read_all(timeout=30)
-            last = s.events()[-1]
-            assert last["error"]["code"] == "engine_dead" and "injected fault" in last["error"]["message"], last
-            s.close()
+        end_with_engine_dead(streams, "injected fault", timeout=30)
         failed = time.monotonic()
         for t in threads:
             t.join(max(0.1, failed + 5 - time.monotonic()))

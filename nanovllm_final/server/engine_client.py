@@ -322,6 +322,8 @@ class EngineClient:
                 self.metrics.rejected("slow_reader")
                 handle.cut_off.set()
                 self.abort(handle)
+                handle.queue.put_nowait(("error", RequestError("the client read its stream too slowly and was cut off", status=408,
+                                                                code="slow_reader")))
 
     def _on_dead(self, why: str) -> None:
         with self._lock:
