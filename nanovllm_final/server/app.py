@@ -110,6 +110,9 @@ class Reply:
                 self.finish_reason[index] = reason or self.finish_reason[index]
             if merged:
                 yield merged
+            failed = [i for i, m in merged.items() if m[3] == "error"]
+            if failed:  # a step failed on this request (the engine goes on with the others)
+                raise RequestError(f"the engine failed while generating choice {failed[0]}", status=500, code="engine_error")
 
     def usage(self) -> dict:
         prompt_tokens = sum(len(p) for p in self.handle.prompts)
