@@ -21,7 +21,8 @@ from server_harness import NAME, ROOT, RawRequest, ServerProcess, engine_pid, ge
 pytestmark = pytest.mark.xdist_group("processes")
 MAX_PENDING = 16
 MAX_BODY = 65536
-HOSTILE_ARGS = ["--max-pending-requests", str(MAX_PENDING), "--max-request-bytes", str(MAX_BODY), "--header-timeout", "1",
+MAX_NUM_SEQS = 8
+HOSTILE_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-pending-requests", str(MAX_PENDING), "--max-request-bytes", str(MAX_BODY), "--header-timeout", "1",
                 "--body-timeout", "1", "--max-stream-backlog", "8"]
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -61,8 +62,8 @@ BAD = [
     ("completions", {"prompt": "hi", "ignore_eos": "yes"}, "ignore_eos"),
     ("completions", {"prompt": "hi", "temperature": True}, "temperature"),
     ("completions", {"prompt": "hi", "stop": ""}, "stop"),
-    ("completions", {"prompt": "hi", "n": MAX_PENDING + 1}, "n"),
-    ("completions", {"prompt": ["a", "b"], "n": MAX_PENDING // 2 + 1}, "n"),
+    ("completions", {"prompt": "hi", "n": MAX_NUM_SEQS + 1}, "n"),  # more than one batch
+    ("completions", {"prompt": ["a", "b", "c"], "n": MAX_PENDING // 3 + 1}, "n"),  # more sequences than the server takes
     ("completions", {"prompt": "hi", "max_tokens": 10**100}, "max_tokens"),
     ("chat/completions", {"messages": CHAT, "chat_template": "{{ 'x' }}"}, "chat_template"),
     ("chat/completions", {"messages": CHAT, "chat_template_kwargs": {
@@ -172,14 +173,21 @@ def test_a_client_that_stops_reading_is_cut_off(server):
 
 def test_in_flight_counts_sequences(server):
     baseline = server.metrics()["nanovllm_kv_cache_blocks_used"]
-    body = {"model": NAME, "prompt": "numbers", "max_tokens": 1000, "ignore_eos": True, "temperature": 1.0, "n": MAX_PENDING}
-    full = RawRequest(server.port, body)
+    body = {"model": NAME, "prompt": "numbers", "max_tokens": 1000, "ignore_eos": True, "temperature": 1.0, "n": MAX_PENDING // 2}
+    full = [RawRequest(server.port, body)]
     try:
-        full.read_until(1)
+        full[0].read_until(1)
+        full.append(RawRequest(server.port, body))  # waits in the engine: max_num_seqs runs at once
+        deadline = time.monotonic() + 10
+        while server.metrics()["nanovllm_server_requests_in_flight"] < MAX_PENDING:
+            assert time.monotonic() < deadline, server.metrics()
+            time.sleep(0.05)
+        assert server.metrics()["nanovllm_num_requests_waiting"] == MAX_PENDING // 2
         status, answer = post(server.base + "/v1/completions", {"model": NAME, "prompt": "one more", "max_tokens": 2})
         assert status == 503 and answer["error"]["code"] == "overloaded", answer
     finally:
-        full.close()
+        for f in full:
+            f.close()
     server.wait_idle(baseline)
 
 

@@ -232,6 +232,9 @@ class Server:
         if max_tokens is None:
             max_tokens = max(1, self.max_model_len - longest)
         params = make_sampling_params({**req.sampling_kwargs(), "max_tokens": max_tokens})
+        if params.n > self.client.config.max_num_seqs:  # more could never run together, and would starve the rest
+            raise RequestError(f"n={params.n} is more than the {self.client.config.max_num_seqs} sequences this engine "
+                               "runs at once (max_num_seqs)", "n")
         for ids in prompts:
             if problem := validate_request(ids, params, self.client.config, self.client.model_config):
                 raise RequestError.of(problem) if problem.param != "prompt" else \

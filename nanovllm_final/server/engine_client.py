@@ -14,6 +14,7 @@ than the engine writes piles up updates; past `max_backlog` unread steps it is c
 (`cut_off` is set, its requests are aborted)."""
 
 import asyncio
+import fcntl
 import itertools
 import logging
 import multiprocessing as mp
@@ -31,6 +32,7 @@ from .protocol import RequestError
 
 log = logging.getLogger("nanovllm.server")
 STOP_TIMEOUT_S = 30.0  # how long the engine process may take to shut down before it is killed
+PIPE_BYTES = 1 << 20  # the pipes' kernel buffers: the engine's send returns at once unless we are ~that far behind
 
 
 class Choice:
@@ -110,6 +112,11 @@ class EngineClient:
         ctx = mp.get_context("spawn")
         commands_in, self._commands = ctx.Pipe(duplex=False)
         self._messages, messages_out = ctx.Pipe(duplex=False)
+        for conn in (self._commands, self._messages):
+            try:
+                fcntl.fcntl(conn.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+            except (OSError, AttributeError):
+                pass  # not Linux, or above /proc/sys/fs/pipe-max-size: the default buffer
         self._process = ctx.Process(target=engine_core_main, args=(commands_in, messages_out, self.model, self.engine_options),
                                     name="nanovllm-engine-core")
         self._process.start()
