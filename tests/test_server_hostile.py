@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from server_harness import NAME, ROOT, RawRequest, ServerProcess, engine_pid, get, post
+from server_harness import NAME, ROOT, RawRequest, ServerProcess, alive, descendants, engine_pid, get, post
 
 pytestmark = pytest.mark.xdist_group("processes")
 MAX_PENDING = 16
@@ -327,3 +327,31 @@ def test_a_failed_step_answers_every_waiting_request_with_its_cause(model, tmp_p
         assert srv.stop(signal.SIGTERM, timeout=30) == 0, srv.output()
     finally:
         srv.stop(signal.SIGKILL, timeout=10)
+
+
+def test_sigterm_while_the_engine_loads_leaves_no_process(model, tmp_path):
+    """SIGTERM as soon as the engine process exists (it is building the engine, or just has):
+    the server exits promptly (130 while loading, 0 once serving) and leaves no process behind."""
+    log = open(tmp_path / "loading.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "nanovllm_final.server", str(model), "--port", "0", "--device", "cpu",
+                             "--tensor-parallel-size", "2"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "loading.log").read_text()
+            try:
+                engine = engine_pid(proc.pid)
+                break
+            except AssertionError:
+                time.sleep(0.05)
+        below = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(45) in (0, 130), (tmp_path / "loading.log").read_text()
+        deadline = time.monotonic() + 15
+        while any(alive(pid) for pid in below | {engine}) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in below | {engine} if alive(pid)]
+    finally:
+        proc.kill()
+        proc.wait(10)
+        log.close()

@@ -130,6 +130,7 @@ class Endpoint:
         self.request_class = ChatCompletionRequest if chat else CompletionRequest
         self.prefix, self.prompt_param = ("chatcmpl", "messages") if chat else ("cmpl", "prompt")
         self.object = "chat.completion" if chat else "text_completion"
+        self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
 
     def prompts(self, req) -> list[list[int]]:
         """On a worker thread: the token ids of each prompt (chat: the model's template)."""
@@ -191,8 +192,9 @@ class Server:
         head = {"id": handle.request_ids[0], "object": endpoint.object, "created": int(handle.created), "model": self.names[0]}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(self.stream(endpoint, req, reply, {**head, "object": head["object"] + ".chunk" if endpoint.chat else head["object"]},
-                                           include_usage), handle, lambda: reply.done or self.client.abort(handle))
+            chunk_head = {**head, "object": endpoint.chunk_object}
+            return EventStream(self.stream(endpoint, req, reply, chunk_head, include_usage), handle,
+                               lambda: reply.done or self.client.abort(handle))
         await self.collect(request, reply)
         want = endpoint.want_logprobs(req)
         return {**head, "choices": [

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help=MODEL_HELP)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=_port, default=8000, help="port to listen on, 1..65535 (default: %(default)s)")
+    parser.add_argument("--port", type=_port, default=8000, help="port to listen on, 0..65535, 0: one the system picks (default: %(default)s)")
     parser.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: the model's name)")
     parser.add_argument("--max-pending-requests", type=int, default=None,
                         help="sequences in flight (prompts x n) past which new requests get HTTP 503 (default: 4 x max_num_seqs)")
@@ -87,7 +87,7 @@ def serve(args: argparse.Namespace) -> None:
         # (SIG_IGN, not a Python handler: the interpreter's exit keeps it, so a late signal cannot make it -15)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        log.info("serving %s as %r on http://%s:%d", args.model, names[0], args.host, args.port)
+        log.info("serving %s as %r on http://%s:%d", args.model, names[0], args.host, sock.getsockname()[1])
         server = Server(client, names, args.shutdown_timeout, Limits(max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout))
         run(server, sock, args.log_level, header_timeout_s=args.header_timeout)
     finally:
@@ -113,8 +113,8 @@ def _port(text: str) -> int:
         port = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port number (1..65535)")
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0..65535; 0: one the system picks)")
     return port
 
 

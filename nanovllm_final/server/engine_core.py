@@ -1,5 +1,6 @@
 """The engine core: the server's engine in a process of its own, stepping as fast as the
-device goes; it never waits for the HTTP side.
+device goes; it never waits for the HTTP side (its messages go into a pipe buffer of 1 MiB
+that the API process's reader thread drains, and no lock is shared with that process).
 
 It reads commands from one pipe between steps (without waiting while it has work) and
 writes one message per step to another: the step's deltas, a few ints per request.
@@ -26,9 +27,7 @@ from .metrics import engine_gauges
 
 
 def engine_core_main(commands: Connection, messages: Connection, model: str, engine_options: dict) -> None:
-    # Ctrl-C and SIGTERM are for the API process, which then stops us (or, gone, closes our pipe)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the API process, which then stops us
     try:
         from .. import LLM
 
@@ -36,6 +35,7 @@ def engine_core_main(commands: Connection, messages: Connection, model: str, eng
     except BaseException as err:  # noqa: BLE001 - reported to the API process, which exits with it
         messages.send(("failed", f"{type(err).__name__}: {err}"))
         return
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from now on we stop when told (or when our command pipe closes)
     try:
         messages.send(("ready", {"config": llm.config, "model_config": llm.model_config, "model_name": llm.model_name,
                                  "tokenizer": llm.tokenizer.name_or_path}))
