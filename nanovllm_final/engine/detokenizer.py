@@ -16,9 +16,18 @@ PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded before the first completion t
 MAX_HELD_TOKENS = 6  # an incomplete character is given up on (kept as "\ufffd") after this many tokens
 
 
+def decoder(tokenizer):
+    """ids -> text without special tokens: the fast tokenizer's own decoder where the wrapper
+    would add nothing (no clean-up of spaces), which costs a fraction of the wrapper's call."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is not None and hasattr(backend, "decode") and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str] = (), min_tokens: int = 0):
-        self.tokenizer = tokenizer
+        self._decode = decoder(tokenizer)
         self.ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])  # window context + completion tokens
         self.prefix_offset = 0  # the window starts here ...
         self.read_offset = len(self.ids)  # ... and its text up to here has been taken already
@@ -68,9 +77,6 @@ class IncrementalDetokenizer:
             self.read_offset -= self.prefix_offset
             self.prefix_offset, self.waited_at = 0, -1
         return self._append(new_text[len(prefix_text) :])
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _append(self, new: str) -> bool:
         if not new:
