@@ -155,10 +155,6 @@ class EngineClient:
             self._process.join(10)
 
     @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
-    @property
     def alive(self) -> bool:
         return self.error is None and self._process is not None and self._process.is_alive() and bool(self.info)
 
