@@ -122,3 +122,9 @@ def test_the_fast_decoder_says_what_the_tokenizer_says(tokenizer):
     counting.clean_up_tokenization_spaces, counting._tokenizer = True, tokenizer._tokenizer
     decoder(counting)(ids)
     assert counting.window_sizes == [len(ids)]  # went through decode()
+
+
+def test_the_held_back_tail_is_the_longest_one_that_could_start_a_stop_string(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, [], ["abcab", "bx", "zz"])
+    for unsent, held in [("xxabca", 4), ("xxabcab", 2), ("xxb", 1), ("xxa", 1), ("xxq", 0), ("z", 1), ("", 0)]:
+        assert detok._stop_prefix_len(unsent) == held, unsent

@@ -62,6 +62,8 @@ BAD = [
     ("completions", {"prompt": "hi", "ignore_eos": "yes"}, "ignore_eos"),
     ("completions", {"prompt": "hi", "temperature": True}, "temperature"),
     ("completions", {"prompt": "hi", "stop": ""}, "stop"),
+    ("completions", {"prompt": "hi", "stop": ["x" * 513]}, "stop"),
+    ("completions", {"prompt": "hi", "stop": [str(i) for i in range(17)]}, "stop"),
     ("completions", {"prompt": "hi", "n": MAX_NUM_SEQS + 1}, "n"),  # more than one batch
     ("completions", {"prompt": ["a", "b", "c"], "n": MAX_PENDING // 3 + 1}, "n"),  # more sequences than the server takes
     ("completions", {"prompt": "hi", "max_tokens": 10**100}, "max_tokens"),

@@ -113,9 +113,14 @@ class IncrementalDetokenizer:
         return unsent[: len(unsent) - hold]
 
     def _stop_prefix_len(self, unsent: str) -> int:
-        """The longest tail of the unsent text that is the start of some stop string."""
-        for k in range(min(self.max_stop_len - 1, len(unsent)), 0, -1):
-            tail = unsent[-k:]
-            if any(s.startswith(tail) for s in self.stop):
-                return k
-        return 0
+        """The longest tail of the unsent text that is the start of some stop string (looked for
+        only where a stop string's first character stands)."""
+        window, best = unsent[-(self.max_stop_len - 1) :] if self.max_stop_len > 1 else "", 0
+        for stop in self.stop:
+            p = window.find(stop[0], max(0, len(window) - len(stop) + 1))
+            while p != -1 and len(window) - p > best:
+                if stop.startswith(window[p:]):
+                    best = len(window) - p  # the leftmost start is this stop string's longest tail
+                    break
+                p = window.find(stop[0], p + 1)
+        return best

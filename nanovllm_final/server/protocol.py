@@ -39,6 +39,7 @@ RESERVED_TEMPLATE_KWARGS = {"chat_template", "conversation", "tools", "documents
                             "continue_final_message", "return_dict", "return_tensors", "return_assistant_tokens_mask",
                             "padding", "truncation", "max_length", "tokenizer_kwargs"}
 STRICT = ConfigDict(extra="ignore", strict=True)
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 512  # each generated token is checked against every stop string
 
 
 class StreamOptions(BaseModel):
@@ -74,6 +75,9 @@ class _Common(BaseModel):
     def check_supported(self) -> None:
         if self.logit_bias:
             raise RequestError("logit_bias is not supported by this server", "logit_bias")
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise RequestError(f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters", "stop")
 
     def sampling_kwargs(self) -> dict[str, Any]:
         names = ("n", "seed", "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
