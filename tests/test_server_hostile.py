@@ -22,7 +22,8 @@ pytestmark = pytest.mark.xdist_group("processes")
 MAX_PENDING = 16
 MAX_BODY = 65536
 MAX_NUM_SEQS = 8
-HOSTILE_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-pending-requests", str(MAX_PENDING), "--max-request-bytes", str(MAX_BODY), "--header-timeout", "1",
+MAX_CONNECTIONS = 12
+HOSTILE_ARGS = ["--max-connections", str(MAX_CONNECTIONS), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-pending-requests", str(MAX_PENDING), "--max-request-bytes", str(MAX_BODY), "--header-timeout", "1",
                 "--body-timeout", "1", "--max-stream-backlog", "8"]
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -96,7 +97,9 @@ def test_bodies_are_bounded(server):
     # a Content-Length past the limit is refused before any body is read
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {100 * MAX_BODY}\r\n\r\n".encode())
-        answer = sock.recv(4096)
+        answer = b""
+        while b"request_too_large" not in answer and (chunk := sock.recv(4096)):
+            answer += chunk
         assert answer.startswith(b"HTTP/1.1 413") and b"request_too_large" in answer, answer
     # a chunked body is counted as it comes: the server stops reading past the limit
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
@@ -151,6 +154,22 @@ def test_silent_and_slow_connections_are_closed(server):
         keep_alive.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert closed_within(keep_alive, 8).startswith(b"HTTP/1.1 200")
     assert get(server.base + "/health", timeout=2)[0] == 200
+
+
+def test_a_flood_of_silent_connections_is_refused_then_cleared(server):
+    """Past --max-connections a request gets 503 at once; the header timeout (1 s) closes the
+    silent ones, and the server serves again."""
+    flood = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.3)  # accepted by the server
+        assert get(server.base + "/health", timeout=5)[0] == 503
+        deadline = time.monotonic() + 10
+        while get(server.base + "/health", timeout=5)[0] != 200:
+            assert time.monotonic() < deadline, "the silent connections were not closed"
+            time.sleep(0.2)
+    finally:
+        for sock in flood:
+            sock.close()
 
 
 def test_a_client_that_stops_reading_is_cut_off(server):

@@ -45,6 +45,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-request-bytes", type=_positive(int), default=8 << 20, help="largest request body accepted (default: %(default)s)")
     parser.add_argument("--header-timeout", type=_positive(float), default=10.0,
                         help="seconds a connection has to send a request's headers (default: %(default)s)")
+    parser.add_argument("--max-connections", type=_positive(int), default=4096,
+                        help="open connections past which a request gets HTTP 503 (default: %(default)s)")
     parser.add_argument("--body-timeout", type=_positive(float), default=30.0,
                         help="seconds a client has to send a request's body (default: %(default)s)")
     parser.add_argument("--max-stream-backlog", type=_positive(int), default=256,
@@ -89,7 +91,7 @@ def serve(args: argparse.Namespace) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         log.info("serving %s as %r on http://%s:%d", args.model, names[0], args.host, sock.getsockname()[1])
         server = Server(client, names, args.shutdown_timeout, Limits(max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout))
-        run(server, sock, args.log_level, header_timeout_s=args.header_timeout)
+        run(server, sock, args.log_level, header_timeout_s=args.header_timeout, max_connections=args.max_connections)
     finally:
         client.stop()
     log.info("engine stopped")

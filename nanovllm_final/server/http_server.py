@@ -57,9 +57,11 @@ class GracefulServer(uvicorn.Server):
 
 
 def run(server: Server, sock: socket.socket, log_level: str = "info", header_timeout_s: float = 10.0,
-        keep_alive_s: float = 5.0) -> None:
-    """Serve on the bound socket until SIGINT/SIGTERM; returns once every connection is closed."""
+        keep_alive_s: float = 5.0, max_connections: int | None = None) -> None:
+    """Serve on the bound socket until SIGINT/SIGTERM; returns once every connection is closed.
+    Past `max_connections` open connections, a request gets 503 at once."""
     protocol = type("Protocol", (HeaderTimeoutProtocol,), {"header_timeout_s": header_timeout_s})
     config = uvicorn.Config(create_app(server), log_level=log_level, lifespan="off", http=protocol,
-                            timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=server.shutdown_grace_s + 5)
+                            timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=server.shutdown_grace_s + 5,
+                            limit_concurrency=max_connections)
     GracefulServer(config, server).run(sockets=[sock])
