@@ -1,20 +1,32 @@
-"""Drive the OpenAI-compatible server with concurrent streaming clients; report
-throughput and TTFT / TPOT / end-to-end latency percentiles as JSON.
+"""Drive the OpenAI-compatible server with streaming clients; report throughput, TTFT / TPOT /
+end-to-end latency percentiles and goodput as JSON, beside the offline engine on the same
+requests.
 
-    # start a server on a random-weight Qwen3-0.6B shape, 256 requests, 64 clients:
-    python -m benchmarks.serve_bench --shape qwen3-0.6b --num-seqs 256 --concurrency 64 \\
-        --out benchmarks/results/serve_qwen3-0.6b_h200.json
-    # a real checkpoint, engine options passed to `nanovllm serve`:
-    python -m benchmarks.serve_bench --model ~/models/Qwen3-0.6B --server-arg=--max-num-seqs=128
+    # start a server on a random-weight Qwen3-0.6B shape, 256 requests, 64 clients, and the
+    # offline engine on the same requests (the ratio is printed):
+    python -m benchmarks.serve_bench --shape qwen3-0.6b --num-seqs 256 --concurrency 64 --offline \\
+        --engine-option max_num_seqs=64 --out benchmarks/results/serve_qwen3-0.6b_h200.json
+    # Poisson arrivals at 8 requests/s (as vLLM's benchmark_serving --request-rate), goodput
+    # under a 200 ms TTFT and 20 ms TPOT objective:
+    python -m benchmarks.serve_bench --shape qwen3-0.6b --request-rate 8 --goodput ttft:200 tpot:20
+    # a real checkpoint, engine options for both the server and the offline run:
+    python -m benchmarks.serve_bench --model ~/models/Qwen3-0.6B --engine-option max_num_seqs=128 --offline
     # an already running server:
     python -m benchmarks.serve_bench --url http://127.0.0.1:8000 --model-name Qwen3-0.6B --vocab-size 151936
 
 The workload is one of benchmarks/workloads.py's (token-id prompts, `ignore_eos`, so every
-request generates exactly its max_tokens). Each client sends streaming /v1/completions
-requests one after another until the workload is used up. Per request: TTFT is the time
-from sending the request to its first streamed token, TPOT the time from the first to the
-last token divided by the tokens after the first, e2e the whole request. Throughput is
-generated tokens / wall time of the whole run (first request sent to last one done).
+request generates exactly its max_tokens). Closed loop (no --request-rate): `--concurrency`
+clients send requests one after another until the workload is used up. Open loop
+(--request-rate R): request i is sent at its Poisson arrival time (exponential gaps of mean
+1/R s, seeded), with at most `--concurrency` in flight if given. Per request: TTFT is the
+time from sending the request to its first streamed token, TPOT the time from the first to
+the last token divided by the tokens after the first, e2e the whole request. Throughput is
+generated tokens / wall time of the whole run (first request sent to last one done);
+goodput counts only the requests that met every objective of --goodput (vLLM's definition).
+
+--offline: once the server has stopped (it frees the device), `benchmarks.run` times the
+final engine's `LLM.generate` on the same prompts and sampling parameters with the same
+engine options, in a child process; the record gets its tok/s and the ratio served/offline.
 
 The client side is standard library only (http.client and threads), so it runs where
 the server's Python runs; the server needs the `serve` extra (FastAPI, uvicorn)."""
@@ -23,12 +35,15 @@ import argparse
 import datetime
 import http.client
 import json
+import math
 import platform
+import random
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -59,7 +74,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-input-len", type=int, default=None)
     p.add_argument("--max-output-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--concurrency", type=int, default=64, help="clients sending requests at the same time")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="closed loop: clients sending requests one after another (default 64); "
+                        "with --request-rate: the most requests in flight (default: no limit)")
+    p.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests per second, Poisson arrivals (default: inf, the closed loop of --concurrency clients)")
+    p.add_argument("--goodput", nargs="+", default=[], metavar="METRIC:MS",
+                   help="service-level objectives for goodput, e.g. ttft:200 tpot:20 e2e:5000 (milliseconds)")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an engine option for the server (as --key value) and the offline run, e.g. max_num_seqs=64")
+    p.add_argument("--offline", action="store_true", help="also time the offline engine on the same requests (see above)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds the server may take to start")
     p.add_argument("--out", help="write the JSON record here (it is always printed)")
@@ -87,6 +111,8 @@ def start_server(model: Path, args: argparse.Namespace, max_pending: int, log) -
     port = free_port()
     cmd = [sys.executable, "-m", "nanovllm_final.server", str(model), "--port", str(port),
            "--max-pending-requests", str(max_pending), "--log-level", "warning", *args.server_arg]
+    for key, value in engine_options(args).items():
+        cmd += [f"--{key.replace('_', '-')}", value]
     if args.device:
         cmd += ["--device", args.device]
     print("server:", shlex.join(cmd), file=sys.stderr)
@@ -201,6 +227,88 @@ def run_clients(base: str, bodies: list[dict], concurrency: int, timeout: float)
     return [r or {"error": "not finished in time"} for r in results], wall
 
 
+def run_open_loop(base: str, bodies: list[dict], rate: float, max_concurrency: int | None, timeout: float,
+                  seed: int) -> tuple[list[dict], float]:
+    """Send request i at its Poisson arrival time (at most max_concurrency in flight)."""
+    rng, t, arrivals = random.Random(seed), 0.0, []
+    for _ in bodies:
+        t += rng.expovariate(rate)
+        arrivals.append(t)
+    results: list[dict | None] = [None] * len(bodies)
+    slots = threading.Semaphore(max_concurrency) if max_concurrency else None
+    start = time.perf_counter()
+
+    def client(i: int) -> None:
+        time.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+        if slots is None:
+            results[i] = one_request(base, bodies[i], timeout)
+            return
+        with slots:
+            results[i] = one_request(base, bodies[i], timeout)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(bodies))]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + arrivals[-1] + timeout * (1 + len(bodies) / (max_concurrency or len(bodies))) + 60
+    for th in threads:
+        th.join(max(0.0, deadline - time.monotonic()))
+    wall = time.perf_counter() - start
+    return [r or {"error": "not finished in time"} for r in results], wall
+
+
+def parse_goodput(specs: list[str]) -> dict[str, float]:
+    """["ttft:200", "tpot:20"] -> {"ttft_s": 0.2, "tpot_s": 0.02}."""
+    objectives = {}
+    for spec in specs:
+        name, _, ms = spec.partition(":")
+        if name not in ("ttft", "tpot", "e2e"):
+            raise SystemExit(f"error: --goodput {spec!r}: the metric must be ttft, tpot or e2e")
+        try:
+            objectives[f"{name}_s"] = float(ms) / 1000
+        except ValueError:
+            raise SystemExit(f"error: --goodput {spec!r}: give milliseconds, e.g. {name}:200") from None
+    return objectives
+
+
+def goodput(done: list[dict], objectives: dict[str, float], wall: float) -> dict | None:
+    """Requests (and their output tokens) per second that met every objective."""
+    if not objectives:
+        return None
+    good = [r for r in done if all(r[name] is None or r[name] <= limit for name, limit in objectives.items())]
+    return {"objectives_s": objectives, "good_requests": len(good), "requests_per_s": len(good) / wall,
+            "output_tokens_per_s": sum(r["output_tokens"] for r in good) / wall}
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, str]:
+    options = {}
+    for pair in args.engine_option:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: --engine-option {pair!r}: expected KEY=VALUE")
+        options[key.replace("-", "_")] = value
+    return options
+
+
+def run_offline(model_dir: Path, args: argparse.Namespace, overrides: dict) -> dict:
+    """benchmarks.run on the same workload and engine options, in a child process (torch stays out of this one)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "offline.json"
+        cmd = [sys.executable, "-m", "benchmarks.run", "--engine", "final", "--workload", args.workload,
+               "--model", str(model_dir), "--out", str(out)]
+        for name, value in overrides.items():
+            cmd += [f"--{name.replace('_', '-')}", str(value)]
+        if args.device:
+            cmd += ["--device", args.device]
+        for key, value in engine_options(args).items():
+            cmd += ["--option", f"{key}={value}"]
+        print("offline:", shlex.join(cmd), file=sys.stderr)
+        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        record = json.loads(out.read_text())
+    record = record[0] if isinstance(record, list) else record
+    return {"command": shlex.join(cmd), "output_tokens": record["output_tokens"], "seconds": record["seconds"],
+            "output_tokens_per_s": record["output_tokens_per_s"], "stats": record.get("stats")}
+
+
 def summary(values: list[float]) -> dict:
     if not values:
         return {}
@@ -218,6 +326,9 @@ def summary(values: list[float]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    objectives = parse_goodput(args.goodput)
+    if not args.request_rate > 0:
+        raise SystemExit(f"error: --request-rate must be > 0, got {args.request_rate}")
     proc, log = None, None
     if args.url:
         base = args.url.rstrip("/")
@@ -243,16 +354,22 @@ def main(argv: list[str] | None = None) -> int:
         warmup = [{"model": name, "prompt": p[:16], "max_tokens": 8, "stream": True, "ignore_eos": True} for p in prompts[:2]]
         run_clients(base, warmup, 2, args.request_timeout)
         before = scrape(base)
-        results, wall = run_clients(base, bodies, args.concurrency, args.request_timeout)
+        if math.isinf(args.request_rate):
+            results, wall = run_clients(base, bodies, args.concurrency or 64, args.request_timeout)
+        else:
+            results, wall = run_open_loop(base, bodies, args.request_rate, args.concurrency, args.request_timeout, args.seed)
         after = scrape(base)
     finally:
         exit_code = stop_server(proc) if proc else None
         if log not in (None, sys.stderr):
             log.close()
+    offline = run_offline(model_dir, args, overrides) if args.offline and model_dir else None
 
     done = [r for r in results if "error" not in r]
     errors = [r["error"] for r in results if "error" in r]
     output_tokens = sum(r["output_tokens"] for r in done)
+    if offline:
+        offline["served_over_offline"] = (output_tokens / wall) / offline["output_tokens_per_s"]
     prompt_tokens = sum(r["prompt_tokens"] for r in done)
 
     def delta(name: str) -> float | None:
@@ -267,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         "shape": args.shape,
         "device_name": _device_name(),
         "workload": {"name": args.workload, **overrides},
-        "concurrency": args.concurrency,
+        "concurrency": args.concurrency if args.concurrency or not math.isinf(args.request_rate) else 64,
+        "request_rate": None if math.isinf(args.request_rate) else args.request_rate,
         "num_requests": len(results),
         "completed": len(done),
         "failed": len(errors),
@@ -281,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         "ttft_s": summary([r["ttft_s"] for r in done if r["ttft_s"] is not None]),
         "tpot_s": summary([r["tpot_s"] for r in done if r["tpot_s"] is not None]),
         "e2e_s": summary([r["e2e_s"] for r in done]),
+        "goodput": goodput(done, objectives, wall),
+        "offline": offline,
         "server": {
             "preemptions": delta("nanovllm_num_preemptions_total"),
             "prefix_cache_hit_rate": after.get("nanovllm_prefix_cache_hit_rate"),
@@ -289,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             "exit_code": exit_code,
         },
         "server_args": args.server_arg,
+        "engine_options": engine_options(args),
     }
     text = json.dumps(record, indent=2)
     print(text)
@@ -297,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(done)}/{len(results)} requests, {output_tokens} tokens in {wall:.2f} s: "
           f"{record['output_tokens_per_s']:.1f} tok/s; TTFT p50 {record['ttft_s'].get('p50', float('nan')) * 1e3:.1f} ms, "
           f"TPOT p50 {record['tpot_s'].get('p50', float('nan')) * 1e3:.2f} ms", file=sys.stderr)
+    if record["goodput"]:
+        print(f"goodput: {record['goodput']['good_requests']}/{len(done)} requests met {args.goodput}: "
+              f"{record['goodput']['requests_per_s']:.2f} req/s, {record['goodput']['output_tokens_per_s']:.1f} tok/s", file=sys.stderr)
+    if offline:
+        print(f"offline engine on the same requests: {offline['output_tokens_per_s']:.1f} tok/s; "
+              f"served / offline = {offline['served_over_offline']:.1%}", file=sys.stderr)
     return 1 if errors else 0
 
 

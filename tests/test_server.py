@@ -3,173 +3,21 @@ server process on 127.0.0.1 and a free port, the official `openai` client, raw s
 for disconnects, prometheus_client's parser for /metrics. Outputs are compared with
 `LLM.generate` on the same tiny model. Every wait below is bounded in time."""
 
-import http.client
+import asyncio
 import json
-import os
-import pathlib
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nanovllm_final import LLM, SamplingParams
+from server_harness import (MAX_MODEL_LEN, NAME, WORDS, RawRequest, ServerProcess, alive, descendants, engine_pid, get,
+                            post, prompts, stream_text)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-MAX_MODEL_LEN = 1024
-MAX_PENDING = 33  # the 32-client test fits; the overload test fills it
-ENGINE_ARGS = ["--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN), "--num-kvcache-blocks", "2048"]
-WORDS = "lighthouse harbour bread flour water salt engine numbers music market apples onions basket token cache memory".split()
-START_TIMEOUT_S = 180
-NAME = "tiny-qwen3"
-
-
-# ---- a server process ----
-
-class ServerProcess:
-    def __init__(self, model: pathlib.Path, log_path: pathlib.Path, *extra: str):
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.log = open(log_path, "wb")
-        args = [sys.executable, "-m", "nanovllm_final.server", str(model), "--port", str(self.port),
-                "--served-model-name", NAME, "--shutdown-timeout", "1", *ENGINE_ARGS, *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert self.proc.poll() is None, f"the server exited with {self.proc.returncode}:\n{self.output()}"
-            assert time.monotonic() < deadline, f"the server did not start in {START_TIMEOUT_S} s:\n{self.output()}"
-            try:
-                if get(self.base + "/health", timeout=1)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-
-    def output(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=60)
-
-    def metrics(self) -> dict[str, float]:
-        """Every sample as {"name{label=value}": value}."""
-        status, text = get(self.base + "/metrics")
-        assert status == 200
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return samples
-
-    def wait_idle(self, baseline_blocks: float, timeout: float = 15.0) -> dict[str, float]:
-        """Poll /metrics until nothing is in flight and the KV blocks are back to `baseline_blocks`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            m = self.metrics()
-            if m["nanovllm_server_requests_in_flight"] == 0 and m["nanovllm_num_requests_running"] == 0 \
-                    and m["nanovllm_kv_cache_blocks_used"] == baseline_blocks:
-                return m
-            assert time.monotonic() < deadline, f"the server did not go idle in {timeout} s: {m}"
-            time.sleep(0.05)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-                raise AssertionError(f"the server did not stop within {timeout} s of {signal.Signals(sig).name}:\n{self.output()}")
-        self.log.close()
-        return self.proc.returncode
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str, timeout: float = 10.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
-def post(url: str, body: bytes | dict, timeout: float = 30.0) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-class RawRequest:
-    """A completion request over a bare socket, so that the test can hang up mid-request."""
-
-    def __init__(self, port: int, body: dict):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        data = json.dumps({"stream": True, **body}).encode()
-        head = f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-        self.sock.sendall(head.encode() + data)
-        self.received = b""
-
-    def read_until(self, count: int, marker: bytes = b"data: {", timeout: float = 30.0) -> bytes:
-        deadline = time.monotonic() + timeout
-        while self.received.count(marker) < count:
-            assert time.monotonic() < deadline, f"no {count} x {marker!r} within {timeout} s: {self.received[-500:]!r}"
-            chunk = self.sock.recv(65536)
-            assert chunk, f"the server closed the stream: {self.received[-500:]!r}"
-            self.received += chunk
-        return self.received
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid`, from /proc."""
-    parents = {}
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def prompts(count: int, seed: int) -> list[str]:
-    return [" ".join(WORDS[(seed + i * 7 + j * 3) % len(WORDS)] for j in range(3 + i % 5)) for i in range(count)]
+pytestmark = pytest.mark.xdist_group("processes")
+MAX_PENDING = 200  # sequences: the 200-stream test fits, the overload test fills it
 
 
 # ---- fixtures: one server and one reference engine for the module ----
@@ -291,30 +139,22 @@ def test_n_logprobs_and_stop(server, reference):
     assert all(len(item.top_logprobs) == 3 and item.logprob <= 0 for item in content)
 
 
-def test_32_concurrent_streams(server, reference):
-    texts = prompts(32, seed=1)
-    want = [out["text"] for out in reference.generate(texts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)]
-    client = server.client()
-    got: dict[int, str] = {}
-    errors: list[BaseException] = []
+def test_200_concurrent_streams_match_offline_greedy_and_leave_nothing_behind(server, reference):
+    """200 streams at once (one event loop of raw sockets), each the same text and token count as
+    offline greedy; afterwards the engine holds no request and no KV block."""
+    texts = prompts(200, seed=1)
+    want = reference.generate(texts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
 
-    def run(i: int) -> None:
-        try:
-            text = ""
-            for chunk in client.completions.create(model=NAME, prompt=texts[i], max_tokens=8, temperature=0, stream=True):
-                text += chunk.choices[0].text if chunk.choices else ""
-            got[i] = text
-        except BaseException as err:  # noqa: BLE001 - reported below
-            errors.append(err)
+    async def run_all():
+        return await asyncio.gather(*(stream_text(server.port, {"model": NAME, "prompt": t, "max_tokens": 8, "temperature": 0}, timeout=90)
+                                      for t in texts))
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors[:3]
-    assert sorted(got) == list(range(32))
-    assert [got[i] for i in range(32)] == want
+    got = asyncio.run(asyncio.wait_for(run_all(), 100))
+    assert [text for text, _ in got] == [w["text"] for w in want]
+    assert [usage["completion_tokens"] for _, usage in got] == [len(w["token_ids"]) for w in want]
+    m = server.wait_idle(baseline_blocks=0)
+    assert m["nanovllm_num_requests_running"] == 0 and m["nanovllm_num_requests_waiting"] == 0
+    assert m["nanovllm_kv_cache_blocks_used"] == 0 and m["nanovllm_server_requests_in_flight"] == 0
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
@@ -339,9 +179,10 @@ def test_disconnect_aborts_and_frees_blocks(server, stream):
 
 
 def test_overload_gets_503(server):
+    """In-flight work is counted in sequences: four requests of n=50 fill the server."""
     baseline = server.metrics()["nanovllm_kv_cache_blocks_used"]
-    body = {"model": NAME, "prompt": "numbers", "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
-    streams = [RawRequest(server.port, body) for _ in range(MAX_PENDING)]
+    body = {"model": NAME, "prompt": "numbers", "max_tokens": 1000, "ignore_eos": True, "temperature": 1.0, "n": MAX_PENDING // 4}
+    streams = [RawRequest(server.port, body) for _ in range(4)]
     try:
         for s in streams:
             s.read_until(1)
@@ -442,5 +283,26 @@ def test_sigterm_ends_streams_and_leaves_no_process(model, tmp_path):
         while any(alive(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [pid for pid in children if alive(pid)], f"left behind: {children}"
+    finally:
+        srv.stop(signal.SIGKILL, timeout=10)
+
+
+def test_a_killed_server_takes_its_engine_and_workers_with_it(model, tmp_path):
+    """SIGKILL of the API process (no cleanup runs there): the engine process sees its command
+    pipe close and shuts down, its tensor-parallel workers with it."""
+    srv = ServerProcess(model, tmp_path / "killed.log", "--tensor-parallel-size", "2")
+    try:
+        engine = engine_pid(srv.proc.pid)
+        below = descendants(srv.proc.pid)
+        assert len(below - {engine}) >= 1 and descendants(engine), below  # the engine and its worker
+        stream = RawRequest(srv.port, {"model": NAME, "prompt": "bread", "max_tokens": 1000, "ignore_eos": True, "temperature": 0})
+        stream.read_until(1)
+        srv.proc.kill()
+        srv.proc.wait(10)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in below) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in below if alive(pid)], f"left behind: {below}"
+        stream.close()
     finally:
         srv.stop(signal.SIGKILL, timeout=10)

@@ -8,7 +8,7 @@ import torch
 
 from ..config import EngineConfig, ModelConfig, check_tensor_parallel
 from ..log import log_once
-from ..outputs import CompletionOutput, RequestOutput
+from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..validate import Problem, validate_request
 from .block_manager import BlockManager
@@ -270,11 +270,7 @@ class LLMEngine:
 
     @staticmethod
     def _error_output(request: Request, message: str) -> RequestOutput:
-        try:
-            out = request.output()
-        except Exception:  # its own text may be what failed
-            completions = [CompletionOutput(seq.index, "", seq.completion_token_ids, "", [], "error", None) for seq in request.seqs]
-            out = RequestOutput(request.request_id, request.prompt_token_ids, completions, True, request.metrics())
+        out = request.output()  # its new tokens only: no text is decoded here
         out.error = message
         return out
 

@@ -1,4 +1,9 @@
-"""A request as the engine tracks it: its n sequences, their text, and when things happened."""
+"""A request as the engine tracks it: its n sequences, their text, and when things happened.
+
+Per step the engine hands out deltas (`output`): each completion's new token ids and
+logprobs, sliced from where the last output ended. Nothing that grows with a sequence is
+copied or decoded per step: text is decoded only when stop strings must be looked for or
+when an output's text is read."""
 
 import time
 
@@ -6,6 +11,30 @@ from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .sequence import Sequence
+
+
+class Completion:
+    """One completion's decoded text and logprobs (an output's CompletionSource)."""
+
+    __slots__ = ("seq", "detok", "logprob_list", "num_emitted")
+
+    def __init__(self, seq: Sequence, detok: IncrementalDetokenizer, want_logprobs: bool):
+        self.seq, self.detok = seq, detok
+        self.logprob_list: list[dict] | None = [] if want_logprobs else None
+        self.num_emitted = 0  # tokens handed out in earlier outputs
+
+    def text(self, finished: bool) -> str:
+        self.detok.update(final=finished)
+        return self.detok.text
+
+    def delta_text(self, finished: bool) -> str:
+        return self.detok.delta(finished)
+
+    def token_ids(self) -> list[int]:
+        return self.seq.completion_token_ids
+
+    def logprobs(self) -> list[dict] | None:
+        return None if self.logprob_list is None else list(self.logprob_list)
 
 
 class Request:
@@ -17,9 +46,10 @@ class Request:
         self.seqs = [leader] + [Sequence(prompt_token_ids, params, index=i, leader=leader) for i in range(1, params.n)]
         for seq in self.seqs:
             seq.request_id = request_id
-        self.detokenizers = [IncrementalDetokenizer(tokenizer, prompt_token_ids, params.stop) for _ in self.seqs]
-        self.logprobs: list[list[dict] | None] = [[] if params.logprobs is not None else None for _ in self.seqs]
-        self.num_emitted = [0] * params.n  # tokens of each completion handed out in earlier outputs
+        self.completions = [
+            Completion(seq, IncrementalDetokenizer(tokenizer, prompt_token_ids, params.stop, params.min_tokens), params.logprobs is not None)
+            for seq in self.seqs
+        ]
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
@@ -34,43 +64,33 @@ class Request:
         text is decoded here only when there are stop strings to look for."""
         self.first_token_time = self.first_token_time or now
         self.last_token_time = now
-        if self.logprobs[seq.index] is not None:
+        completion = self.completions[seq.index]
+        if completion.logprob_list is not None:
             k = seq.params.logprobs  # the batch computed the most any row asked for
-            self.logprobs[seq.index].append({**logprob, "top_logprobs": dict(list(logprob["top_logprobs"].items())[:k])})
+            completion.logprob_list.append({**logprob, "top_logprobs": dict(list(logprob["top_logprobs"].items())[:k])})
         p, n = seq.params, seq.num_known_tokens - seq.num_prompt_tokens  # this token is the n-th
         reason = None
         if n >= p.min_tokens and ((not p.ignore_eos and token_id in eos_token_ids) or token_id in p.stop_token_ids):
             reason = "stop"
         elif seq.reaches_length_limit(seq.num_known_tokens, max_model_len):
             reason = "length"
-        detok = self.detokenizers[seq.index]
-        detok.push(token_id)
-        if p.stop:
-            length_before = len(detok.text)
-            detok.update(final=reason is not None)
-            if n >= p.min_tokens and detok.find_stop(length_before):
-                reason = "stop"
+        if completion.detok.add(token_id, final=reason is not None):
+            reason = "stop"
         return reason
 
     def output(self) -> RequestOutput:
-        completions = []
-        for seq, detok in zip(self.seqs, self.detokenizers):
-            detok.update(final=seq.is_finished)
-            ids = seq.completion_token_ids
-            start, self.num_emitted[seq.index] = self.num_emitted[seq.index], len(ids)
-            completions.append(CompletionOutput(
-                index=seq.index,
-                text=detok.text,
-                token_ids=ids,
-                delta_text=detok.delta(seq.is_finished),
-                delta_token_ids=ids[start:],
-                finish_reason=seq.finish_reason,
-                logprobs=None if self.logprobs[seq.index] is None else list(self.logprobs[seq.index]),
-            ))
-        return RequestOutput(self.request_id, self.prompt_token_ids, completions, self.finished, self.metrics())
+        """What is new since the last output, per completion (O(new tokens))."""
+        outputs = []
+        for c in self.completions:
+            seq = c.seq
+            start, end = seq.num_prompt_tokens + c.num_emitted, seq.num_known_tokens
+            delta_logprobs = None if c.logprob_list is None else c.logprob_list[c.num_emitted :]
+            c.num_emitted = end - seq.num_prompt_tokens
+            outputs.append(CompletionOutput(seq.index, seq.token_ids[start:end], delta_logprobs, seq.finish_reason, c))
+        return RequestOutput(self.request_id, self.prompt_token_ids, outputs, self.finished, self.metrics())
 
     def metrics(self) -> RequestMetrics:
-        generated = max(len(seq.completion_token_ids) for seq in self.seqs)
+        generated = max(seq.num_known_tokens - seq.num_prompt_tokens for seq in self.seqs)
         ttft = None if self.first_token_time is None else self.first_token_time - self.arrival_time
         tpot = (self.last_token_time - self.first_token_time) / (generated - 1) if generated > 1 else None
         return RequestMetrics(ttft, tpot, len(self.prompt_token_ids), max(seq.num_prompt_hit_tokens for seq in self.seqs))

@@ -1,9 +1,14 @@
 """An OpenAI-compatible HTTP server for the engine: `nanovllm serve MODEL` or
 `python -m nanovllm_final.server MODEL` (needs the `serve` extra: FastAPI and uvicorn).
 
+Two processes: the engine core steps the engine and never waits for HTTP; the API process
+tokenizes, detokenizes and speaks HTTP. One small message per step goes between them.
+
     cli.py           the command line, start-up and shutdown
-    engine_thread.py one engine in one background thread, fed by a command queue
-    app.py           the FastAPI routes: completions, chat, streaming, models, health, metrics
+    engine_core.py   the engine process: commands in, one message of deltas per step out
+    engine_client.py the API process's side of it: submit, abort, decode, answer every request
+    app.py           the FastAPI routes: completions and chat (one path), models, health, metrics
+    http_server.py   uvicorn with header and keep-alive timeouts, and a graceful shutdown
     protocol.py      OpenAI's request bodies -> SamplingParams; OpenAI's error object
     metrics.py       the Prometheus text format for /metrics
 """

@@ -1,38 +1,50 @@
 """The HTTP face: OpenAI's /v1/completions and /v1/chat/completions (plain or streamed
 as server-sent events), /v1/models, /health and /metrics, on FastAPI.
 
-A handler checks and tokenizes the request, submits it to the engine thread, and reads
-the engine's outputs from its asyncio queue. A client that goes away mid-request has
-its request aborted in the engine, which frees its KV blocks at once."""
+Both endpoints take one path (`Server.respond`): read the body (bounded in size and time),
+parse it, tokenize on a worker thread, check with `validate_request`, submit to the engine
+core, then answer from the handle's updates; an `Endpoint` says only how the two differ
+(prompt building and the shapes of a choice). A client that goes away mid-request has its
+request aborted in the engine, which frees its KV blocks at once."""
 
 import asyncio
 import json
 import logging
+import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 
 import anyio
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .engine_thread import EngineThread, Handle
-from .metrics import engine_gauges, field_of
+from ..validate import validate_request
+from .engine_client import EngineClient, Handle
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, make_sampling_params, parse
 
 log = logging.getLogger("nanovllm.server")
+MIN_LOGPROB = -9999.0  # what a logprob of -inf is written as (JSON has no infinity)
+
+
+class Limits:
+    """What one request may take: body bytes, seconds to send the body, worker threads for tokenizing."""
+
+    def __init__(self, max_body_bytes: int = 8 << 20, body_timeout_s: float = 30.0, tokenizer_threads: int = 4):
+        self.max_body_bytes, self.body_timeout_s, self.tokenizer_threads = max_body_bytes, body_timeout_s, tokenizer_threads
 
 
 class EventStream(StreamingResponse):
-    """Server-sent events that notice a client going away even while no token is due;
-    `on_close` runs however the stream ends (it aborts what is left in the engine)."""
+    """Server-sent events that notice a client going away even while no token is due, and
+    end a stream cut off for reading too slowly; `on_close` runs however the stream ends
+    (it aborts what is left in the engine)."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[str], on_close):
+    def __init__(self, content: AsyncIterator[str], handle: Handle, on_close):
         super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.on_close = on_close
+        self.handle, self.on_close = handle, on_close
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -45,7 +57,12 @@ class EventStream(StreamingResponse):
                         pass  # the client is gone
                     group.cancel_scope.cancel()
 
+                async def cut_off() -> None:
+                    await self.handle.cut_off.wait()
+                    group.cancel_scope.cancel()
+
                 group.start_soon(stream)
+                group.start_soon(cut_off)
                 await self.listen_for_disconnect(receive)
                 group.cancel_scope.cancel()
         finally:
@@ -53,133 +70,200 @@ class EventStream(StreamingResponse):
             self.on_close()
 
 
-class Choices:
-    """The choices of one HTTP request, filled from its handle's queue.
+class Reply:
+    """One HTTP request's choices as its handle's updates fill them (on the event loop)."""
 
-    Choice i*n + j is completion j of prompt i (OpenAI's order for a batch of prompts)."""
-
-    def __init__(self, handle: Handle, n: int):
-        self.handle, self.n = handle, n
-        self.slot = {rid: i for i, rid in enumerate(handle.request_ids)}
-        count = len(handle.request_ids) * n
-        self.text = [""] * count
-        self.token_ids: list[list[int]] = [[] for _ in range(count)]
+    def __init__(self, handle: Handle, keep_logprobs: bool):
+        count = len(handle.choices)
+        self.handle, self.done = handle, False
+        self.text: list[list[str]] = [[] for _ in range(count)]
+        self.num_tokens = [0] * count
         self.logprobs: list[list[dict]] = [[] for _ in range(count)]
+        self.keep_logprobs = keep_logprobs  # a plain response writes them all at the end
         self.finish_reason: list[str | None] = [None] * count
-        self.cached_tokens = [0] * len(handle.request_ids)
-        self.unfinished = set(handle.request_ids)
 
-    @property
-    def done(self) -> bool:
-        return not self.unfinished
+    async def updates(self) -> AsyncIterator[dict[int, list]]:
+        """Per wake-up: {choice: [new text, new token ids, new logprob entries, finish reason]},
+        everything that arrived since the last one merged (a slow client gets fewer, larger chunks)."""
+        while not self.done:
+            items = [await self.handle.queue.get()]
+            while not self.handle.queue.empty():
+                items.append(self.handle.queue.get_nowait())
+            merged: dict[int, list] = {}
+            for item in items:
+                if item[0] == "error":
+                    raise item[1]
+                if item[0] != "updates":
+                    continue
+                for index, text, ids, logprobs, reason in item[1]:
+                    m = merged.setdefault(index, ["", [], [], None])
+                    m[0] += text
+                    m[1] += ids
+                    m[2] += logprobs
+                    m[3] = reason or m[3]
+                self.done = self.done or item[2]
+            for index, (text, ids, logprobs, reason) in merged.items():
+                self.text[index].append(text)
+                self.num_tokens[index] += len(ids)
+                if self.keep_logprobs:
+                    self.logprobs[index] += logprobs
+                self.finish_reason[index] = reason or self.finish_reason[index]
+            if merged:
+                yield merged
+            failed = [i for i, m in merged.items() if m[3] == "error"]
+            if failed:  # a step failed on this request (the engine goes on with the others)
+                raise RequestError(f"the engine failed while generating choice {failed[0]}", status=500, code="engine_error")
 
-    async def updates(self) -> AsyncIterator[list[tuple[int, str, list[dict], str | None]]]:
-        """Per step: [(choice index, new text, new logprob entries, finish reason or None)]."""
-        while self.unfinished:
-            kind, payload = await self.handle.queue.get()
-            if kind == "error":
-                raise payload
-            if kind == "aborted":
-                updates = []
-                for j in range(self.n):
-                    index = self.slot[payload] * self.n + j
-                    if self.finish_reason[index] is None:
-                        self.finish_reason[index] = "abort"
-                        updates.append((index, "", [], "abort"))
-                self.unfinished.discard(payload)
-                yield updates
-            elif kind == "outputs":
-                yield [update for out in payload for update in self._apply(out)]
+    def usage(self) -> dict:
+        prompt_tokens = sum(len(p) for p in self.handle.prompts)
+        completion_tokens = sum(self.num_tokens)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": sum(self.handle.cached_tokens)}}
 
-    def _apply(self, out) -> list[tuple[int, str, list[dict], str | None]]:
-        updates = []
-        base = self.slot[out.request_id] * self.n
-        for c in out.outputs:
-            index = base + c.index
-            new_logprobs = _new_entries(c.logprobs, len(c.token_ids), len(c.delta_token_ids))
-            ends_now = c.finish_reason is not None and self.finish_reason[index] is None
-            self.text[index] = c.text
-            self.token_ids[index] = list(c.token_ids)
-            self.logprobs[index] += new_logprobs
-            self.finish_reason[index] = c.finish_reason
-            if c.delta_text or c.delta_token_ids or ends_now:  # a chunk per token, even one with no text yet
-                updates.append((index, c.delta_text, new_logprobs, c.finish_reason))
-        if out.finished:
-            self.unfinished.discard(out.request_id)
-            self.cached_tokens[self.slot[out.request_id]] = field_of(out.metrics, "cached_prompt_tokens") or 0
-        return updates
 
-    def usage(self, prompts: list[list[int]]) -> dict:
-        prompt_tokens = sum(len(p) for p in prompts)
-        completion_tokens = sum(len(ids) for ids in self.token_ids)
-        return {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": sum(self.cached_tokens)},
-        }
+class Endpoint:
+    """What /v1/completions does differently from /v1/chat/completions: the prompt and the shapes."""
+
+    def __init__(self, server: "Server", chat: bool):
+        self.server, self.chat = server, chat
+        self.request_class = ChatCompletionRequest if chat else CompletionRequest
+        self.prefix, self.prompt_param = ("chatcmpl", "messages") if chat else ("cmpl", "prompt")
+        self.object = "chat.completion" if chat else "text_completion"
+        self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
+
+    def prompts(self, req) -> list[list[int]]:
+        """On a worker thread: the token ids of each prompt (chat: the model's template)."""
+        tokenizer = self.server.client.tokenizer
+        if self.chat:
+            if tokenizer.chat_template is None:
+                raise RequestError("this model has no chat template; use /v1/completions", "messages")
+            messages = [m.as_template_dict() for m in req.messages]
+            try:
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **(req.chat_template_kwargs or {}))
+            except Exception as err:  # noqa: BLE001 - a template that cannot render these messages
+                raise RequestError(f"the chat template failed on these messages: {err}", "messages") from None
+            return [self.server.encode(text, "messages")]
+        return [self.server.encode(p, "prompt") if isinstance(p, str) else p for p in req.prompts()]
+
+    def max_tokens(self, req) -> int | None:
+        return req.requested_max_tokens if self.chat else req.max_tokens
+
+    def want_logprobs(self, req) -> bool:
+        return bool(req.logprobs) if self.chat else req.logprobs is not None
+
+    def logprobs(self, entries: list[dict], offset: int = 0) -> dict:
+        return self.server.chat_logprobs(entries) if self.chat else self.server.completion_logprobs(entries, offset)
+
+    def choice(self, index: int, text: str, logprobs: dict | None, finish_reason: str | None, chunk: bool) -> dict:
+        if not self.chat:
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        content = {"delta": {"content": text} if text else {}} if chunk else {"message": {"role": "assistant", "content": text}}
+        return {"index": index, **content, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class Server:
-    """The application's state: the engine thread and what requests are checked against."""
+    """The application's state: the engine client, the endpoints, and what requests are checked against."""
 
-    def __init__(self, engine: EngineThread, served_model_names: list[str], shutdown_grace_s: float = 5.0):
-        self.engine = engine
-        self.llm = engine.llm
+    def __init__(self, client: EngineClient, served_model_names: list[str], shutdown_grace_s: float = 5.0, limits: Limits | None = None):
+        self.client = client
         self.names = served_model_names
-        self.max_model_len = self.llm.config.max_model_len
+        self.max_model_len = client.config.max_model_len
         self.shutdown_grace_s = shutdown_grace_s
+        self.limits = limits or Limits()
+        self.pool = ThreadPoolExecutor(self.limits.tokenizer_threads, thread_name_prefix="nanovllm-tokenize")
         self.created = int(time.time())
+        self.endpoints = {False: Endpoint(self, chat=False), True: Endpoint(self, chat=True)}
+        self._token_text: dict[int, str] = {}
 
-    # ---- checks shared by both endpoints ----
+    # ---- one request, either endpoint ----
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.names:
-            raise RequestError(f"the model {name!r} does not exist here; this server serves {self.names[0]!r}", "model", code="model_not_found")
+    async def respond(self, endpoint: Endpoint, request: Request):
+        body = await self.read_body(request)
+        loop = asyncio.get_running_loop()
+        req = parse(endpoint.request_class, await loop.run_in_executor(self.pool, parse_json, body))
+        if req.model is not None and req.model not in self.names:
+            raise RequestError(f"the model {req.model!r} does not exist here; this server serves {self.names[0]!r}", "model", code="model_not_found")
+        req.check_supported()
+        prompts = await loop.run_in_executor(self.pool, endpoint.prompts, req)
+        params = self.sampling_params(req, prompts, endpoint)
+        handle = await self.submit(prompts, params, endpoint.prefix)
+        reply = Reply(handle, keep_logprobs=not req.stream)
+        head = {"id": handle.request_ids[0], "object": endpoint.object, "created": int(handle.created), "model": self.names[0]}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            chunk_head = {**head, "object": endpoint.chunk_object}
+            return EventStream(self.stream(endpoint, req, reply, chunk_head, include_usage), handle,
+                               lambda: reply.done or self.client.abort(handle))
+        await self.collect(request, reply)
+        want = endpoint.want_logprobs(req)
+        return {**head, "choices": [
+            endpoint.choice(i, "".join(reply.text[i]), endpoint.logprobs(reply.logprobs[i]) if want else None, reply.finish_reason[i], chunk=False)
+            for i in range(len(reply.text))], "usage": reply.usage()}
 
-    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
-        ids = self.llm.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise RequestError("the prompt is empty", "prompt")
-        vocab = self.llm.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", "prompt")
-        return ids
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.limits.max_body_bytes
+        too_big = RequestError(f"the request body is larger than {limit} bytes", status=413, code="request_too_large")
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise too_big
 
-    def sampling_params(self, kwargs: dict, prompts: list[list[int]], max_tokens: int | None, param: str):
+        async def read() -> bytes:
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        try:
+            return await asyncio.wait_for(read(), self.limits.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise RequestError(f"the request body did not arrive within {self.limits.body_timeout_s:g} s", status=408, code="timeout") from None
+
+    def encode(self, text: str, param: str) -> list[int]:
+        try:
+            return self.client.tokenizer.encode(text, add_special_tokens=False, verbose=False)
+        except Exception as err:  # noqa: BLE001 - text the tokenizer cannot take
+            raise RequestError(f"the {param} cannot be tokenized: {err}", param) from None
+
+    def sampling_params(self, req, prompts: list[list[int]], endpoint: Endpoint):
         longest = max(len(p) for p in prompts)
-        if longest >= self.max_model_len:
-            raise RequestError(
-                f"this model's maximum context length is {self.max_model_len} tokens, but the prompt has {longest} "
-                "tokens, which leaves no room for a completion", param, code="context_length_exceeded")
+        max_tokens = endpoint.max_tokens(req)
         if max_tokens is None:
-            max_tokens = self.max_model_len - longest
-        elif isinstance(max_tokens, int) and max_tokens > 0 and longest + max_tokens > self.max_model_len:
+            max_tokens = max(1, self.max_model_len - longest)
+        params = make_sampling_params({**req.sampling_kwargs(), "max_tokens": max_tokens})
+        if params.n > self.client.config.max_num_seqs:  # more could never run together, and would starve the rest
+            raise RequestError(f"n={params.n} is more than the {self.client.config.max_num_seqs} sequences this engine "
+                               "runs at once (max_num_seqs)", "n")
+        for ids in prompts:
+            if problem := validate_request(ids, params, self.client.config, self.client.model_config):
+                raise RequestError.of(problem) if problem.param != "prompt" else \
+                    RequestError(problem.message, endpoint.prompt_param, code=problem.code)
+        if longest + max_tokens > self.max_model_len:
             raise RequestError(
                 f"this model's maximum context length is {self.max_model_len} tokens, but {longest + max_tokens} "
                 f"were asked for ({longest} in the prompt, {max_tokens} for the completion)", "max_tokens",
                 code="context_length_exceeded")
-        return make_sampling_params({**kwargs, "max_tokens": max_tokens})
+        return params
 
     async def submit(self, prompts: list[list[int]], params, prefix: str) -> Handle:
-        handle = self.engine.submit(prompts, params, prefix)
+        handle = self.client.submit(prompts, params, prefix)
         try:
-            kind, payload = await handle.queue.get()  # the engine thread took it, or said why not
+            kind, payload = await handle.queue.get()  # the engine took it, or said why not
         except asyncio.CancelledError:
-            self.engine.abort(handle)
+            self.client.abort(handle)
             raise
         if kind == "error":
             raise payload
         return handle
 
-    # ---- running a request ----
-
-    async def collect(self, request: Request, choices: Choices) -> None:
+    async def collect(self, request: Request, reply: Reply) -> None:
         """Wait for every choice to finish; abort the request if the client leaves first."""
 
         async def run() -> None:
-            async for _ in choices.updates():
+            async for _ in reply.updates():
                 pass
 
         work = asyncio.ensure_future(run())
@@ -190,44 +274,48 @@ class Server:
             gone.cancel()
             if not work.done():
                 work.cancel()
-                self.engine.abort(choices.handle)
+                self.client.abort(reply.handle)
         if work.cancelled():
             raise RequestError("the client disconnected", status=499)
         work.result()
 
-    async def stream(self, choices: Choices, prompts: list[list[int]], include_usage: bool, make_chunk, first_chunks=()) -> AsyncIterator[str]:
-        """SSE: the first chunks (chat's role), one chunk per choice and step, [DONE].
-        Usage comes on the last chunk, or (stream_options.include_usage) on a chunk of its own."""
+    async def stream(self, endpoint: Endpoint, req, reply: Reply, head: dict, include_usage: bool) -> AsyncIterator[str]:
+        """SSE: chat's role chunks, a chunk per choice with news, usage, [DONE]. Usage comes on the
+        last chunk, or (stream_options.include_usage) on a chunk of its own."""
+        want = endpoint.want_logprobs(req)
+        offsets = [0] * len(reply.text)
         try:
-            for chunk in first_chunks:
-                yield _sse(chunk)
-            async for updates in choices.updates():
-                chunks = [make_chunk(*update) for update in updates]
-                for i, chunk in enumerate(chunks):
+            if endpoint.chat:
+                for i in range(len(reply.text)):
+                    yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+            async for merged in reply.updates():
+                last = len(merged) - 1
+                for k, (index, (text, ids, entries, reason)) in enumerate(merged.items()):
+                    logprobs = None
+                    if want and (entries or not endpoint.chat):
+                        logprobs = endpoint.logprobs(entries, offsets[index])
+                        offsets[index] += len(text)
+                    chunk = {**head, "choices": [endpoint.choice(index, text, logprobs, reason, chunk=True)]}
                     if include_usage:
                         chunk["usage"] = None
-                    elif choices.done and i == len(chunks) - 1:
-                        chunk["usage"] = choices.usage(prompts)
+                    elif reply.done and k == last:
+                        chunk["usage"] = reply.usage()
                     yield _sse(chunk)
             if include_usage:
-                yield _sse({**make_chunk(None, "", [], None), "choices": [], "usage": choices.usage(prompts)})
+                yield _sse({**head, "choices": [], "usage": reply.usage()})
         except RequestError as err:
             yield _sse(err.body())
         yield "data: [DONE]\n\n"
 
-    def stream_response(self, choices: Choices, prompts: list[list[int]], include_usage: bool, make_chunk, first_chunks=()) -> EventStream:
-        def on_close() -> None:
-            if not choices.done:  # the client left, or the server is stopping
-                self.engine.abort(choices.handle)
-
-        return EventStream(self.stream(choices, prompts, include_usage, make_chunk, first_chunks), on_close)
-
     # ---- formatting ----
 
     def token_text(self, token_id: int) -> str:
-        return self.llm.tokenizer.decode([token_id])
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.client.tokenizer.decode([token_id])
+        return text
 
-    def completion_logprobs(self, entries: list[dict], offset: int = 0) -> dict | None:
+    def completion_logprobs(self, entries: list[dict], offset: int = 0) -> dict:
         """OpenAI's legacy format: tokens, token_logprobs, top_logprobs, text_offset."""
         tokens = [self.token_text(e["token_id"]) for e in entries]
         offsets = []
@@ -236,19 +324,18 @@ class Server:
             offset += len(token)
         return {
             "tokens": tokens,
-            "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{self.token_text(int(t)): lp for t, lp in (e.get("top_logprobs") or {}).items()} for e in entries],
+            "token_logprobs": [_finite(e["logprob"]) for e in entries],
+            "top_logprobs": [{self.token_text(int(t)): _finite(lp) for t, lp in (e.get("top_logprobs") or {}).items()} for e in entries],
             "text_offset": offsets,
         }
 
     def chat_logprobs(self, entries: list[dict]) -> dict:
         def item(token_id: int, logprob: float) -> dict:
             text = self.token_text(token_id)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+            return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
 
         return {"content": [
-            {**item(e["token_id"], e["logprob"]),
-             "top_logprobs": [item(int(t), lp) for t, lp in (e.get("top_logprobs") or {}).items()]}
+            {**item(e["token_id"], e["logprob"]), "top_logprobs": [item(int(t), lp) for t, lp in (e.get("top_logprobs") or {}).items()]}
             for e in entries
         ]}
 
@@ -256,11 +343,11 @@ class Server:
 def create_app(server: Server) -> FastAPI:
     app = FastAPI(title="nanovllm", docs_url=None, redoc_url=None)
     app.state.server = server
-    metrics = server.engine.metrics
+    client, metrics = server.client, server.client.metrics
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, err: RequestError):
-        if err.status == 400:
+        if err.status in (400, 408, 413):
             metrics.rejected("bad_request")
         return JSONResponse(err.body(), status_code=err.status, headers={"Retry-After": "1"} if err.status == 503 else None)
 
@@ -275,9 +362,9 @@ def create_app(server: Server) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        if not server.engine.alive:
-            return JSONResponse({"status": "engine stopped", "error": server.engine.error}, status_code=503)
-        if not server.engine.accepting:
+        if client.error is not None or not client.alive:
+            return JSONResponse({"status": "engine stopped", "error": client.error}, status_code=503)
+        if not client.accepting:
             return JSONResponse({"status": "shutting down"}, status_code=503)
         return {"status": "ok"}
 
@@ -285,93 +372,43 @@ def create_app(server: Server) -> FastAPI:
     async def models():
         return {"object": "list", "data": [
             {"id": server.names[0], "object": "model", "created": server.created, "owned_by": "nanovllm",
-             "root": server.llm.config.model, "max_model_len": server.max_model_len}
+             "root": client.config.model, "max_model_len": server.max_model_len}
         ]}
 
     @app.get("/metrics")
     async def prometheus():
-        try:
-            engine = await server.engine.call(engine_gauges) if server.engine.alive else None
-        except Exception:  # noqa: BLE001 - the engine stopped between the check and the call
-            engine = None
-        text = metrics.render(engine, {"in_flight": server.engine.in_flight, "max_pending": server.engine.max_pending,
-                                       "healthy": server.engine.alive})
+        text = metrics.render(await client.gauges(), {"in_flight": client.in_flight, "max_pending": client.max_pending,
+                                                      "healthy": client.alive})
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = parse(CompletionRequest, await _json_body(request))
-        server.check_model(req.model)
-        req.check_supported()
-        prompts = [server.encode_prompt(p) for p in req.prompts()]
-        params = server.sampling_params(req.sampling_kwargs(), prompts, req.max_tokens, "prompt")
-        handle = await server.submit(prompts, params, "cmpl")
-        choices = Choices(handle, req.n)
-        head = {"id": handle.request_ids[0], "object": "text_completion", "created": int(handle.created), "model": server.names[0]}
-        want_logprobs = req.logprobs is not None
-        if req.stream:
-            offsets = [0] * len(choices.text)
-
-            def chunk(index, text, entries, finish_reason):
-                logprobs = None
-                if want_logprobs and index is not None:
-                    logprobs = server.completion_logprobs(entries, offsets[index])
-                    offsets[index] += sum(len(t) for t in logprobs["tokens"])
-                return {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
-
-            include = bool(req.stream_options and req.stream_options.include_usage)
-            return server.stream_response(choices, prompts, include, chunk)
-        await server.collect(request, choices)
-        return {**head, "choices": [
-            {"index": i, "text": choices.text[i], "finish_reason": choices.finish_reason[i],
-             "logprobs": server.completion_logprobs(choices.logprobs[i]) if want_logprobs else None}
-            for i in range(len(choices.text))
-        ], "usage": choices.usage(prompts)}
+        return await server.respond(server.endpoints[False], request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = parse(ChatCompletionRequest, await _json_body(request))
-        server.check_model(req.model)
-        req.check_supported()
-        messages = [m.as_template_dict() for m in req.messages]
-        try:
-            prompt = server.llm.encode_chat(messages, chat_template_kwargs=req.chat_template_kwargs)
-        except Exception as err:  # noqa: BLE001 - a template that cannot render these messages
-            raise RequestError(f"the chat template failed on these messages: {err}", "messages") from None
-        prompts = [prompt]
-        params = server.sampling_params(req.sampling_kwargs(), prompts, req.requested_max_tokens, "messages")
-        handle = await server.submit(prompts, params, "chatcmpl")
-        choices = Choices(handle, req.n)
-        head = {"id": handle.request_ids[0], "object": "chat.completion", "created": int(handle.created), "model": server.names[0]}
-        if req.stream:
-            head["object"] = "chat.completion.chunk"
-
-            def chunk(index, text, entries, finish_reason):
-                logprobs = server.chat_logprobs(entries) if req.logprobs and entries else None
-                delta = {"content": text} if text else {}
-                return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
-
-            role = [{**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
-                    for i in range(req.n)]
-            include = bool(req.stream_options and req.stream_options.include_usage)
-            return server.stream_response(choices, prompts, include, chunk, role)
-        await server.collect(request, choices)
-        return {**head, "choices": [
-            {"index": i, "message": {"role": "assistant", "content": choices.text[i]},
-             "logprobs": server.chat_logprobs(choices.logprobs[i]) if req.logprobs else None,
-             "finish_reason": choices.finish_reason[i]}
-            for i in range(len(choices.text))
-        ], "usage": choices.usage(prompts)}
+        return await server.respond(server.endpoints[True], request)
 
     return app
 
 
-async def _json_body(request: Request):
-    raw = await request.body()
+def parse_json(raw: bytes):
+    """A request body as JSON, strictly: no NaN or Infinity, no lone surrogates; a body nested
+    too deeply or with an integer too long to convert is a 400 like any other bad JSON."""
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        data = json.loads(raw, parse_constant=_refuse_constant)
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise RequestError("the request body is nested too deeply") from None
+    except UnicodeEncodeError as err:
+        raise RequestError(f"the request body has a lone surrogate ({err.object[err.start:err.end]!r}), which is not text") from None
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, NaN, an int of too many digits
         raise RequestError(f"the request body is not valid JSON: {err}") from None
+    return data
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 async def _disconnected(request: Request) -> None:
@@ -379,36 +416,12 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _finite(logprob: float) -> float | None:
+    """A logprob JSON can carry: -inf as MIN_LOGPROB, NaN as null."""
+    if math.isnan(logprob):
+        return None
+    return max(MIN_LOGPROB, min(logprob, -MIN_LOGPROB))
+
+
 def _sse(data: dict) -> str:
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-def _new_entries(logprobs: list | None, num_tokens: int, num_new: int) -> list[dict]:
-    """The logprob entries of this step's new tokens, whether the engine reports them
-    cumulatively (one per generated token so far) or per step."""
-    if not logprobs:
-        return []
-    return list(logprobs[num_tokens - num_new:]) if len(logprobs) == num_tokens else list(logprobs)
-
-
-
-class GracefulServer(uvicorn.Server):
-    """uvicorn's server, whose shutdown also refuses new work and, after the grace period,
-    aborts what the engine still runs, so that every open stream ends with a last chunk."""
-
-    def __init__(self, config: uvicorn.Config, server: Server):
-        super().__init__(config)
-        self.app_server = server
-
-    async def shutdown(self, sockets=None):
-        engine = self.app_server.engine
-        engine.accepting = False
-        asyncio.get_running_loop().call_later(self.app_server.shutdown_grace_s, engine.abort_all)
-        await super().shutdown(sockets)
-
-
-def run(server: Server, host: str, port: int, log_level: str = "info") -> None:
-    """Serve until SIGINT/SIGTERM; returns once every connection is closed."""
-    config = uvicorn.Config(create_app(server), host=host, port=port, log_level=log_level, lifespan="off",
-                            timeout_graceful_shutdown=server.shutdown_grace_s + 5)
-    GracefulServer(config, server).run()
+    return f"data: {json.dumps(data, separators=(',', ':'), allow_nan=False)}\n\n"

@@ -1,14 +1,16 @@
 """`nanovllm serve MODEL [engine options] [--host 127.0.0.1] [--port 8000]`, also
 `python -m nanovllm_final.server MODEL ...`.
 
-Start-up: build the engine on its thread (errors are printed, exit code 2), then serve
-with uvicorn. SIGINT or SIGTERM: stop accepting connections, give in-flight requests
-`--shutdown-timeout` seconds to finish, abort the rest (their streams still end with
-[DONE]), shut the engine down (tensor-parallel workers included) and exit with code 0."""
+Start-up: bind the port, start the engine core process and build the engine there (errors
+are printed, exit code 2), then serve with uvicorn. SIGINT or SIGTERM: stop accepting
+connections, give in-flight requests `--shutdown-timeout` seconds to finish, abort the
+rest (their streams still end with [DONE]), stop the engine process (tensor-parallel
+workers included) and exit with code 0; signals that come while it stops change nothing."""
 
 import argparse
 import logging
 import signal
+import socket
 import sys
 
 from ..engine_flags import MODEL_HELP, add_engine_options, engine_options
@@ -36,10 +38,19 @@ def main(argv: list[str] | None = None) -> None:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help=MODEL_HELP)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=_port, default=8000, help="port to listen on, 0..65535, 0: one the system picks (default: %(default)s)")
     parser.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: the model's name)")
     parser.add_argument("--max-pending-requests", type=int, default=None,
-                        help="requests in flight past which new ones get HTTP 503 (default: 4 x max_num_seqs)")
+                        help="sequences in flight (prompts x n) past which new requests get HTTP 503 (default: 4 x max_num_seqs)")
+    parser.add_argument("--max-request-bytes", type=_positive(int), default=8 << 20, help="largest request body accepted (default: %(default)s)")
+    parser.add_argument("--header-timeout", type=_positive(float), default=10.0,
+                        help="seconds a connection has to send a request's headers (default: %(default)s)")
+    parser.add_argument("--max-connections", type=_positive(int), default=4096,
+                        help="open connections past which a request gets HTTP 503 (default: %(default)s)")
+    parser.add_argument("--body-timeout", type=_positive(float), default=30.0,
+                        help="seconds a client has to send a request's body (default: %(default)s)")
+    parser.add_argument("--max-stream-backlog", type=_positive(int), default=256,
+                        help="engine steps a streaming client may fall behind before it is cut off (default: %(default)s)")
     parser.add_argument("--shutdown-timeout", type=float, default=5.0,
                         help="seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted (default: %(default)s)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -48,39 +59,80 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def serve(args: argparse.Namespace) -> None:
     try:
-        from .app import Server, run
+        from .app import Limits, Server
+        from .http_server import run
     except ImportError as err:
         print(f"error: the server needs FastAPI and uvicorn ({err}); install them with pip install 'nanovllm-staged[serve]'", file=sys.stderr)
         sys.exit(2)
-    from .engine_thread import EngineThread
+    from .engine_client import EngineClient
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # while loading: stop cleanly
     try:
-        engine = EngineThread(args.model, engine_options(args), args.max_pending_requests)
-        engine.start()
+        sock = _listen(args.host, args.port)
+    except OSError as err:
+        print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
+        sys.exit(2)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # while loading: stop cleanly
+    client = EngineClient(args.model, engine_options(args), args.max_pending_requests, args.max_stream_backlog)
+    try:
+        client.start()
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
     try:
-        names = [args.served_model_name or engine.llm.model_name]
+        names = [args.served_model_name or client.info["model_name"]]
         names += [alias for alias in (args.model,) if alias not in names]  # the path as given is accepted too
-        # uvicorn re-raises the signal that stopped it once it is done; by then we stop quietly
-        signal.signal(signal.SIGTERM, _ignore)
-        signal.signal(signal.SIGINT, _ignore)
-        log.info("serving %s as %r on http://%s:%d", args.model, names[0], args.host, args.port)
-        run(Server(engine, names, args.shutdown_timeout), args.host, args.port, args.log_level)
+        # uvicorn re-raises the signal that stopped it once it is done, and more may come while
+        # the engine stops: from here on they change nothing (the shutdown is bounded in time)
+        # (SIG_IGN, not a Python handler: the interpreter's exit keeps it, so a late signal cannot make it -15)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        log.info("serving %s as %r on http://%s:%d", args.model, names[0], args.host, sock.getsockname()[1])
+        server = Server(client, names, args.shutdown_timeout, Limits(max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout))
+        run(server, sock, args.log_level, header_timeout_s=args.header_timeout, max_connections=args.max_connections)
     finally:
-        engine.stop()
-        signal.signal(signal.SIGTERM, previous)
+        client.stop()
     log.info("engine stopped")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the port before the engine is built, so that a port in use fails at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0..65535; 0: one the system picks)")
+    return port
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} must be > 0")
+        return value
+
+    return parse
 
 
 def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
 
-
-def _ignore(signum, frame):
-    pass

@@ -1,6 +1,6 @@
 """GET /metrics: the Prometheus text format (version 0.0.4), written out by hand.
 
-Counters and histograms are kept here, updated by the engine thread as requests
+Counters and histograms are kept here, updated by the API process as requests
 finish; gauges (queues, KV cache, prefix hits, preemptions) are read from the engine
 when /metrics is scraped. The format is simple enough that the server needs no
 Prometheus library; the tests parse the output with prometheus_client's parser."""
@@ -36,7 +36,7 @@ class Histogram:
 
 
 class ServerMetrics:
-    """What the server counts itself; thread-safe (the engine thread writes, handlers read)."""
+    """What the server counts itself; thread-safe (the engine reader thread writes, handlers read)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -64,16 +64,14 @@ class ServerMetrics:
         with self._lock:
             self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
 
-    def observe_request(self, out, e2e_s: float) -> None:
-        """A finished RequestOutput: its finish reason and its latencies."""
-        reasons = [c.finish_reason for c in out.outputs if c.finish_reason]
-        self.finished(reasons[0] if reasons else "unknown")
-        ttft, tpot = field_of(out.metrics, "ttft_s"), field_of(out.metrics, "tpot_s")
+    def observe_request(self, reasons: list[str | None], metrics: dict, e2e_s: float) -> None:
+        """A finished request: its completions' finish reasons and the engine's RequestMetrics (as a dict)."""
+        self.finished(next((r for r in reasons if r), "unknown"))
         with self._lock:
-            if ttft is not None:
-                self.ttft.observe(ttft)
-            if tpot is not None and any(len(c.token_ids) > 1 for c in out.outputs):
-                self.tpot.observe(tpot)
+            if metrics.get("ttft_s") is not None:
+                self.ttft.observe(metrics["ttft_s"])
+            if metrics.get("tpot_s") is not None:
+                self.tpot.observe(metrics["tpot_s"])
             self.e2e.observe(e2e_s)
 
     def render(self, engine: dict | None, server: dict) -> str:
@@ -111,22 +109,17 @@ class ServerMetrics:
 
 
 def engine_gauges(llm) -> dict:
-    """Read on the engine thread (between steps): the engine's queues, KV cache and prefix cache."""
+    """Read in the engine process between steps: the engine's queues, KV cache and prefix cache."""
     summary, engine = llm.metrics(), llm.engine
-    blocks = engine.block_manager
     return {
         "running": engine.num_running,
         "waiting": engine.num_waiting,
         "kv_usage": summary["kv_usage"],
-        "blocks_used": blocks.num_blocks - blocks.num_free_blocks,
-        "blocks_total": blocks.num_blocks,
+        "blocks_used": engine.num_blocks - engine.num_free_blocks,
+        "blocks_total": engine.num_blocks,
         "prefix_hit_rate": summary["prefix_hit_rate"],
         "preemptions": summary["preemptions"],
     }
-
-
-def field_of(obj, name: str):
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
 def _number(value: float) -> str:

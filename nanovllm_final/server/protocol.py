@@ -2,14 +2,17 @@
 
 Field names and defaults follow OpenAI's API (and vLLM's extras: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, chat_template_kwargs).
-Unknown fields are ignored, as vLLM does; a known feature we do not implement with a
-non-default value (echo, suffix, logit_bias, tools, ...) is refused with a 400."""
+Types are strict (no "5" for 5, no true for 1, no "yes" for true). Unknown fields are
+ignored, as vLLM does; a known feature we do not implement with a non-default value (echo,
+suffix, logit_bias, tools, ...) is refused with a 400, and so is a client's chat template:
+the server renders only the model's own."""
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..sampling_params import SamplingParams
+from ..validate import Problem
 
 
 class RequestError(Exception):
@@ -21,20 +24,33 @@ class RequestError(Exception):
 
     @property
     def type(self) -> str:
-        return {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}.get(self.status, "server_error")
+        return {400: "invalid_request_error", 404: "not_found_error", 408: "invalid_request_error", 413: "invalid_request_error",
+                429: "rate_limit_error"}.get(self.status, "server_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    @classmethod
+    def of(cls, problem: Problem) -> "RequestError":
+        return cls(problem.message, problem.param, code=problem.code)
+
+# apply_chat_template's own arguments: a client may not set them through chat_template_kwargs
+RESERVED_TEMPLATE_KWARGS = {"chat_template", "conversation", "tools", "documents", "tokenize", "add_generation_prompt",
+                            "continue_final_message", "return_dict", "return_tensors", "return_assistant_tokens_mask",
+                            "padding", "truncation", "max_length", "tokenizer_kwargs"}
+STRICT = ConfigDict(extra="ignore", strict=True)
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 512  # each generated token is checked against every stop string
+
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
     include_usage: bool = False
 
 
 class _Common(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
     n: int = 1
@@ -59,13 +75,16 @@ class _Common(BaseModel):
     def check_supported(self) -> None:
         if self.logit_bias:
             raise RequestError("logit_bias is not supported by this server", "logit_bias")
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise RequestError(f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters", "stop")
 
     def sampling_kwargs(self) -> dict[str, Any]:
         names = ("n", "seed", "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
                  "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids")
         kwargs = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
-        if self.stop:
-            kwargs["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if self.stop is not None:
+            kwargs["stop"] = self.stop  # "" and [""] are refused by SamplingParams, as in Python
         return kwargs
 
 
@@ -103,13 +122,13 @@ class CompletionRequest(_Common):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -135,10 +154,17 @@ class ChatCompletionRequest(_Common):
     tools: list[dict] | None = None
     tool_choice: Any = None
     response_format: dict | None = None
+    chat_template: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
+        if self.chat_template is not None:
+            raise RequestError("chat_template is not accepted: this server renders the model's own template", "chat_template")
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or {}))
+        if reserved:
+            raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)}: this server renders the model's "
+                               "own template, for generation", "chat_template_kwargs")
         if self.tools:
             raise RequestError("tools are not supported by this server", "tools")
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -174,6 +200,8 @@ def make_sampling_params(kwargs: dict[str, Any]) -> SamplingParams:
     """SamplingParams raises ValueError naming the bad field; that becomes a 400 with `param` set."""
     try:
         return SamplingParams(**kwargs)
+    except Problem as problem:
+        raise RequestError.of(problem) from None
     except (ValueError, TypeError) as err:
         message = str(err)
         param = next((name for name in sorted(kwargs, key=len, reverse=True) if name in message), None)
