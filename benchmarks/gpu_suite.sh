@@ -30,7 +30,11 @@
 #   short          03/04/05 interleaved in one process, 128 output tokens -> variants/nanovllm-short_*_TAG.json
 #   shared-prefix  03, 04 and final on prompts sharing a prefix -> shared-prefix_qwen3-0.6b_03_04_final_TAG.json
 #   hf             final and Hugging Face transformers' continuous batching on 64 requests -> hf_vs_final_qwen3-0.6b_TAG.json
-#   serve          the OpenAI server under 64 streaming clients -> serve_qwen3-0.6b_TAG.json
+#   serve          the OpenAI server under 64 and 256 streaming clients, then the offline engine on the same
+#                  requests -> serve_qwen3-0.6b_c{64,256}_TAG.json
+#   moe            one Qwen3-30B-A3B MoE layer fused vs the expert loop; the 30B-A3B shape's workload and batch-1
+#                  decode (its ~61 GB of random weights go to .models: make it a link to /dev/shm on a small disk)
+#                  -> moe_layer_qwen3-30b-a3b_TAG.json, nanovllm_qwen3-30b-a3b_final_TAG.json, decode_latency_qwen3-30b-a3b_final_TAG.json
 #   tp-message     host cost of the per-step message to each worker -> tp_message_cost_TAGx2.json
 #   tp             stage 07 at each TP size on each shape (2 GPUs) -> tp_SHAPE_tpN_TAGx2.json, tp_speedup_TAGx2.json
 #
@@ -124,7 +128,16 @@ for part in "${parts[@]}"; do
       step "${RUN[@]}" --engine final --engine hf --workload nanovllm --num-seqs 64 --max-input-len 512 \
         --max-output-len 256 --shape qwen3-0.6b --out "$OUT/hf_vs_final_qwen3-0.6b_$TAG.json" ;;
     serve)
-      step "$PY" -m benchmarks.serve_bench --shape qwen3-0.6b --num-seqs 256 --concurrency 64 --out "$OUT/serve_qwen3-0.6b_$TAG.json" ;;
+      for c in 64 256; do  # 64 clients on 256 requests, 256 clients on 512; the offline engine on the same requests after each
+        step "$PY" -m benchmarks.serve_bench --shape qwen3-0.6b --offline --request-timeout 120 --num-seqs $((c == 64 ? 256 : 512)) \
+          --concurrency $c --engine-option max_num_seqs=$c --out "$OUT/serve_qwen3-0.6b_c${c}_$TAG.json"
+      done ;;
+    moe)
+      step "$PY" -m benchmarks.moe_layer_bench --out "$OUT/moe_layer_qwen3-30b-a3b_$TAG.json"
+      step "${RUN[@]}" --engine final "${TEMP_ONLY[@]}" --workload nanovllm --shape qwen3-30b-a3b \
+        --out "$OUT/nanovllm_qwen3-30b-a3b_final_$TAG.json"
+      step "$PY" -m benchmarks.decode_latency --engine final --shape qwen3-30b-a3b --batches 1 \
+        --out "$OUT/decode_latency_qwen3-30b-a3b_final_$TAG.json" ;;
     tp-message)
       step "$PY" -m benchmarks.tp_message_cost --out "$OUT/tp_message_cost_${TAG}x2.json" ;;
     tp)

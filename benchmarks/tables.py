@@ -73,7 +73,8 @@ def final_table(prefix: str) -> str:
     temp, ckpt = load("nanovllm_qwen3-0.6b_final_h200.json"), load("nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json")
     no_overlap = load("variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_h200.json")
     llama, big = load("nanovllm_llama-3.2-1b_final_h200.json"), load("nanovllm_qwen3-8b_final_h200.json")
-    latency, serve = load("decode_latency_qwen3-0.6b_final_h200.json"), load("serve_qwen3-0.6b_h200.json")
+    latency = load("decode_latency_qwen3-0.6b_final_h200.json")
+    moe, moe_latency = load("nanovllm_qwen3-30b-a3b_final_h200.json"), load("decode_latency_qwen3-30b-a3b_final_h200.json")
     final, hf = load("hf_vs_final_qwen3-0.6b_h200.json")
     gb = 1e9
     rows = [
@@ -90,13 +91,26 @@ def final_table(prefix: str) -> str:
          link("nanovllm_qwen3-8b_final_h200.json", prefix)],
         ["decode step with CUDA graphs, 32-token prompts", ", ".join(f"batch {row['batch']}: {row['graph_ms']:.2f} ms" for row in latency["rows"]),
          link("decode_latency_qwen3-0.6b_final_h200.json", prefix)],
-        [f"OpenAI server, {serve['concurrency']} concurrent streaming clients, the same {serve['num_requests']} requests",
-         f"{serve['output_tokens_per_s']:,.0f} tok/s; TTFT p50 {serve['ttft_s']['p50'] * 1e3:.0f} ms, TPOT p50 {serve['tpot_s']['p50'] * 1e3:.1f} ms",
-         link("serve_qwen3-0.6b_h200.json", prefix)],
+        ["Qwen3-30B-A3B shape (MoE, fused experts), the whole workload on one GPU", f"{tok_s(moe)} tok/s; decode step "
+         f"{moe['stats']['decode_step_ms_mean']:.1f} ms (mean)", link("nanovllm_qwen3-30b-a3b_final_h200.json", prefix)],
+        ["Qwen3-30B-A3B shape, batch-1 decode step with CUDA graphs", f"{moe_latency['rows'][0]['graph_ms']:.2f} ms",
+         link("decode_latency_qwen3-30b-a3b_final_h200.json", prefix)],
+        *[serve_row(rel, prefix) for rel in ("serve_qwen3-0.6b_c64_h200.json", "serve_qwen3-0.6b_c256_h200.json")],
         [f"{final['num_seqs']} of the requests (≤512 in, ≤256 out), against Hugging Face transformers' continuous batching in one process",
          f"{tok_s(final)} vs {tok_s(hf)} tok/s: **{final['vs_hf']:.1f}×**", link("hf_vs_final_qwen3-0.6b_h200.json", prefix)],
     ]
     return markdown(["what", "measured", "record"], rows)
+
+
+def serve_row(rel: str, prefix: str) -> list[str]:
+    serve = load(rel)
+    offline = serve["offline"]
+    return [f"OpenAI server, {serve['concurrency']} concurrent streaming clients, {serve['num_requests']} requests "
+            f"(`max_num_seqs={serve['engine_options']['max_num_seqs']}`), then the offline engine on the same requests",
+            f"{serve['output_tokens_per_s']:,.0f} tok/s, **{offline['served_over_offline']:.0%}** of offline's "
+            f"{offline['output_tokens_per_s']:,.0f}; TTFT p50 {serve['ttft_s']['p50'] * 1e3:.0f} ms, TPOT p50 "
+            f"{serve['tpot_s']['p50'] * 1e3:.1f} ms (offline decode step {offline['stats']['decode_step_ms_mean']:.1f} ms, mean)",
+            link(rel, prefix)]
 
 
 def tp_table(prefix: str) -> str:
@@ -141,6 +155,7 @@ FILES = [
     ("tp_message_cost_*.json", f"{SUITE} tp-message", "host cost of the per-step message rank 0 sends each worker"),
     ("tp_speedup_*.json", "python -m benchmarks.tp_speedup --out benchmarks/results/tp_speedup_h200x2.json",
      "TP=2 against TP=1 per model shape, from the tp_*_tp1/tp2 records (the last step of the suite's tp part)"),
+    ("moe_layer_*.json", f"{SUITE} moe", "one MoE layer of a shape: the fused grouped-GEMM kernels (eager and graph-replayed, per tile choice) against the expert loop"),
     ("serve_*.json", f"{SUITE} serve", "the OpenAI-compatible server under concurrent streaming clients: throughput, TTFT / TPOT / end-to-end percentiles"),
 ]
 RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
