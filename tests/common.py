@@ -52,3 +52,44 @@ def generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens: int = 24
     assert len(outs) == len(prompts)
     for i, (prompt, out) in enumerate(zip(prompts, outs)):
         assert out["token_ids"] == hf_greedy(path, tuple(prompt), max_tokens), f"prompt {i} ({len(prompt)} tokens)"
+
+
+def total(llm, key: str) -> int:
+    """A per-step stat summed over the engine's steps."""
+    return sum(step.get(key, 0) for step in llm.stats)
+
+
+# The mechanism scenarios every model family is run through: each asserts the tokens equal
+# Hugging Face's and that the mechanism actually ran (from the stage that has it on).
+
+
+def check_preemption(engine: str, path, hf_greedy, seed: int) -> None:
+    """A KV budget of 12 blocks of 4 tokens cannot hold six growing sequences at once."""
+    st = load_engine(engine)
+    prompts = random_prompts([10, 12, 8, 14, 9, 11], seed=seed)
+    with st.LLM(path, device="cpu", max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=12) as llm:
+        generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=30)
+        if level(engine) >= 3:
+            assert total(llm, "preemptions") > 0
+
+
+def check_chunked_prefill(engine: str, path, hf_greedy, seed: int) -> None:
+    """A budget of 16 tokens a step splits the 40-token prompts."""
+    st = load_engine(engine)
+    prompts = random_prompts([40, 3, 37, 21], seed=seed)
+    with st.LLM(path, device="cpu", max_model_len=128, max_num_batched_tokens=16, kvcache_block_size=4) as llm:
+        generate_and_compare(st, llm, path, prompts, hf_greedy)
+        if level(engine) >= 5:
+            assert total(llm, "chunked_prefills") > 0
+            assert max(step["num_tokens"] for step in llm.stats) <= 16
+
+
+def check_shared_prefix(engine: str, path, hf_greedy, seed: int) -> None:
+    """Prompts sharing a 24-token prefix; from 04 on, the prefix's blocks are reused."""
+    st = load_engine(engine)
+    prefix = random_prompts([24], seed=seed)[0]
+    prompts = [prefix + tail for tail in random_prompts([3, 7, 1, 12], seed=seed + 1)]
+    with st.LLM(path, device="cpu", max_model_len=128, kvcache_block_size=4, max_num_seqs=2) as llm:
+        generate_and_compare(st, llm, path, prompts, hf_greedy)
+        if level(engine) >= 4:
+            assert total(llm, "prefix_hit_blocks") >= 6

@@ -7,13 +7,10 @@ mechanism, the test also asserts that the mechanism actually ran."""
 
 import pytest
 
-from common import ENGINES, TINY_MODELS, generate_and_compare, level, load_engine, random_prompts
+from common import (ENGINES, TINY_MODELS, check_chunked_prefill, check_preemption, check_shared_prefix, generate_and_compare,
+                    level, load_engine, random_prompts)
 
 MAX_TOKENS = 24
-
-
-def total(llm, key: str) -> int:
-    return sum(step.get(key, 0) for step in llm.stats)
 
 
 @pytest.mark.parametrize("model", list(TINY_MODELS))
@@ -36,37 +33,17 @@ def test_block_sizes(engine, block_size, model_dir, hf_greedy):
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_preemption(engine, model_dir, hf_greedy):
-    """A KV budget of 12 blocks of 4 tokens cannot hold six growing sequences at once."""
-    st, path = load_engine(engine), model_dir("llama")
-    prompts = random_prompts([10, 12, 8, 14, 9, 11], seed=20)
-    with st.LLM(path, device="cpu", max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=12) as llm:
-        generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=30)
-        if level(engine) >= 3:
-            assert total(llm, "preemptions") > 0
+    check_preemption(engine, model_dir("llama"), hf_greedy, seed=20)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_chunked_prefill(engine, model_dir, hf_greedy):
-    """A budget of 16 tokens a step forces 40-token prompts to be split."""
-    st, path = load_engine(engine), model_dir("qwen3")
-    prompts = random_prompts([40, 3, 37, 21], seed=30)
-    with st.LLM(path, device="cpu", max_model_len=128, max_num_batched_tokens=16, kvcache_block_size=4) as llm:
-        generate_and_compare(st, llm, path, prompts, hf_greedy)
-        if level(engine) >= 5:
-            assert total(llm, "chunked_prefills") > 0
-            assert max(step["num_tokens"] for step in llm.stats) <= 16
+    check_chunked_prefill(engine, model_dir("qwen3"), hf_greedy, seed=30)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_shared_prefix(engine, model_dir, hf_greedy):
-    """Prompts sharing a 24-token prefix; from 04 on, the prefix's blocks are reused."""
-    st, path = load_engine(engine), model_dir("llama3-rope")
-    prefix = random_prompts([24], seed=40)[0]
-    prompts = [prefix + tail for tail in random_prompts([3, 7, 1, 12], seed=41)]
-    with st.LLM(path, device="cpu", max_model_len=128, kvcache_block_size=4, max_num_seqs=2) as llm:
-        generate_and_compare(st, llm, path, prompts, hf_greedy)
-        if level(engine) >= 4:
-            assert total(llm, "prefix_hit_blocks") >= 6
+    check_shared_prefix(engine, model_dir("llama3-rope"), hf_greedy, seed=40)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -12,7 +12,8 @@ import pytest
 import torch
 from filelock import FileLock
 
-from common import ENGINES, ROOT, engine_module, generate_and_compare, level, load_engine, random_prompts
+from common import (ENGINES, ROOT, check_chunked_prefill, check_preemption, check_shared_prefix, engine_module, generate_and_compare,
+                    level, load_engine, random_prompts, total)
 from tools.tiny_model import build_config, build_if_missing
 
 # name -> factory arguments; the tiny MoE shape has 8 experts of width 32, 2 per token, renormalised
@@ -36,10 +37,6 @@ def moe_dir(tmp_path_factory):
             return build_if_missing(root / name, shape="tiny", **MOE_MODELS[name])
 
     return build
-
-
-def total(llm, key: str) -> int:
-    return sum(step.get(key, 0) for step in llm.stats)
 
 
 # ---------------------------------------------------------------- config.json
@@ -195,37 +192,17 @@ def test_greedy_matches_hf(engine, model, moe_dir, hf_greedy):
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_preemption(engine, moe_dir, hf_greedy):
-    """A KV budget of 12 blocks of 4 tokens cannot hold six growing sequences at once."""
-    st, path = load_engine(engine), moe_dir("moe")
-    prompts = random_prompts([10, 12, 8, 14, 9, 11], seed=120)
-    with st.LLM(path, device="cpu", max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=12) as llm:
-        generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=30)
-        if level(engine) >= 3:
-            assert total(llm, "preemptions") > 0
+    check_preemption(engine, moe_dir("moe"), hf_greedy, seed=120)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_chunked_prefill(engine, moe_dir, hf_greedy):
-    """A budget of 16 tokens a step splits the 40-token prompts."""
-    st, path = load_engine(engine), moe_dir("moe-mixed")
-    prompts = random_prompts([40, 3, 37, 21], seed=130)
-    with st.LLM(path, device="cpu", max_model_len=128, max_num_batched_tokens=16, kvcache_block_size=4) as llm:
-        generate_and_compare(st, llm, path, prompts, hf_greedy)
-        if level(engine) >= 5:
-            assert total(llm, "chunked_prefills") > 0
-            assert max(step["num_tokens"] for step in llm.stats) <= 16
+    check_chunked_prefill(engine, moe_dir("moe-mixed"), hf_greedy, seed=130)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_shared_prefix(engine, moe_dir, hf_greedy):
-    """Prompts sharing a 24-token prefix; from 04 on, the prefix's blocks are reused."""
-    st, path = load_engine(engine), moe_dir("moe-mixed")
-    prefix = random_prompts([24], seed=140)[0]
-    prompts = [prefix + tail for tail in random_prompts([3, 7, 1, 12], seed=141)]
-    with st.LLM(path, device="cpu", max_model_len=128, kvcache_block_size=4, max_num_seqs=2) as llm:
-        generate_and_compare(st, llm, path, prompts, hf_greedy)
-        if level(engine) >= 4:
-            assert total(llm, "prefix_hit_blocks") >= 6
+    check_shared_prefix(engine, moe_dir("moe-mixed"), hf_greedy, seed=140)
 
 
 def test_final_engine_with_fused_experts(moe_dir, hf_greedy, monkeypatch):
