@@ -170,13 +170,16 @@ NOTES = {  # facts about a record that its fields do not say
 
 
 def clean_command(command: str, rel: str) -> str:
-    """A record's command line as one runs it from the repository root: `python`, and `--out`
-    naming the file where it now lies."""
+    """A record's command line as one runs it from the repository root: `python`, `--out`
+    naming the file where it now lies, and no `--server-log` (a log the results do not keep)."""
     words = shlex.split(command)
     if words and Path(words[0]).name.startswith("python"):
         words[0] = "python"
     if "--out" in words:
         words[words.index("--out") + 1] = f"benchmarks/results/{rel}"
+    if "--server-log" in words:
+        i = words.index("--server-log")
+        del words[i : i + 2]
     return shlex.join(words)
 
 
