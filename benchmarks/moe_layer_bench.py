@@ -7,46 +7,30 @@ For each token count, random hidden states and router logits; both paths must ag
 relative error printed). Times are medians of CUDA-event-timed calls after warm-up: the loop
 and the fused path called eagerly (the host's launches included), and the fused path
 replayed from a CUDA graph, as a captured decode step runs it, for each tile configuration
-of `--tiles` (the GPU's time alone). `weight_bytes` is what the layer must read at least
+of TILE_CHOICES (the GPU's time alone). `weight_bytes` is what the layer must read at least
 (the experts that received a token), and `bound_us` that at `--bandwidth` TB/s."""
 
 import argparse
 import json
-import statistics
 
 import torch
 import triton
 
+from benchmarks.kernel_bench import cuda_time_ms, graph_time_ms
 from benchmarks.run import versions
 from nanovllm_final.layers import fused_moe
 from nanovllm_final.layers.moe import Experts, route
 from tools.tiny_model import FULL_SHAPES, build_config
 
 
-def timed(fn, repeat: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)  # microseconds
-    return statistics.median(times)
+def timed(fn, reps: int = 20) -> float:
+    """Median microseconds of fn() called eagerly (the host's launches included)."""
+    return cuda_time_ms(fn, reps) * 1e3
 
 
 def graph_time(fn) -> float:
-    """The median time of replaying `fn` captured in a CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()  # compile and warm up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return timed(graph.replay)
+    """Median microseconds of fn() replayed from a CUDA graph (the GPU's time alone)."""
+    return graph_time_ms(fn, reps=20) * 1e3
 
 
 TILE_CHOICES = [  # BLOCK_N, BLOCK_K, num_warps, num_stages
@@ -94,7 +78,7 @@ def main() -> None:
             best = min((k for k in graphs if graphs[k] is not None), key=graphs.get)
             row = {
                 "tokens": tokens, "experts_hit": hit, "max_rel_error": error,
-                "loop_us": timed(lambda: layer.forward_loop(x, weights, ids), repeat=5),
+                "loop_us": timed(lambda: layer.forward_loop(x, weights, ids), reps=5),
                 "fused_eager_us": timed(fused_with()),
                 "fused_graph_us": graph_time(fused_with()), "graph_us_by_tiles": graphs, "best_tiles": best,
                 "weight_bytes": weight_bytes, "bound_us": weight_bytes / (args.bandwidth * 1e12) * 1e6,
