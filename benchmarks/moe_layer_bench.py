@@ -7,7 +7,8 @@ For each token count, random hidden states and router logits; both paths must ag
 relative error printed). Times are medians of CUDA-event-timed calls after warm-up: the loop
 and the fused path called eagerly (the host's launches included), and the fused path
 replayed from a CUDA graph, as a captured decode step runs it, for each tile configuration
-of TILE_CHOICES (the GPU's time alone). `weight_bytes` is what the layer must read at least
+of TILE_CHOICES (the GPU's time alone), and for few tokens the matrix-vector path with each
+of GEMV_CHOICES; `fused_graph_us` is the path and tiles the layer picks by itself. `weight_bytes` is what the layer must read at least
 (the experts that received a token), and `bound_us` that at `--bandwidth` TB/s."""
 
 import argparse
@@ -36,12 +37,14 @@ def graph_time(fn) -> float:
 TILE_CHOICES = [  # BLOCK_N, BLOCK_K, num_warps, num_stages
     (64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (128, 64, 4, 3), (32, 128, 4, 4), (128, 128, 8, 3), (64, 256, 8, 3),
 ]
+GEMV_CHOICES = [(16, 128, 4), (8, 256, 4), (16, 256, 4), (32, 128, 4), (16, 128, 2), (8, 128, 2), (32, 256, 8)]  # BLOCK_N, BLOCK_K, num_warps
+GEMV_MAX_PAIRS = 128  # the matrix-vector path is timed up to this many (token, expert) pairs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen3-30b-a3b", choices=[s for s in FULL_SHAPES if "a3b" in s])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 256, 1024, 4096])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 256, 1024, 4096])
     parser.add_argument("--bandwidth", type=float, default=4.3, help="TB/s of the GPU memory (an H200 copies at about 4.3)")
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -65,16 +68,21 @@ def main() -> None:
             error = ((fused.float() - loop.float()).abs().max() / loop.float().abs().max().clamp_min(1e-6)).item()
             hit = ids.unique().numel()
             weight_bytes = hit * 3 * hidden * inter * 2
-            def fused_with(tiles=None):
-                return lambda: fused_moe.fused_experts(x, layer.gate_up_proj, layer.down_proj, weights, ids, tiles=tiles)
+            def fused_with(tiles=None, small=None):
+                return lambda: fused_moe.fused_experts(x, layer.gate_up_proj, layer.down_proj, weights, ids, tiles=tiles, small=small)
 
-            graphs = {}
-            for bn, bk, warps, stages in TILE_CHOICES:
-                tiles = {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+            graphs = {}  # grouped GEMMs by tiles, then the matrix-vector path ("gemv ...") for few pairs
+            choices = [(f"{bn}x{bk}/w{w}/s{st}", {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": st}, False)
+                       for bn, bk, w, st in TILE_CHOICES]
+            if tokens * top_k <= GEMV_MAX_PAIRS:
+                gemv = fused_moe.fused_experts(x, layer.gate_up_proj, layer.down_proj, weights, ids, small=True)
+                error = max(error, ((gemv.float() - loop.float()).abs().max() / loop.float().abs().max().clamp_min(1e-6)).item())
+                choices += [(f"gemv {bn}x{bk}/w{w}", {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w}, True) for bn, bk, w in GEMV_CHOICES]
+            for name, tiles, small in choices:
                 try:
-                    graphs[f"{bn}x{bk}/w{warps}/s{stages}"] = graph_time(fused_with(tiles))
+                    graphs[name] = graph_time(fused_with(tiles, small))
                 except triton.runtime.errors.OutOfResources:  # too much shared memory for this block size
-                    graphs[f"{bn}x{bk}/w{warps}/s{stages}"] = None
+                    graphs[name] = None
             best = min((k for k in graphs if graphs[k] is not None), key=graphs.get)
             row = {
                 "tokens": tokens, "experts_hit": hit, "max_rel_error": error,

@@ -29,8 +29,8 @@ def _kernel_stages() -> list[str]:
     """Every stage with layers/attention_triton.py; byte-identical copies (same triton and
     torch files as an earlier stage) are tested once, under the first stage that has them."""
     seen, picked = set(), []
-    for name in stages.names():
-        layers = ROOT / name / "layers"
+    for name in [*stages.names(), "final"]:
+        layers = ROOT.parent / "nanovllm_final" / "layers" if name == "final" else ROOT / name / "layers"
         if not (layers / "attention_triton.py").exists():
             continue
         key = tuple(hashlib.sha1((layers / f).read_bytes()).hexdigest()
@@ -45,7 +45,7 @@ KERNEL_STAGES = _kernel_stages()
 
 
 def _load(stage: str, name: str):
-    mod = importlib.import_module(f"stages.{stage}.layers.{name}")
+    mod = importlib.import_module(f"nanovllm_final.layers.{name}" if stage == "final" else f"stages.{stage}.layers.{name}")
     if name == "attention_triton" and not HAS_CUDA:
         # If something imported the module before TRITON_INTERPRET was set, its kernels are
         # compiled-mode JITFunctions that cannot run on a CPU: re-import them interpreted.
@@ -260,6 +260,21 @@ def test_decode_matches_reference(mods, block_size, heads, kv_heads, head_dim, n
     # decode is the q_len == 1 special case of prefill: both kernels agree
     out_prefill = tri.paged_prefill_attention(*_prefill_args(case), 0.3, 1, BLOCK_M=16, BLOCK_N=16)
     torch.testing.assert_close(out, out_prefill, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_launch_order(num_splits):
+    """The final engine's decode kernel can start sequences in any order (longest first, as
+    the runner asks): the same outputs as in batch order, row for row."""
+    tri, ref = _load("final", "attention_triton"), _load("final", "attention_torch")
+    case = _decode_case(4, 8, 2, 16, seed=3, ctxs=[3, 70, 1, 33, 0, 12])
+    expected = ref.paged_attention(*_prefill_args(case), 0.3)
+    order = torch.argsort(case["context_lens"], descending=True, stable=True).to(torch.int32)
+    assert order.tolist() != list(range(len(order)))  # a real permutation
+    out = tri.paged_decode_attention(*_decode_args(case), 0.3, order, num_splits=num_splits, BLOCK_N=16)
+    nonempty = case["context_lens"] > 0
+    torch.testing.assert_close(out[nonempty], expected[nonempty], atol=1e-4, rtol=1e-4)
+    assert torch.equal(out[~nonempty], torch.zeros_like(out[~nonempty]))
 
 
 @pytest.mark.parametrize("num_splits", [None, 1, 2, 8])

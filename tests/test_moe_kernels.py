@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 fused_moe = pytest.importorskip("nanovllm_final.layers.fused_moe")
+ALIGN = fused_moe.align_by_expert
 from nanovllm_final.layers.moe import Experts, route  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
@@ -68,12 +69,14 @@ def test_align_by_expert(tokens, num_experts, top_k, block_m):
     assert used == sum(-(-int((flat == e).sum()) // block_m) * block_m for e in hit)
 
 
+@pytest.mark.parametrize("small", [False, True], ids=["grouped", "gemv"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_fused_matches_loop(shape, dtype):
+def test_fused_matches_loop(shape, dtype, small):
+    """Both paths: the grouped GEMMs and the matrix-vector products of few tokens."""
     experts, x, weights, ids = make_case(*shape, dtype=dtype)
     expected = experts.forward_loop(x, weights, ids)  # on CPU, in the same dtype
-    out = fused(experts, x, weights, ids)
+    out = fused(experts, x, weights, ids, small=small)
     assert out.shape == x.shape and out.dtype == dtype
     torch.testing.assert_close(out, expected, **tol(dtype))
 
@@ -83,7 +86,21 @@ def test_unrouted_experts_and_block_sizes(block_m):
     """Experts 1, 2 and 5 get no token; both block sizes give the loop's result."""
     experts, x, weights, _ = make_case(9, 6, 2, 48, 40, torch.float32, seed=3)
     ids = torch.tensor([[0, 3], [4, 0], [3, 4], [0, 4], [3, 0], [4, 3], [0, 3], [3, 4], [4, 0]])
-    torch.testing.assert_close(fused(experts, x, weights, ids, block_m=block_m), experts.forward_loop(x, weights, ids), **tol(torch.float32))
+    expected = experts.forward_loop(x, weights, ids)
+    torch.testing.assert_close(fused(experts, x, weights, ids, block_m=block_m, small=False), expected, **tol(torch.float32))
+    torch.testing.assert_close(fused(experts, x, weights, ids, small=True), expected, **tol(torch.float32))
+
+
+def test_small_batches_take_the_gemv_path(monkeypatch):
+    """Up to SMALL_PAIRS (token, expert) pairs skip the grouping; one pair more is grouped."""
+    calls = []
+    monkeypatch.setattr(fused_moe, "align_by_expert", lambda *a: calls.append(a) or ALIGN(*a))
+    top_k = 2
+    for tokens, grouped in ((fused_moe.SMALL_PAIRS // top_k, False), (fused_moe.SMALL_PAIRS // top_k + 1, True)):
+        calls.clear()
+        experts, x, weights, ids = make_case(tokens, 8, top_k, 32, 16, torch.float32)
+        torch.testing.assert_close(fused(experts, x, weights, ids), experts.forward_loop(x, weights, ids), **tol(torch.float32))
+        assert bool(calls) == grouped
 
 
 def test_no_tokens():
@@ -92,7 +109,8 @@ def test_no_tokens():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_cuda_graph_replay_follows_new_routing():
+@pytest.mark.parametrize("small", [False, True], ids=["grouped", "gemv"])
+def test_cuda_graph_replay_follows_new_routing(small):
     """Captured once, replayed with other tokens and other experts: the grid and buffers do not
     depend on the routing, so the replay equals an eager call."""
     experts, x, weights, ids = make_case(8, 16, 4, 256, 128, torch.bfloat16)
@@ -100,17 +118,17 @@ def test_cuda_graph_replay_follows_new_routing():
     static = [t.cuda() for t in (x, weights, ids)]
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        fused_moe.fused_experts(static[0], experts.gate_up_proj, experts.down_proj, static[1], static[2])  # compile outside
+        fused_moe.fused_experts(static[0], experts.gate_up_proj, experts.down_proj, static[1], static[2], small=small)  # compile outside
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fused_moe.fused_experts(static[0], experts.gate_up_proj, experts.down_proj, static[1], static[2])
+        out = fused_moe.fused_experts(static[0], experts.gate_up_proj, experts.down_proj, static[1], static[2], small=small)
     _, x2, weights2, ids2 = make_case(8, 16, 4, 256, 128, torch.bfloat16, seed=1)
     for buffer, new in zip(static, (x2, weights2, ids2)):
         buffer.copy_(new)
     graph.replay()
     torch.cuda.synchronize()
-    eager = fused_moe.fused_experts(x2.cuda(), experts.gate_up_proj, experts.down_proj, weights2.cuda(), ids2.cuda())
+    eager = fused_moe.fused_experts(x2.cuda(), experts.gate_up_proj, experts.down_proj, weights2.cuda(), ids2.cuda(), small=small)
     torch.testing.assert_close(out, eager, atol=0, rtol=0)
 
 

@@ -36,7 +36,9 @@ class CUDAGraphs:
             "context_lens": torch.zeros(max_bs, dtype=torch.int32, device=device),
             "block_tables": torch.full((max_bs, max_blocks), -1, dtype=torch.int32, device=device),
             "cu_seqlens_q": torch.arange(max_bs + 1, dtype=torch.int32, device=device),
+            "decode_order": torch.arange(max_bs, dtype=torch.int32, device=device),
         }
+        self.identity = torch.arange(max_bs, dtype=torch.int32, device=device)  # the padding rows' order
         self.output = torch.zeros(max_bs, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> graph
         self.num_replays = 0
@@ -66,6 +68,7 @@ class CUDAGraphs:
             block_tables=g["block_tables"][:bs],
             max_seqlen_q=1,
             is_decode=True,
+            decode_order=g["decode_order"][:bs],
         )
 
     def can_replay(self, context: Context, num_seqs: int) -> bool:
@@ -83,6 +86,8 @@ class CUDAGraphs:
         g["context_lens"][:n] = context.context_lens
         width = context.block_tables.shape[1]
         g["block_tables"][:n, :width] = context.block_tables
+        g["decode_order"][n:bs] = self.identity[n:bs]  # padding rows last, each once
+        g["decode_order"][:n] = context.decode_order if context.decode_order is not None else self.identity[:n]
         self.graphs[bs].replay()
         self.num_replays += 1
         return self.output[:n]  # (seqs, hidden)

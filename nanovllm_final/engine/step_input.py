@@ -25,6 +25,8 @@ class StepInput:
     carry_rows: np.ndarray  # (carried,) int64
     max_seqlen_q: int
     is_decode: bool  # every sequence feeds exactly one token: the decode kernels (and CUDA graphs) run
+    # decode: the sequences by decreasing context length, the order the decode kernel starts them in
+    decode_order: np.ndarray | None = None  # (seqs,) int32
 
     @property
     def num_tokens(self) -> int:
@@ -64,6 +66,7 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
     samples = np.fromiter((s.samples_this_step for s in seqs), bool, len(seqs))
     pending = [i for i, s in enumerate(seqs) if s.num_pending]
     max_seqlen_q = int(counts.max())
+    is_decode = max_seqlen_q == 1
     return StepInput(
         input_ids=input_ids,
         positions=positions,
@@ -75,5 +78,6 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
         carry_index=cu[1:][pending] - 1,
         carry_rows=np.array([pending_rows[seqs[i].seq_id] for i in pending], np.int64),
         max_seqlen_q=max_seqlen_q,
-        is_decode=max_seqlen_q == 1,
+        is_decode=is_decode,
+        decode_order=np.argsort(-ends, kind="stable").astype(np.int32) if is_decode else None,
     )

@@ -7,10 +7,11 @@ a decode step be captured in a CUDA graph, i.e. do its launches read no device v
 
     store_kvcache(k, v, k_cache, v_cache, slot_mapping)      token t's k/v into slot slot_mapping[t] (-1: skip)
     paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q)
-    paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale)
+    paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order)
 
     q: (tokens, heads, head_dim), k/v: (tokens, kv_heads, head_dim) of the new tokens
     k_cache, v_cache: (num_blocks, block_size, kv_heads, head_dim); slot = block * block_size + offset
+    order: None, or (seqs,) int32, the sequences by decreasing context: a launch order only
 
 `make_backend` imports the one asked for, so a missing optional package only matters
 when that backend is asked for."""
@@ -64,7 +65,9 @@ class Attention(nn.Module):
         ctx = get_context()
         self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_decode:
-            return self.backend.paged_decode_attention(q, self.k_cache, self.v_cache, ctx.context_lens, ctx.block_tables, self.scale)  # (seqs, heads, head_dim)
+            return self.backend.paged_decode_attention(
+                q, self.k_cache, self.v_cache, ctx.context_lens, ctx.block_tables, self.scale, ctx.decode_order
+            )  # (seqs, heads, head_dim)
         return self.backend.paged_prefill_attention(
             q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, self.scale, ctx.max_seqlen_q
         )  # (tokens, heads, head_dim)

@@ -23,7 +23,8 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     )  # (tokens, heads, head_dim); causal aligns queries to the end of each context
 
 
-def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale):
+def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None):
+    # `order` is our kernel's launch order; flash-attn schedules its own work
     out = flash_attn_with_kvcache(
         q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context_lens, block_table=block_tables, softmax_scale=scale, causal=True
     )  # (seqs, 1, heads, head_dim)

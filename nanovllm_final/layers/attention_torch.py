@@ -103,6 +103,7 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
 
 
-def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale):
+def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None):
+    # `order` is a launch order for GPU kernels: nothing to schedule in a loop over sequences
     cu_seqlens_q = torch.arange(len(context_lens) + 1, dtype=torch.int32)  # one query per sequence
     return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)

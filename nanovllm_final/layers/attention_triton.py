@@ -277,6 +277,7 @@ def _paged_decode_kernel(
     out_ptr,                                   # (S, H, D) final output (when not SPLIT)
     part_out_ptr, part_lse_ptr,                # (S, H, num_splits, D), (S, H, num_splits) fp32
     context_lens_ptr, block_tables_ptr,
+    order_ptr,                                 # (S,) int32: the sequences in launch order (when ORDERED)
     qk_scale,                                  # softmax scale * log2(e)
     stride_qs, stride_qh, stride_os, stride_oh,
     stride_cb, stride_cs, stride_ch,
@@ -285,11 +286,17 @@ def _paged_decode_kernel(
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     SPLIT: tl.constexpr,                       # False: one split, write `out` directly
+    ORDERED: tl.constexpr,                     # program i handles sequence order[i]
     BLOCK_H: tl.constexpr,                     # GROUP padded to a power of two >= 16
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # The kv head is the fastest grid axis, so the GPU starts programs sequence by sequence
+    # in `order`: longest contexts first, the short ones fill in behind them.
+    kv_head = tl.program_id(0)
+    if ORDERED:
+        seq = tl.load(order_ptr + tl.program_id(1))
+    else:
+        seq = tl.program_id(1)
     split = tl.program_id(2)
 
     context_len = tl.load(context_lens_ptr + seq)
@@ -407,6 +414,7 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # (num_seqs,) int32, includes the current token
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32, padded with -1
     scale: float,
+    order: torch.Tensor | None = None,  # (num_seqs,) int32 permutation: the launch order of the sequences
     num_splits: int | None = None,  # split-K factor; None = default_num_splits(...)
     BLOCK_N: int = 64,
     num_warps: int = 4,
@@ -416,6 +424,8 @@ def paged_decode_attention(
 
     One program per (sequence, kv head[, split]) handles all query heads of the GQA group.
     The launch reads no device values (graph-capturable); a context_len of 0 gives zeros.
+    `order` changes only which programs start first: in a batch of mixed lengths, longest
+    first keeps the last wave of programs short (the runner passes it, step_input.py).
     """
     num_seqs, num_heads, head_dim = q.shape
     kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
@@ -436,16 +446,16 @@ def paged_decode_attention(
     else:
         part_out = part_lse = out  # unused placeholders
     block_d = _block_d(head_dim)
-    _paged_decode_kernel[(num_seqs, kv_heads, num_splits)](
+    _paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse,
-        context_lens, block_tables,
+        context_lens, block_tables, order if order is not None else context_lens,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         num_splits,
         NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        SPLIT=num_splits > 1,
+        SPLIT=num_splits > 1, ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, BLOCK_D=block_d,
         num_warps=num_warps, num_stages=num_stages,

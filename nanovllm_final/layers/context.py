@@ -17,6 +17,7 @@ class Context:
     block_tables: torch.Tensor  # (seqs, max_blocks) int32, padded with -1
     max_seqlen_q: int  # the longest query run in the batch (sizes kernel grids)
     is_decode: bool  # every sequence feeds exactly one token
+    decode_order: torch.Tensor | None = None  # (seqs,) int32, decode only: the order the kernel starts sequences in
 
 
 _CONTEXT: Context | None = None

@@ -1,6 +1,6 @@
 """The experts of a mixture-of-experts layer as two grouped GEMMs (CUDA; Triton).
 
-The (token, expert) pairs are sorted by expert and each expert's run is padded to a
+The (token, expert) pairs are grouped by expert and each expert's run is padded to a
 multiple of BLOCK_M rows, so a block of rows belongs to one expert. Then one launch
 multiplies every block by its expert's gate and up weights and applies SiLU(gate) * up on
 the tile, and one launch multiplies by the down weights and scales each row by its routing
@@ -18,27 +18,78 @@ import triton.language as tl
 
 from .fused_triton import _rounded
 
-TILES = {"BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}  # benchmarks/moe_layer_bench.py compares others
+
+
+def default_tiles(pairs: int) -> dict:
+    """The grouped GEMMs' tiles by (token, expert) pairs: the fastest of benchmarks/moe_layer_bench.py's
+    choices on an H200 for Qwen3-30B-A3B's experts (results/moe_layer_qwen3-30b-a3b_h200.json)."""
+    if pairs <= 2048:  # decode batches up to 256 tokens: deeper K tiles
+        return {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
+    if pairs <= 8192:
+        return {"BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, rows_ptr, num_pairs, max_rows, BLOCK: tl.constexpr):
+    """counts[e] += the pairs of this program's block that chose expert e; its block of rows
+    is marked as padding until the scatter fills it."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] pairs, and rows
+    ok = offs < num_pairs
+    tl.atomic_add(counts_ptr + tl.load(ids_ptr + offs, mask=ok, other=0), 1, mask=ok)
+    tl.store(rows_ptr + offs, tl.full([BLOCK], 0, tl.int32) + num_pairs, mask=offs < max_rows)
+
+
+@triton.jit
+def _plan_kernel(
+    counts_ptr,  # (E,) int32 in: pairs per expert; out: each expert's first row (the scatter's cursor)
+    block_expert_ptr, num_rows_ptr, num_blocks, num_experts,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program: pad each expert's run to whole blocks, lay the runs end to end and name the
+    expert of every block."""
+    offs_e = tl.arange(0, BLOCK_E)  # [BLOCK_E]
+    e_ok = offs_e < num_experts
+    padded = (tl.load(counts_ptr + offs_e, mask=e_ok, other=0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # [BLOCK_E]
+    ends = tl.cumsum(padded, 0)  # [BLOCK_E]: where each expert's run ends
+    tl.store(counts_ptr + offs_e, ends - padded, mask=e_ok)
+    tl.store(num_rows_ptr, tl.sum(padded, 0))
+    for start in range(0, num_blocks, BLOCK):
+        offs_b = start + tl.arange(0, BLOCK)  # [BLOCK] blocks
+        # the expert of block b: how many runs end at or before its first row
+        before = (ends[None, :] <= offs_b[:, None] * BLOCK_M) & e_ok[None, :]  # [BLOCK, BLOCK_E]
+        expert = tl.minimum(tl.sum(before.to(tl.int32), 1), num_experts - 1)
+        tl.store(block_expert_ptr + offs_b, expert, mask=offs_b < num_blocks)
+
+
+@triton.jit
+def _scatter_kernel(ids_ptr, cursor_ptr, rows_ptr, num_pairs, BLOCK: tl.constexpr):
+    """Each pair takes the next free row of its expert's run (the order inside a run is the
+    atomics' and changes no result: every row is computed on its own)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] pairs
+    ok = offs < num_pairs
+    dest = tl.atomic_add(cursor_ptr + tl.load(ids_ptr + offs, mask=ok, other=0), 1, mask=ok)
+    tl.store(rows_ptr + dest, offs, mask=ok)
 
 
 def align_by_expert(expert_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """expert_ids (tokens, top_k) -> (rows, block_expert, num_rows):
-    rows (max_rows,) int32: the pair (token * top_k + slot) of each sorted row; tokens * top_k marks padding;
+    rows (max_rows,) int32: the pair (token * top_k + slot) of each row, grouped by expert; tokens * top_k marks padding;
     block_expert (max_rows / block_m,) int32: the expert of each block of rows;
-    num_rows (1,) int32: the rows in use. max_rows depends on the shapes only."""
-    flat = expert_ids.flatten()  # (pairs,)
+    num_rows (1,) int32: the rows in use. max_rows depends on the shapes only.
+    Four launches: a memset, the count, the plan (one program), the scatter."""
+    flat = expert_ids.flatten().to(torch.int32)  # (pairs,)
     pairs, device = flat.numel(), flat.device
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))  # (experts,)
-    padded = (counts + block_m - 1) // block_m * block_m  # (experts,)
-    ends = padded.cumsum(0)  # (experts,): where each expert's run of rows ends
-    sorted_experts, order = flat.sort(stable=True)  # (pairs,) each
-    first = counts.cumsum(0) - counts  # (experts,): each expert's first place in `order`
-    dest = (ends - padded)[sorted_experts] + torch.arange(pairs, device=device) - first[sorted_experts]  # (pairs,)
     max_rows = triton.cdiv(pairs + min(num_experts, pairs) * (block_m - 1), block_m) * block_m
-    rows = torch.full((max_rows,), pairs, dtype=torch.int32, device=device).scatter_(0, dest, order.to(torch.int32))
-    block_starts = torch.arange(0, max_rows, block_m, device=device)  # (blocks,)
-    block_expert = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
-    return rows, block_expert, ends[-1:].to(torch.int32)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)  # (experts,)
+    rows = torch.empty(max_rows, dtype=torch.int32, device=device)
+    block_expert = torch.empty(max_rows // block_m, dtype=torch.int32, device=device)
+    num_rows = torch.empty(1, dtype=torch.int32, device=device)
+    _count_kernel[(triton.cdiv(max_rows, 1024),)](flat, counts, rows, pairs, max_rows, BLOCK=1024)
+    _plan_kernel[(1,)](counts, block_expert, num_rows, block_expert.numel(), num_experts,
+                       BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=128)
+    _scatter_kernel[(triton.cdiv(pairs, 1024),)](flat, counts, rows, pairs, BLOCK=1024)
+    return rows, block_expert, num_rows
 
 
 @triton.jit
@@ -113,6 +164,89 @@ def _down_kernel(
     tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], y.to(dtype), mask=row_ok[:, None] & n_ok[None, :])
 
 
+# A few tokens (a small decode batch): no grouping at all. Each (token, expert) pair is its own
+# matrix-vector product, one program per pair and block of output columns, reading its
+# expert's weights straight from the routing ids: three launches, where grouping costs six.
+SMALL_PAIRS = 64  # at most this many pairs take the matrix-vector path (faster up to 8 tokens of top-8 on an H200)
+GEMV_TILES = {"BLOCK_N": 8, "BLOCK_K": 256, "num_warps": 4}
+
+
+@triton.jit
+def _gate_up_gemv_kernel(
+    x_ptr, w_ptr, ids_ptr, out_ptr,
+    stride_xt, stride_we, stride_wn,  # x: (T, K); w: (E, 2N, K); last dims contiguous
+    N, K,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out[pair, n-block] = silu(gate[e] @ x[token]) * (up[e] @ x[token]) for one pair."""
+    pair = tl.program_id(0)
+    token = (pair // TOP_K).to(tl.int64)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    g_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+    u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the gate rows
+    x_ptrs = x_ptr + token * stride_xt + offs_k  # [BLOCK_K]
+    acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        a = tl.load(x_ptrs, mask=k_ok, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_K]
+        w_mask = n_ok[:, None] & k_ok[None, :]
+        acc_g += tl.sum(tl.load(g_ptrs, mask=w_mask, other=0.0).to(tl.float32) * a, axis=1)
+        acc_u += tl.sum(tl.load(u_ptrs, mask=w_mask, other=0.0).to(tl.float32) * a, axis=1)
+        x_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    dtype = out_ptr.dtype.element_ty
+    gate, up = _rounded(acc_g, dtype), _rounded(acc_u, dtype)
+    act = _rounded(gate / (1.0 + tl.exp(-gate)), dtype)
+    tl.store(out_ptr + pair.to(tl.int64) * N + offs_n, (act * up).to(dtype), mask=n_ok)
+
+
+@triton.jit
+def _down_gemv_kernel(
+    h_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr,
+    stride_we, stride_wn,  # h: (pairs, K) contiguous; w: (E, N, K), last dim contiguous
+    N, K,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out[pair, n-block] = routing_weight[pair] * (down[e] @ h[pair]) for one pair."""
+    pair = tl.program_id(0).to(tl.int64)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    b_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+    h_ptrs = h_ptr + pair * K + offs_k  # [BLOCK_K]
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        a = tl.load(h_ptrs, mask=k_ok, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_K]
+        acc += tl.sum(tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * a, axis=1)
+        h_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    dtype = out_ptr.dtype.element_ty
+    y = _rounded(acc, dtype) * tl.load(weights_ptr + pair).to(tl.float32)
+    tl.store(out_ptr + pair * N + offs_n, y.to(dtype), mask=n_ok)
+
+
+def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.Tensor:
+    """The matrix-vector path of fused_experts: (pairs, hidden), one row per (token, slot)."""
+    tokens, hidden = x.shape
+    inter, top_k = down.shape[2], expert_ids.shape[1]
+    pairs, block_n = tokens * top_k, tiles["BLOCK_N"]
+    ids = expert_ids.contiguous()
+    h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
+    _gate_up_gemv_kernel[(pairs, triton.cdiv(inter, block_n))](
+        x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden, TOP_K=top_k, **tiles)
+    out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)  # (pairs, hidden)
+    _down_gemv_kernel[(pairs, triton.cdiv(hidden, block_n))](
+        h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter, **tiles)
+    return out
+
+
 def fused_experts(
     x: torch.Tensor,  # (T, hidden), last dim contiguous
     gate_up: torch.Tensor,  # (E, 2 * inter, hidden): each expert's [gate | up] rows
@@ -121,8 +255,10 @@ def fused_experts(
     expert_ids: torch.Tensor,  # (T, top_k)
     block_m: int | None = None,
     tiles: dict | None = None,
+    small: bool | None = None,  # the matrix-vector path; None: when there are at most SMALL_PAIRS pairs
 ) -> torch.Tensor:
-    """sum over each token's top_k experts e of weight * down[e] @ (silu(gate[e] @ x) * (up[e] @ x)): (T, hidden)."""
+    """sum over each token's top_k experts e of weight * down[e] @ (silu(gate[e] @ x) * (up[e] @ x)): (T, hidden).
+    `tiles` overrides the launch's tile sizes (GEMV_TILES or default_tiles, by path)."""
     tokens, hidden = x.shape
     num_experts, inter = down.shape[0], down.shape[2]
     top_k = expert_ids.shape[1]
@@ -131,10 +267,12 @@ def fused_experts(
     pairs = tokens * top_k
     if pairs == 0:
         return torch.zeros_like(x)
+    if small if small is not None else pairs <= SMALL_PAIRS:
+        return _experts_gemv(x, gate_up, down, weights, expert_ids, {**GEMV_TILES, **(tiles or {})}).view(tokens, top_k, hidden).sum(dim=1)
     block_m = block_m or (16 if pairs <= 16 * num_experts else 64)  # few rows per expert (decode): small blocks
     rows, block_expert, num_rows = align_by_expert(expert_ids, num_experts, block_m)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
-    tiles = {**TILES, **(tiles or {})}  # BLOCK_N, BLOCK_K and the launch's num_warps, num_stages
+    tiles = {**default_tiles(pairs), **(tiles or {})}  # BLOCK_N, BLOCK_K and the launch's num_warps, num_stages
     block_n = tiles["BLOCK_N"]
     _gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
         x, gate_up, h, rows, block_expert, num_rows,

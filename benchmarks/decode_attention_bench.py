@@ -1,0 +1,108 @@
+"""The final engine's paged decode attention on the context mix of a real run (CUDA only).
+
+    python benchmarks/decode_attention_bench.py --out benchmarks/results/decode_attention_qwen3-0.6b_h200.json
+
+nano-vllm's workload starts 256 requests together (prompts and outputs of 100-1024 tokens);
+after s decode steps, the requests still running hold prompt + s tokens each. For a few
+such snapshots this times the decode kernel (GPU time of CUDA-graph replays) for each tile
+configuration, in batch order and longest-context-first (the order the engine launches),
+and split-K factors at the default tile, and reports the bandwidth it reaches: the K/V bytes
+the batch must read over the time.
+Qwen3-0.6B's attention shape: 16 query heads, 8 kv heads, head_dim 128, blocks of 16.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernel_bench import graph_time_ms  # noqa: E402
+from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E402
+from nanovllm_final.workloads import nanovllm  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 128, 16
+# (BLOCK_N, num_warps, num_stages) of the decode kernel; the first is the default
+TILES = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (32, 4, 3), (32, 2, 3), (128, 4, 2), (128, 8, 3), (64, 8, 3), (16, 2, 3)]
+STEPS = (1, 300, 600, 750, 900, 1000)  # decode steps into the run
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # split-K factors tried at the default tile, longest first
+
+
+def snapshot(step: int, seed: int = 0) -> list[int]:
+    """Context lengths of the requests still running after `step` decode steps."""
+    prompts, params = nanovllm(151936, seed=seed)
+    return [len(p) + step for p, sp in zip(prompts, params) if sp["max_tokens"] > step]
+
+
+def paged_batch(contexts: list[int], dtype: torch.dtype):
+    """A random paged cache with each sequence's blocks at shuffled places."""
+    blocks = [-(-c // BLOCK) for c in contexts]
+    total, width = sum(blocks), max(blocks)
+    k_cache = torch.randn(total, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    perm = torch.randperm(total, device="cuda").to(torch.int32)
+    tables = torch.full((len(contexts), width), -1, dtype=torch.int32, device="cuda")
+    start = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = perm[start:start + n]
+        start += n
+    q = torch.randn(len(contexts), HEADS, HEAD_DIM, dtype=dtype, device="cuda")
+    lens = torch.tensor(contexts, dtype=torch.int32, device="cuda")
+    return q, k_cache, v_cache, lens, tables
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.exit(2, "error: needs a CUDA GPU\n")
+    torch.manual_seed(0)
+    dtype, scale = torch.bfloat16, HEAD_DIM ** -0.5
+    record = {"benchmark": "decode_attention", "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block_size": BLOCK},
+              "command": " ".join(["python", *sys.argv]), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "snapshots": []}
+    for step in STEPS:
+        contexts = snapshot(step)
+        q, kc, vc, lens, tables = paged_batch(contexts, dtype)
+        order = torch.argsort(lens, descending=True, stable=True).to(torch.int32)
+        kv_bytes = sum(contexts) * KV_HEADS * HEAD_DIM * 2 * kc.element_size()  # K and V, every layer reads
+        expected = attention_torch.paged_decode_attention(q, kc, vc, lens, tables, scale).float()
+        row = {"step": step, "batch": len(contexts), "mean_context": sum(contexts) / len(contexts),
+               "max_context": max(contexts), "kv_bytes": kv_bytes, "tiles": {}}
+        for bn, w, s in TILES:
+            for name, o in (("batch_order", None), ("longest_first", order)):
+                fn = lambda: attention_triton.paged_decode_attention(q, kc, vc, lens, tables, scale, o, BLOCK_N=bn, num_warps=w, num_stages=s)  # noqa: E731
+                key = f"{bn}w{w}s{s}/{name}"
+                try:
+                    ms = graph_time_ms(fn, args.reps)
+                    err = (fn().float() - expected).abs().max().item()
+                except Exception as exc:  # e.g. out of shared memory
+                    row["tiles"][key] = {"error": repr(exc)[:160]}
+                    continue
+                row["tiles"][key] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9, "max_err": err}
+        for n in SPLITS:
+            fn = lambda: attention_triton.paged_decode_attention(q, kc, vc, lens, tables, scale, order, num_splits=n)  # noqa: E731
+            ms = graph_time_ms(fn, args.reps)
+            row["tiles"][f"splits{n}/longest_first"] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9,
+                                                        "max_err": (fn().float() - expected).abs().max().item()}
+        row["default_num_splits"] = attention_triton.default_num_splits(len(contexts), KV_HEADS, tables.shape[1] * BLOCK, q.device)
+        best = min((v["ms"], k) for k, v in row["tiles"].items() if "ms" in v)
+        default = row["tiles"]["64w4s3/batch_order"]["ms"]
+        print(f"step {step:4d}: batch {row['batch']:3d}, mean ctx {row['mean_context']:6.0f}, max {row['max_context']:5d}: "
+              f"default {default:.4f} ms ({kv_bytes / default / 1e9:.2f} TB/s), best {best[1]} {best[0]:.4f} ms "
+              f"({kv_bytes / best[0] / 1e9:.2f} TB/s)", flush=True)
+        for key, entry in row["tiles"].items():
+            print(f"    {key:26} {entry}")
+        record["snapshots"].append(row)
+    if args.out:
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
