@@ -218,8 +218,11 @@ def check_route(route) -> str:
                  expected_experts=sorted(ref_ids[t].tolist()), got=sorted(ids[t].tolist()),
                  your_picks_probabilities=[round(p, 4) for p in probs.gather(1, ids)[t].tolist()],
                  stage_picks_probabilities=[round(p, 4) for p in probs.gather(1, ref_ids)[t].tolist()])
-        kept = probs.gather(1, ids)  # (tokens, top_k): the probabilities of your picks, in your order
-        expected = kept / kept.sum(-1, keepdim=True) if renormalize else kept
+        # your weights and the stage's, both ordered by probability (tied experts have equal weights)
+        mine = probs.gather(1, ids).argsort(dim=-1, descending=True, stable=True)  # (tokens, top_k)
+        theirs = probs.gather(1, ref_ids).argsort(dim=-1, descending=True, stable=True)
+        ids, weights = ids.gather(1, mine), weights.gather(1, mine)
+        expected = ref_weights.float().gather(1, theirs)  # (tokens, top_k)
         atol = max(eps, 1e-6)
         bad = ((weights.float() - expected).abs() > atol).any(-1) | ~torch.isfinite(weights.float()).all(-1)
         if bad.any():
@@ -233,7 +236,7 @@ def check_route(route) -> str:
                         f"are: token {t}'s should sum to {want:.4f}, yours sum to 1 (a softmax over the top_k "
                         f"logits alone is the same as renormalising)")
             else:
-                hint = f"token {t}'s weights differ from its experts' probabilities"
+                hint = f"token {t}'s weights differ from the stage's"
             fail(hint, **inputs, expected=_pairs(expected, ids, t), got=_pairs(weights, ids, t))
     return (f"the same experts and weights as the stage's route in {len(cases)} cases: float32 and bfloat16, "
             "renormalised and not, top_k = 1 up to all experts, ties")
