@@ -261,9 +261,9 @@ def expert_picks(weights, expert_ids, num_experts: int, *, labels=None, ax=None,
     """weights, expert_ids: (tokens, top_k), as a router's route returns them. One row per token,
     one column per expert: the experts a token picked are coloured by their routing weight (the
     weight written in), the others left blank; labels: one name per token for the rows."""
-    tokens = len(expert_ids)
-    grid = torch.zeros(tokens, num_experts).scatter(1, torch.as_tensor(expert_ids).long(),
-                                                    torch.as_tensor(weights).float())  # (tokens, experts)
+    expert_ids, weights = torch.as_tensor(expert_ids).long(), torch.as_tensor(weights).float()  # lists work too
+    tokens, top_k = expert_ids.shape
+    grid = torch.zeros(tokens, num_experts).scatter(1, expert_ids, weights)  # (tokens, experts)
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4.0, 0.5 * num_experts + 2), 0.3 * tokens + 1.2))
     shown = grid.masked_fill(grid == 0, float("nan"))  # unpicked experts stay blank
@@ -281,5 +281,5 @@ def expert_picks(weights, expert_ids, num_experts: int, *, labels=None, ax=None,
     ax.tick_params(which="minor", length=0)
     ax.set(xlabel="expert", ylabel="token")
     plt.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="routing weight")
-    ax.set_title(title or f"each token's {expert_ids.shape[1]} experts of {num_experts}, and their weights", fontsize=10)
+    ax.set_title(title or f"each token's {top_k} experts of {num_experts}, and their weights", fontsize=10)
     return ax

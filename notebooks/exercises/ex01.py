@@ -260,8 +260,9 @@ def check_expert_load(expert_load) -> str:
         expected = torch.tensor([len(torch.where(ids == e)[0]) for e in range(experts)])  # (experts,)
         got = expert_load(ids.clone(), experts)
         if not isinstance(got, torch.Tensor) or got.shape != (experts,):
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             fail("return one count per expert, shape (num_experts,), counting 0 for an expert no token picked",
-                 **inputs, expected=(experts,), got=tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__)
+                 **inputs, expected=(experts,), got=shape)
         if got.is_floating_point() or got.is_complex():
             fail("the counts are integers (tokens, not weights)", **inputs, got=got.dtype)
         if int(got.sum()) == tokens != tokens * top_k:
