@@ -6,6 +6,7 @@
     figures.chunk_schedule(steps, budget=64)                        # 05: who feeds what, step by step
     figures.graph_ladder(sizes)                                     # 06: batch size -> graph, padding
     figures.tp_shards(layers)                                       # 07: how each weight is split
+    figures.expert_picks(weights, expert_ids, num_experts=8)        # 01 (MoE): each token's experts, weights
 
 Each takes plain data (lists and dicts a notebook reads off the engine) and an optional `ax`,
 draws, and returns the axes. `record_schedule(llm)` is the one helper that watches an engine: it
@@ -15,6 +16,7 @@ records what the scheduler hands the model runner at every step.
 import contextlib
 
 import matplotlib.pyplot as plt
+import torch
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 COLORS = plt.get_cmap("tab10").colors
@@ -249,4 +251,35 @@ def tp_shards(layers, *, tp: int, ax=None, title=None):
     ax.set_xlim(-0.2, x)
     ax.set_ylim(-0.4, 2.4)
     ax.set_title(title or f"TP={tp}: who holds what (each weight to scale: height = outputs, width = inputs)", fontsize=10)
+    return ax
+
+
+# ------------------------------------------------------------------------------ 01: mixture of experts
+
+
+def expert_picks(weights, expert_ids, num_experts: int, *, labels=None, ax=None, title=None):
+    """weights, expert_ids: (tokens, top_k), as a router's route returns them. One row per token,
+    one column per expert: the experts a token picked are coloured by their routing weight (the
+    weight written in), the others left blank; labels: one name per token for the rows."""
+    expert_ids, weights = torch.as_tensor(expert_ids).long(), torch.as_tensor(weights).float()  # lists work too
+    tokens, top_k = expert_ids.shape
+    grid = torch.zeros(tokens, num_experts).scatter(1, expert_ids, weights)  # (tokens, experts)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4.0, 0.5 * num_experts + 2), 0.3 * tokens + 1.2))
+    shown = grid.masked_fill(grid == 0, float("nan"))  # unpicked experts stay blank
+    image = ax.imshow(shown, cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    for t in range(tokens):
+        for e in range(num_experts):
+            if grid[t, e] > 0:
+                ax.text(e, t, f"{grid[t, e]:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if grid[t, e] > 0.55 else "black")
+    ax.set_xticks(range(num_experts))
+    ax.set_yticks(range(tokens), labels if labels is not None else range(tokens), fontsize=7.5)
+    ax.set_xticks([x - 0.5 for x in range(1, num_experts)], minor=True)
+    ax.set_yticks([y - 0.5 for y in range(1, tokens)], minor=True)
+    ax.grid(which="minor", color="0.85", lw=0.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set(xlabel="expert", ylabel="token")
+    plt.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="routing weight")
+    ax.set_title(title or f"each token's {top_k} experts of {num_experts}, and their weights", fontsize=10)
     return ax

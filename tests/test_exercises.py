@@ -34,8 +34,8 @@ def sol(n: int | str):
     return importlib.import_module(f"notebooks.exercises.solutions.{_name(n)}")
 
 
-CHECKS = [(1, "naive_generate"), (1, "gumbel_max"), (1, "filter_probs"), (2, "step_inputs"), (2, "attend_cached"),
-          (2, "static_scheduler"), (3, "slot_mapping"), (3, "gather_kv"), (3, "block_manager"), (4, "prefix_hashes"),
+CHECKS = [(1, "naive_generate"), (1, "gumbel_max"), (1, "filter_probs"), (1, "route"), (1, "expert_load"),
+          (2, "step_inputs"), (2, "attend_cached"), (2, "static_scheduler"), (3, "slot_mapping"), (3, "gather_kv"), (3, "block_manager"), (4, "prefix_hashes"),
           (4, "cached_blocks"), (4, "prefix_block_manager"), (5, "plan_step"), (5, "document_chunks"), (5, "schedule"),
           (6, "graph_batch_sizes"), (6, "pad_for_graph"), (6, "replay"), (7, "row_parallel_linear"), (7, "qkv_rows"),
           (7, "tp_mlp"), (K, "merge_splits"), (K, "store_kvcache")]
@@ -87,6 +87,22 @@ def _naive_extra_call(next_logits, prompt, n):  # right tokens, one call too man
     out = sol(1).naive_generate(next_logits, prompt, n)
     next_logits(list(prompt) + out)
     return out
+
+
+def _route_softmax_after_topk(logits, k, renormalize):  # the softmax over the k kept logits: always sums to 1
+    kept, ids = logits.topk(k, dim=-1)
+    return torch.softmax(kept.float(), dim=-1).to(logits.dtype), ids
+
+
+def _route_softmax_over_tokens(logits, k, renormalize):  # normalises each expert's column, not each token's row
+    weights, ids = torch.softmax(logits.float(), dim=0).topk(k, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True) if renormalize else weights
+    return weights.to(logits.dtype), ids
+
+
+def _route_topk_over_tokens(logits, k, renormalize):  # the k tokens that like each expert most
+    weights, ids = torch.softmax(logits.float(), dim=-1).topk(k, dim=0)
+    return weights.to(logits.dtype), ids
 
 
 def _slots_no_cache(token_ids, cached, row, max_len):  # feeds the whole sequence every step
@@ -406,6 +422,13 @@ WRONG = {
         lambda l, t, u: sol(1).gumbel_max(l, t, torch.rand_like(u)),  # its own noise
         lambda l, t, u: l.argmax(-1),  # always greedy
     ],
+    "route": [lambda l, k, r: sol(1).route(l, k, False),  # forgets to renormalise
+              lambda l, k, r: sol(1).route(l, k, True),  # renormalises also when norm_topk_prob is false
+              _route_softmax_after_topk, _route_softmax_over_tokens, _route_topk_over_tokens,
+              lambda l, k, r: sol(1).route(l.float(), k, r)],  # float32 weights for bfloat16 logits
+    "expert_load": [lambda ids, e: torch.bincount(ids.flatten()),  # no minlength: the unpicked last experts vanish
+                    lambda ids, e: torch.bincount(ids[:, 0], minlength=e),  # counts first choices only
+                    lambda ids, e: torch.zeros(e).index_add_(0, ids.flatten(), torch.ones(ids.numel()))],  # floats
     "step_inputs": [_slots_no_cache, _slots_ignore_row,
                     lambda t, c, r, L: (lambda a, p, s: (a, list(range(len(a))), s))(*sol(2).step_inputs(t, c, r, L))],
     "attend_cached": [_attend_no_write, _attend_not_causal, _attend_gqa_repeat],

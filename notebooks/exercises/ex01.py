@@ -1,4 +1,5 @@
-"""Checks for 01_naive.ipynb: the naive generation loop, and Gumbel-max sampling from uniform noise."""
+"""Checks for 01_naive.ipynb: the naive generation loop, Gumbel-max sampling from uniform noise, and a
+mixture of experts' routing (the top-k experts of each token, and the load per expert)."""
 
 import torch
 
@@ -142,3 +143,132 @@ def check_filter_probs(filter_probs) -> str:
         expect_close(got, expected, f"the distribution differs from the final engine's masks ({name})", atol=1e-5)
     return (f"the same masked, renormalised distributions as the final engine's sampler in {len(cases)} batches of "
             f"{rows} rows (top_k, top_p, min_p alone and together)")
+
+
+# ---- mixture of experts: the router's picks, and each expert's load ----
+
+
+def _routing_cases() -> list[tuple[str, torch.Tensor, int, bool]]:
+    """(name, router logits (tokens, experts), top_k, renormalize): the tiny MoE's shape, the real
+    Qwen3-30B-A3B's (128 experts, 8 per token, bfloat16), top_k = 1 and top_k = all, and ties."""
+    g = torch.Generator().manual_seed(7)
+    cases = []
+    for name, tokens, experts, top_k, dtype in (("8 experts, 2 per token", 6, 8, 2, torch.float32),
+                                                ("128 experts, 8 per token, bfloat16", 32, 128, 8, torch.bfloat16),
+                                                ("top_k = 1", 3, 16, 1, torch.float32),
+                                                ("top_k = all 4 experts", 5, 4, 4, torch.float32)):
+        logits = (1.5 * torch.randn(tokens, experts, generator=g)).to(dtype)  # (tokens, experts)
+        cases += [(name, logits, top_k, renormalize) for renormalize in (True, False)]
+    ties = torch.tensor([[0.0] * 8,  # every expert tied
+                         [2.0, 2.0, 2.0, 0.0, 0.0, 0.0, 0.0, -1.0],  # three tied for two places
+                         [3.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]])  # three tied for the second place
+    cases += [("ties", ties, 2, renormalize) for renormalize in (True, False)]
+    return cases
+
+
+def _pairs(weights: torch.Tensor, ids: torch.Tensor, t: int) -> list[tuple[int, float]]:
+    """Token t's (expert, weight) pairs, by expert id."""
+    return sorted((int(e), round(float(w), 4)) for e, w in zip(ids[t].tolist(), weights[t].float().tolist()))
+
+
+def check_route(route) -> str:
+    """route(router_logits, top_k, renormalize) -> (weights, expert_ids), each (tokens, top_k):
+    every token's top_k most likely experts under a softmax over all experts (in float32), with
+    their probabilities as weights, scaled to sum to 1 when renormalize (config.json's
+    norm_topk_prob); weights in the logits' dtype. A token's slots may come in any order, and of
+    tied experts any may be picked. Compared with the stage's own route (layers/moe.py)."""
+    stage_route = stage.module(STAGE, "layers.moe").route
+    cases = _routing_cases()
+    for name, logits, top_k, renormalize in cases:
+        tokens, experts = logits.shape
+        inputs = dict(case=name, router_logits=f"shape {tuple(logits.shape)}, {logits.dtype}", top_k=top_k,
+                      renormalize=renormalize)
+        got = route(logits.clone(), top_k, renormalize)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(x, torch.Tensor) for x in got)):
+            fail("return a pair of tensors: (weights, expert_ids)", **inputs, got=type(got).__name__)
+        weights, ids = got
+        for what, x in (("weights", weights), ("expert_ids", ids)):
+            if x.shape != (tokens, top_k):
+                fail(f"{what} has one row per token and one column per chosen expert: shape (tokens, top_k)",
+                     **inputs, expected=(tokens, top_k), got=tuple(x.shape))
+        if ids.is_floating_point() or ids.is_complex():
+            fail("expert_ids are integer indices of experts (what topk returns)", **inputs, got=ids.dtype)
+        if weights.dtype != logits.dtype:
+            fail("the weights come back in the router logits' dtype: the layer multiplies each expert's output "
+                 "by them", **inputs, expected=logits.dtype, got=weights.dtype)
+        ids = ids.long()
+        if ids.min() < 0 or ids.max() >= experts:
+            fail(f"expert ids lie in [0, num_experts = {experts})", **inputs, got=ids[:4])
+        repeated = (ids.sort(-1).values.diff(dim=-1) == 0).any(-1)  # (tokens,)
+        if repeated.any():
+            t = int(repeated.nonzero()[0])
+            fail(f"token {t} picks one expert twice: a token's top_k experts are distinct", **inputs, got=ids[t])
+        # the stage's routing: its picks, and every expert's probability (top_k = all experts, as they are)
+        ref_weights, ref_ids = stage_route(logits, top_k, renormalize)  # (tokens, top_k) each
+        all_probs, all_ids = stage_route(logits.float(), experts, False)  # (tokens, experts), most likely first
+        probs = torch.zeros(tokens, experts).scatter(1, all_ids, all_probs)  # (tokens, experts), float32
+        chosen = probs.gather(1, ids).sort(-1, descending=True).values  # (tokens, top_k): what yours picked
+        best = probs.gather(1, ref_ids).sort(-1, descending=True).values  # what the stage picked
+        eps = torch.finfo(logits.dtype).eps
+        worse = (chosen < best * (1 - eps)).any(-1)  # a pick less likely than the stage's, beyond the dtype's precision
+        if worse.any():
+            t = int(worse.nonzero()[0])
+            fail(f"token {t} does not get its {top_k} most likely experts (probabilities from a softmax over all "
+                 f"{experts} experts, in float32)", **inputs,
+                 expected_experts=sorted(ref_ids[t].tolist()), got=sorted(ids[t].tolist()),
+                 your_picks_probabilities=[round(p, 4) for p in probs.gather(1, ids)[t].tolist()],
+                 stage_picks_probabilities=[round(p, 4) for p in probs.gather(1, ref_ids)[t].tolist()])
+        # your weights and the stage's, both ordered by probability (tied experts have equal weights)
+        mine = probs.gather(1, ids).argsort(dim=-1, descending=True, stable=True)  # (tokens, top_k)
+        theirs = probs.gather(1, ref_ids).argsort(dim=-1, descending=True, stable=True)
+        ids, weights = ids.gather(1, mine), weights.gather(1, mine)
+        expected = ref_weights.float().gather(1, theirs)  # (tokens, top_k)
+        atol = max(eps, 1e-6)
+        bad = ((weights.float() - expected).abs() > atol).any(-1) | ~torch.isfinite(weights.float()).all(-1)
+        if bad.any():
+            t = int(bad.nonzero()[0])
+            sums, want = weights[t].float().sum().item(), expected[t].sum().item()
+            if renormalize and abs(sums - 1) > top_k * atol:
+                hint = (f"with renormalize=True (norm_topk_prob) a token's {top_k} weights are scaled to sum to 1: "
+                        f"token {t}'s sum to {sums:.4f}")
+            elif not renormalize and abs(sums - 1) <= top_k * atol < 1 - want:
+                hint = (f"with renormalize=False the weights are the softmax over all {experts} experts, kept as they "
+                        f"are: token {t}'s should sum to {want:.4f}, yours sum to 1 (a softmax over the top_k "
+                        f"logits alone is the same as renormalising)")
+            else:
+                hint = f"token {t}'s weights differ from the stage's"
+            fail(hint, **inputs, expected=_pairs(expected, ids, t), got=_pairs(weights, ids, t))
+    return (f"the same experts and weights as the stage's route in {len(cases)} cases: float32 and bfloat16, "
+            "renormalised and not, top_k = 1 up to all experts, ties")
+
+
+def check_expert_load(expert_load) -> str:
+    """expert_load(expert_ids, num_experts) -> (num_experts,) integer tensor: how many tokens each
+    expert receives. A token counts once for every expert among its top_k (so the counts sum to
+    tokens * top_k), and an expert no token picked counts 0. Compared with the rows the stage's
+    Experts loop gathers for each expert (torch.where(expert_ids == e)), on the stage's routes."""
+    stage_route = stage.module(STAGE, "layers.moe").route
+    g = torch.Generator().manual_seed(8)
+    cases = []
+    for tokens, experts, top_k in ((12, 8, 2), (40, 128, 8), (1, 8, 2), (300, 16, 4)):
+        logits = torch.randn(tokens, experts, generator=g)  # (tokens, experts)
+        logits[:, -2:] -= 20.0  # the last two experts never win a place: their count is 0
+        cases.append((stage_route(logits, top_k, True)[1], experts))
+    for ids, experts in cases:
+        tokens, top_k = ids.shape
+        inputs = dict(expert_ids=f"shape {tuple(ids.shape)}", num_experts=experts)
+        expected = torch.tensor([len(torch.where(ids == e)[0]) for e in range(experts)])  # (experts,)
+        got = expert_load(ids.clone(), experts)
+        if not isinstance(got, torch.Tensor) or got.shape != (experts,):
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            fail("return one count per expert, shape (num_experts,), counting 0 for an expert no token picked",
+                 **inputs, expected=(experts,), got=shape)
+        if got.is_floating_point() or got.is_complex():
+            fail("the counts are integers (tokens, not weights)", **inputs, got=got.dtype)
+        if int(got.sum()) == tokens != tokens * top_k:
+            fail(f"the counts sum to {tokens}, the number of tokens: a token counts once for every one of its "
+                 f"{top_k} experts (tokens * top_k = {tokens * top_k})", **inputs, expected=expected, got=got)
+        expect_equal(got, expected, "the counts differ from the rows the stage's Experts loop gives each expert",
+                     **inputs)
+    return (f"the same tokens per expert as the stage's Experts loop gathers, in {len(cases)} routings "
+            "(8 to 128 experts, experts without tokens included)")

@@ -33,3 +33,17 @@ def filter_probs(logits, temperatures, top_k, top_p, min_p) -> torch.Tensor:
     keep &= probs >= min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
     masked = probs * keep
     return masked / masked.sum(-1, keepdim=True)
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # router_logits: (tokens, experts)
+    probs = torch.softmax(router_logits.float(), dim=-1)  # (tokens, experts): over all experts, in float32
+    weights, expert_ids = probs.topk(top_k, dim=-1)  # (tokens, top_k) each, most likely first
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)  # the kept weights sum to 1
+    return weights.to(router_logits.dtype), expert_ids
+
+
+def expert_load(expert_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    # expert_ids: (tokens, top_k) -> (num_experts,): every (token, slot) pair counts once for its expert
+    return torch.bincount(expert_ids.flatten(), minlength=num_experts)
