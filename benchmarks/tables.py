@@ -230,7 +230,9 @@ FILES = [
     ("tp_speedup_*.json", "python -m benchmarks.tp_speedup --out benchmarks/results/tp_speedup_h200x2.json",
      "TP=2 against TP=1 per model shape, from the tp_*_tp1/tp2 records (the last step of the suite's tp part)"),
     ("moe_layer_*.json", f"{SUITE} moe", "one MoE layer of a shape: the fused grouped-GEMM kernels (eager and graph-replayed, per tile choice) against the expert loop"),
-    ("serve_*.json", f"{SUITE} serve", "the OpenAI-compatible server under concurrent streaming clients: throughput, TTFT / TPOT / end-to-end percentiles"),
+    ("serve_*.json", f"{SUITE} serve", "the OpenAI-compatible server under concurrent streaming clients: throughput, TTFT / TPOT / "
+     "end-to-end percentiles; the offline engine on the same requests: served / offline, its decode steps (the mean of all, and at the "
+     "server's batch in newer records) and TPOT p50 over the latter"),
 ]
 RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
     ("tp_*", "tp"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),

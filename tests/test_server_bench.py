@@ -32,7 +32,7 @@ def test_request_rate_goodput_and_offline_ratio(model_dir, tmp_path, capsys):
     assert by_batch and all(int(n) >= 1 and row["steps"] >= 1 for n, row in by_batch.items())
     assert offline["decode_step_at_batch"] is None and offline["tpot_p50_over_decode_step"] is None  # Poisson: no one batch
     err = capsys.readouterr().err
-    assert "served / offline = " in err and "mean of all its decode steps" in err and "not computed" in err
+    assert "served / offline = " in err and "(target >= 90%: " in err and "mean of all its decode steps" in err and "not computed" in err
     with pytest.raises(SystemExit, match="the metric must be ttft, tpot or e2e"):
         serve_bench.main(["--url", "http://127.0.0.1:1", "--vocab-size", "10", "--goodput", "latency:5"])
 
@@ -85,6 +85,8 @@ def test_the_servers_batch_and_the_targets():
     assert serve_bench.target_met("served_over_offline", 0.95) and not serve_bench.target_met("served_over_offline", 0.85)
     assert serve_bench.target_met("tpot_p50_over_decode_step", 1.2) and not serve_bench.target_met("tpot_p50_over_decode_step", 1.3)
     assert serve_bench.target_met("tpot_p50_over_decode_step", None) is None
+    assert serve_bench.verdict("served_over_offline", {"served_over_offline": 0.94}) == "target >= 90%: met"
+    assert serve_bench.verdict("tpot_p50_over_decode_step", {"tpot_p50_over_decode_step": 1.3}) == "target <= 1.25: MISSED"
 
 
 def serve_record(concurrency: int, *, at_batch: bool, offline: bool = True) -> dict:
