@@ -357,6 +357,13 @@ def target_met(name: str, value: float | None) -> bool | None:
     return value >= limit if op == ">=" else value <= limit
 
 
+def verdict(name: str, offline: dict) -> str:
+    op, limit = TARGETS[name]
+    met = target_met(name, offline.get(name))
+    shown = f"{limit:.0%}" if name == "served_over_offline" else f"{limit:.2f}"
+    return f"target {op} {shown}: " + {True: "met", False: "MISSED", None: "not measured"}[met]
+
+
 def summary(values: list[float]) -> dict:
     if not values:
         return {}
@@ -484,19 +491,12 @@ def main(argv: list[str] | None = None) -> int:
         if at:
             seqs = str(at["num_seqs_min"]) if at["num_seqs_min"] == at["num_seqs_max"] else f"{at['num_seqs_min']}-{at['num_seqs_max']}"
             print(f"offline decode step at the server's batch {at['batch']} (its {at['steps']} decode steps of {seqs} sequences): "
-                  f"{at['ms_mean']:.2f} ms; TPOT p50 / that step = {offline['tpot_p50_over_decode_step']:.2f} "
+                  f"{at['ms_mean']:.2f} ms; TPOT p50 / that step = {offline['tpot_p50_over_decode_step'] or math.nan:.2f} "
                   f"({verdict('tpot_p50_over_decode_step', offline)})", file=sys.stderr)
         else:
             print("offline decode step at the server's batch: not computed (needs the closed loop, --engine-option "
                   "max_num_seqs and benchmarks.run's decode_steps_by_num_seqs)", file=sys.stderr)
     return 1 if errors else 0
-
-
-def verdict(name: str, offline: dict) -> str:
-    op, limit = TARGETS[name]
-    met = target_met(name, offline.get(name))
-    shown = f"{limit:.0%}" if name == "served_over_offline" else f"{limit:.2f}"
-    return f"target {op} {shown}: " + {True: "met", False: "MISSED", None: "not measured"}[met]
 
 
 def _device_name() -> str:
