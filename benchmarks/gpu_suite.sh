@@ -30,8 +30,8 @@
 #   short          03/04/05 interleaved in one process, 128 output tokens -> variants/nanovllm-short_*_TAG.json
 #   shared-prefix  03, 04 and final on prompts sharing a prefix -> shared-prefix_qwen3-0.6b_03_04_final_TAG.json
 #   hf             final and Hugging Face transformers' continuous batching on 64 requests -> hf_vs_final_qwen3-0.6b_TAG.json
-#   serve          the OpenAI server under 64 and 256 streaming clients, then the offline engine on the same
-#                  requests -> serve_qwen3-0.6b_c{64,256}_TAG.json
+#   serve          the OpenAI server under 1, 16, 64, 128 and 256 streaming clients (max_num_seqs = clients), then
+#                  the offline engine on the same requests, each run at most 120 s -> serve_qwen3-0.6b_c{1,16,64,128,256}_TAG.json
 #   moe            one Qwen3-30B-A3B MoE layer fused vs the expert loop; the 30B-A3B shape's workload and batch-1
 #                  decode (its ~61 GB of random weights go to .models: make it a link to /dev/shm on a small disk)
 #                  -> moe_layer_qwen3-30b-a3b_TAG.json, nanovllm_qwen3-30b-a3b_final_TAG.json, decode_latency_qwen3-30b-a3b_final_TAG.json
@@ -127,11 +127,15 @@ for part in "${parts[@]}"; do
     hf)  # transformers' continuous batching is ~20x slower: a subset of the same requests
       step "${RUN[@]}" --engine final --engine hf --workload nanovllm --num-seqs 64 --max-input-len 512 \
         --max-output-len 256 --shape qwen3-0.6b --out "$OUT/hf_vs_final_qwen3-0.6b_$TAG.json" ;;
-    serve)
-      for c in 64 256; do  # 64 clients on 256 requests, 256 clients on 512; the offline engine on the same requests after each
-        step "$PY" -m benchmarks.serve_bench --shape qwen3-0.6b --offline --request-timeout 120 --num-seqs $((c == 64 ? 256 : 512)) \
-          --concurrency $c --engine-option max_num_seqs=$c --out "$OUT/serve_qwen3-0.6b_c${c}_$TAG.json"
-      done ;;
+    serve)  # c clients, max_num_seqs=c, on 4c requests of the nanovllm workload up to 64 clients (8 for one), 2c past it;
+      logs=$(mktemp -d)  # the offline engine on the same requests after each; the server logs stay out of the results
+      for c in 1 16 64 128 256; do
+        n=$((c <= 64 ? 4 * c : 2 * c)); [ $n -lt 8 ] && n=8
+        LIMIT=$((LIMIT < 120 ? LIMIT : 120)) step "$PY" -m benchmarks.serve_bench --shape qwen3-0.6b --offline \
+          --start-timeout 90 --request-timeout 60 --num-seqs $n --concurrency $c \
+          --engine-option max_num_seqs=$c --out "$OUT/serve_qwen3-0.6b_c${c}_$TAG.json" --server-log "$logs/server_c$c.log"
+      done
+      echo "=== server logs: $logs" ;;
     moe)
       step "$PY" -m benchmarks.moe_layer_bench --out "$OUT/moe_layer_qwen3-30b-a3b_$TAG.json"
       step "${RUN[@]}" --engine final "${TEMP_ONLY[@]}" --workload nanovllm --shape qwen3-30b-a3b \

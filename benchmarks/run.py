@@ -295,6 +295,12 @@ def summarize_stats(steps: list[dict]) -> dict:
         for kind, is_prefill in (("prefill", True), ("decode", False)):
             secs = [s["seconds"] for s in steps if bool(s.get("is_prefill")) == is_prefill and "seconds" in s]
             summary[f"{kind}_step_ms_mean"] = 1e3 * sum(secs) / len(secs) if secs else None
+        by_batch: dict[int, list[float]] = {}  # decode steps by their num_seqs: a step time at one batch size
+        for s in steps:
+            if not s.get("is_prefill") and "seconds" in s and isinstance(s.get("num_seqs"), int):
+                by_batch.setdefault(s["num_seqs"], []).append(s["seconds"])
+        summary["decode_steps_by_num_seqs"] = {str(n): {"steps": len(secs), "ms_mean": 1e3 * sum(secs) / len(secs)}
+                                               for n, secs in sorted(by_batch.items())}
     if any("blocks_used" in s for s in steps):
         summary["max_blocks_used"] = max(values("blocks_used"), default=None)
     return summary

@@ -27,6 +27,13 @@ goodput counts only the requests that met every objective of --goodput (vLLM's d
 --offline: once the server has stopped (it frees the device), `benchmarks.run` times the
 final engine's `LLM.generate` on the same prompts and sampling parameters with the same
 engine options, in a child process; the record gets its tok/s and the ratio served/offline.
+In the closed loop the server runs min(concurrency, max_num_seqs) sequences at a time, so
+the record also gets the offline run's mean decode step at that batch (the decode steps
+whose num_seqs is that batch; when fewer than MIN_STEPS_AT_BATCH of them ran, the nearest
+batches around it, and the record says which) and TPOT p50 over it: how much longer a
+served token takes than an offline decode step of the same batch. The mean over all the
+offline run's decode steps, every batch size, stays in offline.stats.decode_step_ms_mean.
+Both ratios are printed beside TARGETS.
 
 The client side is standard library only (http.client and threads), so it runs where
 the server's Python runs; the server needs the `serve` extra (FastAPI, uvicorn)."""
@@ -56,6 +63,8 @@ sys.path.insert(0, str(ROOT))  # also for `python benchmarks/serve_bench.py`
 from benchmarks import workloads  # noqa: E402 - standard library only
 
 PERCENTILES = (50, 90, 99)
+MIN_STEPS_AT_BATCH = 20  # fewer decode steps at exactly the server's batch: widen to the batches around it
+TARGETS = {"served_over_offline": (">=", 0.90), "tpot_p50_over_decode_step": ("<=", 1.25)}  # what the server must reach
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -309,6 +318,52 @@ def run_offline(model_dir: Path, args: argparse.Namespace, overrides: dict) -> d
             "output_tokens_per_s": record["output_tokens_per_s"], "stats": record.get("stats")}
 
 
+def server_batch(args: argparse.Namespace) -> int | None:
+    """The sequences the server runs at once in the closed loop: min(concurrency, max_num_seqs);
+    None for Poisson arrivals (the batch follows the arrivals) or with no max_num_seqs given."""
+    if not math.isinf(args.request_rate):
+        return None
+    limit = engine_options(args).get("max_num_seqs")
+    concurrency = args.concurrency or 64
+    return min(concurrency, int(limit)) if limit is not None else None
+
+
+def decode_step_at_batch(stats: dict | None, batch: int, min_steps: int = MIN_STEPS_AT_BATCH) -> dict | None:
+    """The mean decode step of benchmarks.run's per-batch stats (`decode_steps_by_num_seqs`) at
+    `batch` sequences: the steps of exactly that batch, or, when fewer than min_steps ran at it,
+    those within the narrowest window batch ± w that holds min_steps (all of them if none does).
+    None when the stats do not have per-batch decode steps."""
+    by_batch = (stats or {}).get("decode_steps_by_num_seqs")
+    if not by_batch:
+        return None
+    rows = {int(n): row for n, row in by_batch.items()}
+    widest = max(abs(n - batch) for n in rows)
+    for width in range(widest + 1):
+        near = [(n, row) for n, row in rows.items() if abs(n - batch) <= width]
+        steps = sum(row["steps"] for _, row in near)
+        if steps >= min_steps or width == widest:
+            break
+    if not steps:
+        return None
+    ms = sum(row["ms_mean"] * row["steps"] for _, row in near) / steps
+    seqs = [n for n, _ in near]
+    return {"batch": batch, "num_seqs_min": min(seqs), "num_seqs_max": max(seqs), "steps": steps, "ms_mean": ms}
+
+
+def target_met(name: str, value: float | None) -> bool | None:
+    if value is None:
+        return None
+    op, limit = TARGETS[name]
+    return value >= limit if op == ">=" else value <= limit
+
+
+def verdict(name: str, offline: dict) -> str:
+    op, limit = TARGETS[name]
+    met = target_met(name, offline.get(name))
+    shown = f"{limit:.0%}" if name == "served_over_offline" else f"{limit:.2f}"
+    return f"target {op} {shown}: " + {True: "met", False: "MISSED", None: "not measured"}[met]
+
+
 def summary(values: list[float]) -> dict:
     if not values:
         return {}
@@ -368,8 +423,13 @@ def main(argv: list[str] | None = None) -> int:
     done = [r for r in results if "error" not in r]
     errors = [r["error"] for r in results if "error" in r]
     output_tokens = sum(r["output_tokens"] for r in done)
+    tpot = summary([r["tpot_s"] for r in done if r["tpot_s"] is not None])
     if offline:
         offline["served_over_offline"] = (output_tokens / wall) / offline["output_tokens_per_s"]
+        batch = server_batch(args)
+        at_batch = decode_step_at_batch(offline["stats"], batch) if batch else None
+        offline["decode_step_at_batch"] = at_batch
+        offline["tpot_p50_over_decode_step"] = (tpot["p50"] * 1e3 / at_batch["ms_mean"]) if at_batch and tpot else None
     prompt_tokens = sum(r["prompt_tokens"] for r in done)
 
     def delta(name: str) -> float | None:
@@ -397,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         "total_tokens_per_s": (output_tokens + prompt_tokens) / wall,
         "requests_per_s": len(done) / wall,
         "ttft_s": summary([r["ttft_s"] for r in done if r["ttft_s"] is not None]),
-        "tpot_s": summary([r["tpot_s"] for r in done if r["tpot_s"] is not None]),
+        "tpot_s": tpot,
         "e2e_s": summary([r["e2e_s"] for r in done]),
         "goodput": goodput(done, objectives, wall),
         "offline": offline,
@@ -423,7 +483,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{record['goodput']['requests_per_s']:.2f} req/s, {record['goodput']['output_tokens_per_s']:.1f} tok/s", file=sys.stderr)
     if offline:
         print(f"offline engine on the same requests: {offline['output_tokens_per_s']:.1f} tok/s; "
-              f"served / offline = {offline['served_over_offline']:.1%}", file=sys.stderr)
+              f"served / offline = {offline['served_over_offline']:.1%} ({verdict('served_over_offline', offline)})", file=sys.stderr)
+        mean_all = (offline["stats"] or {}).get("decode_step_ms_mean")
+        if mean_all is not None:
+            print(f"offline decode step, mean of all its decode steps (every batch size): {mean_all:.2f} ms", file=sys.stderr)
+        at = offline["decode_step_at_batch"]
+        if at:
+            seqs = str(at["num_seqs_min"]) if at["num_seqs_min"] == at["num_seqs_max"] else f"{at['num_seqs_min']}-{at['num_seqs_max']}"
+            print(f"offline decode step at the server's batch {at['batch']} (its {at['steps']} decode steps of {seqs} sequences): "
+                  f"{at['ms_mean']:.2f} ms; TPOT p50 / that step = {offline['tpot_p50_over_decode_step'] or math.nan:.2f} "
+                  f"({verdict('tpot_p50_over_decode_step', offline)})", file=sys.stderr)
+        else:
+            print("offline decode step at the server's batch: not computed (needs the closed loop, --engine-option "
+                  "max_num_seqs and benchmarks.run's decode_steps_by_num_seqs)", file=sys.stderr)
     return 1 if errors else 0
 
 

@@ -105,12 +105,85 @@ def final_table(prefix: str) -> str:
 def serve_row(rel: str, prefix: str) -> list[str]:
     serve = load(rel)
     offline = serve["offline"]
+    point = serve_point(serve)
+    at_batch = "" if point["decode_step_at_batch_ms"] is None else (
+        f", {point['decode_step_at_batch_ms']:.1f} ms at the server's batch of {point['at_batch']['batch']}")
     return [f"OpenAI server, {serve['concurrency']} concurrent streaming clients, {serve['num_requests']} requests "
             f"(`max_num_seqs={serve['engine_options']['max_num_seqs']}`), then the offline engine on the same requests",
             f"{serve['output_tokens_per_s']:,.0f} tok/s, **{offline['served_over_offline']:.0%}** of offline's "
             f"{offline['output_tokens_per_s']:,.0f}; TTFT p50 {serve['ttft_s']['p50'] * 1e3:.0f} ms, TPOT p50 "
-            f"{serve['tpot_s']['p50'] * 1e3:.1f} ms (offline decode step {offline['stats']['decode_step_ms_mean']:.1f} ms, mean)",
+            f"{serve['tpot_s']['p50'] * 1e3:.1f} ms (offline decode step {offline['stats']['decode_step_ms_mean']:.1f} ms, "
+            f"mean of all{at_batch})",
             link(rel, prefix)]
+
+
+SERVE_RECORDS = "serve_*_h200.json"
+MISSING = "—"
+
+
+def serve_point(record: dict) -> dict:
+    """One benchmarks/serve_bench.py record's numbers for a table or a plot against concurrency
+    (milliseconds, tokens/s); None where the record lacks the field (records written before it
+    existed)."""
+    def get(*keys):
+        value = record
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    def ms(value):
+        return None if value is None else value * 1e3
+
+    concurrency, max_num_seqs = record.get("concurrency"), get("engine_options", "max_num_seqs")
+    max_num_seqs = None if max_num_seqs is None else int(max_num_seqs)
+    closed_loop = record.get("request_rate") is None and concurrency is not None and max_num_seqs is not None
+    return {
+        "concurrency": concurrency,
+        "max_num_seqs": max_num_seqs,
+        "server_batch": min(concurrency, max_num_seqs) if closed_loop else None,  # sequences the server runs at once
+        "num_requests": record.get("num_requests"),
+        "served_tok_s": record.get("output_tokens_per_s"),
+        "offline_tok_s": get("offline", "output_tokens_per_s"),
+        "served_over_offline": get("offline", "served_over_offline"),
+        **{f"{metric}_{q}_ms": ms(get(f"{metric}_s", q)) for metric in ("ttft", "tpot") for q in ("p50", "p90")},
+        "decode_step_all_ms": get("offline", "stats", "decode_step_ms_mean"),  # every decode step, every batch size
+        "decode_step_at_batch_ms": get("offline", "decode_step_at_batch", "ms_mean"),
+        "at_batch": get("offline", "decode_step_at_batch"),
+        "tpot_p50_over_decode_step": get("offline", "tpot_p50_over_decode_step"),
+    }
+
+
+def serve_points(pattern: str = SERVE_RECORDS, directory: Path | None = None) -> list[tuple[str, dict]]:
+    """(file name, serve_point) of every serve record matching `pattern`, by concurrency."""
+    paths = sorted((directory or RESULTS).glob(pattern))
+    points = [(path.name, serve_point(json.loads(path.read_text()))) for path in paths]
+    return sorted(points, key=lambda item: (item[1]["concurrency"] or 0, item[0]))
+
+
+def number(value: float | None, spec: str) -> str:
+    """`value` formatted, or MISSING where a record does not have it."""
+    return MISSING if value is None else format(value, spec)
+
+
+def serve_table(prefix: str) -> str:
+    """The served sweep: one row per serve record, by concurrency; "—" for a field a record lacks."""
+    rows = []
+    for rel, p in serve_points():
+        at = p["at_batch"]
+        step = number(p["decode_step_at_batch_ms"], ".2f")
+        if at is not None and not at["num_seqs_min"] == at["num_seqs_max"] == at["batch"]:
+            step += f" (steps of {at['num_seqs_min']}–{at['num_seqs_max']} sequences)"
+        rows.append([
+            number(p["concurrency"], "d"), number(p["max_num_seqs"], "d"), number(p["num_requests"], "d"),
+            number(p["served_tok_s"], ",.0f"), number(p["offline_tok_s"], ",.0f"), number(p["served_over_offline"], ".0%"),
+            f"{number(p['ttft_p50_ms'], '.0f')} / {number(p['ttft_p90_ms'], '.0f')}",
+            f"{number(p['tpot_p50_ms'], '.2f')} / {number(p['tpot_p90_ms'], '.2f')}",
+            number(p["decode_step_all_ms"], ".2f"), number(p["server_batch"], "d"), step,
+            number(p["tpot_p50_over_decode_step"], ".2f"), link(rel, prefix),
+        ])
+    return markdown(["clients", "`max_num_seqs`", "requests", "served tok/s", "offline tok/s", "served / offline",
+                     "TTFT p50 / p90 (ms)", "TPOT p50 / p90 (ms)", "offline decode step, all (ms)", "server's batch",
+                     "offline decode step at that batch (ms)", "TPOT p50 / that step", "record"], rows)
 
 
 def tp_table(prefix: str) -> str:
@@ -121,7 +194,8 @@ def tp_table(prefix: str) -> str:
     return markdown(["shape", "TP=1 output tok/s", "TP=2 output tok/s", "TP=2 / TP=1", "records"], rows)
 
 
-TABLES: dict[str, Callable[[str], str]] = {"ladder": ladder_table, "small": small_table, "final": final_table, "tp": tp_table}
+TABLES: dict[str, Callable[[str], str]] = {"ladder": ladder_table, "small": small_table, "final": final_table, "tp": tp_table,
+                                           "serve": serve_table}
 
 
 def fill(text: str, prefix: str = "") -> str:
@@ -156,7 +230,9 @@ FILES = [
     ("tp_speedup_*.json", "python -m benchmarks.tp_speedup --out benchmarks/results/tp_speedup_h200x2.json",
      "TP=2 against TP=1 per model shape, from the tp_*_tp1/tp2 records (the last step of the suite's tp part)"),
     ("moe_layer_*.json", f"{SUITE} moe", "one MoE layer of a shape: the fused grouped-GEMM kernels (eager and graph-replayed, per tile choice) against the expert loop"),
-    ("serve_*.json", f"{SUITE} serve", "the OpenAI-compatible server under concurrent streaming clients: throughput, TTFT / TPOT / end-to-end percentiles"),
+    ("serve_*.json", f"{SUITE} serve", "the OpenAI-compatible server under concurrent streaming clients: throughput, TTFT / TPOT / "
+     "end-to-end percentiles; the offline engine on the same requests: served / offline, its decode steps (the mean of all, and at the "
+     "server's batch in newer records) and TPOT p50 over the latter"),
 ]
 RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
     ("tp_*", "tp"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),

@@ -7,6 +7,7 @@
     figures.graph_ladder(sizes)                                     # 06: batch size -> graph, padding
     figures.tp_shards(layers)                                       # 07: how each weight is split
     figures.expert_picks(weights, expert_ids, num_experts=8)        # 01 (MoE): each token's experts, weights
+    figures.serve_sweep(points)                                     # final: served against offline, by clients
 
 Each takes plain data (lists and dicts a notebook reads off the engine) and an optional `ax`,
 draws, and returns the axes. `record_schedule(llm)` is the one helper that watches an engine: it
@@ -283,3 +284,38 @@ def expert_picks(weights, expert_ids, num_experts: int, *, labels=None, ax=None,
     plt.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="routing weight")
     ax.set_title(title or f"each token's {top_k} experts of {num_experts}, and their weights", fontsize=10)
     return ax
+# ------------------------------------------------------------------------------ final: the served sweep
+
+
+def serve_sweep(points, *, axes=None, title=None):
+    """points: benchmarks.tables.serve_point dicts, one per serve record (any number, any order).
+    Three panels against the clients (log scale): served and offline output tok/s; TTFT p50 and
+    p90; TPOT p50 and p90 beside the offline run's mean decode step at the server's batch. A
+    field a record lacks (None) is left out of its line."""
+    points = sorted(points, key=lambda p: p["concurrency"])
+    if axes is None:
+        _, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+
+    def line(ax, key, label, **kw):
+        xy = [(p["concurrency"], p[key]) for p in points if p.get(key) is not None]
+        if xy:
+            ax.plot(*zip(*xy), marker="o", label=label, **kw)
+
+    line(axes[0], "served_tok_s", "served (streaming clients)", color="tab:blue")
+    line(axes[0], "offline_tok_s", "offline LLM.generate, same requests", color="0.5", ls="--")
+    axes[0].set(ylabel="output tokens/s")
+    for ax, metric, name in ((axes[1], "ttft", "TTFT"), (axes[2], "tpot", "TPOT")):
+        line(ax, f"{metric}_p50_ms", f"{name} p50", color="tab:orange")
+        line(ax, f"{metric}_p90_ms", f"{name} p90", color="tab:red", ls=":")
+        ax.set(ylabel=f"{name} (ms)")
+    line(axes[2], "decode_step_at_batch_ms", "offline decode step at the server's batch", color="0.5", ls="--")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([p["concurrency"] for p in points], [str(p["concurrency"]) for p in points])
+        ax.set_xlabel("concurrent streaming clients")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7.5)
+    axes[0].figure.suptitle(title or "the server against the offline engine, by clients", fontsize=10)
+    axes[0].figure.tight_layout()
+    return axes
