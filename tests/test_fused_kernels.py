@@ -39,7 +39,7 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
 
 def reference(module, *args):
     """The layer's PyTorch path, run on CPU in the inputs' dtype."""
-    cpu = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+    cpu = [a.cpu() if isinstance(a, (torch.Tensor, torch.nn.Module)) else a for a in args]
     return module.cpu()(*cpu)
 
 
@@ -105,6 +105,33 @@ def test_rotary(dtype, scaling):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [32, 24])  # 24: head_dim/2 = 12, masked lanes
+def test_qk_norm_rotary(dtype, head_dim):
+    """Qwen3's q_norm, k_norm and RoPE in one launch, from the qkv projection's strided views,
+    against the layers' PyTorch code one after the other."""
+    g = torch.Generator().manual_seed(head_dim)
+    heads, kv_heads, tokens = 4, 2, 9
+    rope = RotaryEmbedding(head_dim, max_positions=512, theta=1000000.0, scaling=None)
+    q_norm, k_norm = RMSNorm(head_dim, eps=1e-6), RMSNorm(head_dim, eps=1e-6)
+    q_norm.weight.data = (torch.rand(head_dim, generator=g) + 0.5).to(dtype)
+    k_norm.weight.data = (torch.randn(head_dim, generator=g) * 0.3 + 1).to(dtype)
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g) * 3).to(dtype)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    positions = torch.randint(0, 512, (tokens,), generator=g)
+    q_out, k_out = fused_triton.rotary(positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE), rope.cos.to(DEVICE),
+                                       rope.sin.to(DEVICE), (q_norm.weight.to(DEVICE), k_norm.weight.to(DEVICE)), 1e-6)
+    q_ref, k_ref = reference(rope, positions, q, k, q_norm, k_norm)
+    torch.testing.assert_close(q_ref, rope(positions, q_norm(q), k_norm(k))[0])  # the reference: norm, then rotate
+    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.is_contiguous() and k_out.is_contiguous()
+    assert_matches(q_out, q_ref)
+    assert_matches(k_out, k_ref)
+    q_plain, k_plain = reference(rope, positions, q, k)  # rotated without the norms: far from it
+    assert not torch.allclose(q_out.cpu().float(), q_plain.float(), atol=0.1)
+    assert not torch.allclose(k_out.cpu().float(), k_plain.float(), atol=0.1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [32, 1500])  # 1500: two column tiles, the last one masked
 def test_silu_and_mul(dtype, n):
     g = torch.Generator().manual_seed(n)
@@ -127,3 +154,14 @@ def test_layers_dispatch_to_kernels_on_cuda():
     norm = RMSNorm(128, eps=1e-6).cuda().to(torch.bfloat16)
     x = torch.randn(33, 128, generator=g).to(torch.bfloat16)
     assert_matches(norm(x.cuda()), reference(norm, x))
+    # Qwen3's attention input: q_norm, k_norm and RoPE in the rotary layer's one launch
+    rope = RotaryEmbedding(128, max_positions=4096, theta=1000000.0, scaling=None).cuda()
+    q_norm, k_norm = (RMSNorm(128, eps=1e-6).cuda().to(torch.bfloat16) for _ in range(2))
+    q_norm.weight.data = (torch.rand(128, generator=g) + 0.5).to(torch.bfloat16).cuda()
+    qkv = torch.randn(33, 32 * 128, generator=g).to(torch.bfloat16)
+    q, k = qkv[:, : 16 * 128].view(33, 16, 128), qkv[:, 16 * 128 : 24 * 128].view(33, 8, 128)
+    positions = torch.randint(0, 4096, (33,), generator=g)
+    q_out, k_out = rope(positions.cuda(), q.cuda(), k.cuda(), q_norm, k_norm)
+    q_ref, k_ref = reference(rope, positions, q, k, q_norm, k_norm)
+    assert_matches(q_out, q_ref)
+    assert_matches(k_out, k_ref)

@@ -87,19 +87,28 @@ def rms_norm(
 
 
 # ---------------------------------------------------------------------------------------
-# Rotary embedding ("rotate half": x * cos + [-x2, x1] * sin), q and k in one launch
+# Rotary embedding ("rotate half": x * cos + [-x2, x1] * sin), q and k in one launch,
+# optionally after Qwen3's per-head RMSNorm of q and k (q_norm, k_norm)
 # ---------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _rotate_rows(src_ptr, dst_ptr, stride_t, stride_h, t, c, s, offs_h, offs_d, mask,
-                 H: tl.constexpr, HALF: tl.constexpr):
-    """Rotate the H heads of token t: halves x1, x2 -> (x1 c - x2 s, x2 c + x1 s)."""
+def _rotate_rows(src_ptr, dst_ptr, w_ptr, stride_t, stride_h, t, c, s, eps, offs_h, offs_d, mask,
+                 H: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    """Rotate the H heads of token t: halves x1, x2 -> (x1 c - x2 s, x2 c + x1 s). With
+    HAS_NORM, x is first w * x / rms(x) over each head (rounded as RMSNorm's reference)."""
     base = src_ptr + t * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
     x1 = tl.load(base, mask=mask, other=0.0)  # [BLOCK_H, BLOCK_HALF]
     x2 = tl.load(base + HALF, mask=mask, other=0.0)
     dtype = x1.dtype
     x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    if HAS_NORM:  # the norm's output is the rotation's input: rounded to dtype, as between two layers
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]  # [BLOCK_H, 1]
+        d_mask = offs_d < HALF
+        w1 = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_HALF]
+        w2 = tl.load(w_ptr + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        x1 = _rounded(w1 * _rounded(x1 * rstd, dtype), dtype)
+        x2 = _rounded(w2 * _rounded(x2 * rstd, dtype), dtype)
     # every product and the sum are rounded to the input dtype, as the reference does
     o1 = (_rounded(x1 * c, dtype) - _rounded(x2 * s, dtype)).to(dtype)
     o2 = (_rounded(x2 * c, dtype) + _rounded(x1 * s, dtype)).to(dtype)
@@ -110,9 +119,9 @@ def _rotate_rows(src_ptr, dst_ptr, stride_t, stride_h, t, c, s, offs_h, offs_d, 
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos,
-    QH: tl.constexpr, KH: tl.constexpr, HALF: tl.constexpr,
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr, q_w_ptr, k_w_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, eps,
+    QH: tl.constexpr, KH: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
@@ -125,11 +134,11 @@ def _rotary_kernel(
     c = _rounded(tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype)[None, :]
     s = _rounded(tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype)[None, :]
     offs_qh = tl.arange(0, BLOCK_QH)
-    _rotate_rows(q_ptr, q_out_ptr, stride_qt, stride_qh, t, c, s, offs_qh, offs_d,
-                 (offs_qh[:, None] < QH) & d_mask[None, :], QH, HALF)
+    _rotate_rows(q_ptr, q_out_ptr, q_w_ptr, stride_qt, stride_qh, t, c, s, eps, offs_qh, offs_d,
+                 (offs_qh[:, None] < QH) & d_mask[None, :], QH, HALF, HAS_NORM)
     offs_kh = tl.arange(0, BLOCK_KH)
-    _rotate_rows(k_ptr, k_out_ptr, stride_kt, stride_kh, t, c, s, offs_kh, offs_d,
-                 (offs_kh[:, None] < KH) & d_mask[None, :], KH, HALF)
+    _rotate_rows(k_ptr, k_out_ptr, k_w_ptr, stride_kt, stride_kh, t, c, s, eps, offs_kh, offs_d,
+                 (offs_kh[:, None] < KH) & d_mask[None, :], KH, HALF, HAS_NORM)
 
 
 def rotary(
@@ -138,19 +147,24 @@ def rotary(
     k: torch.Tensor,  # (T, kv_heads, head_dim), last dim contiguous
     cos: torch.Tensor,  # (max_positions, head_dim), both halves equal
     sin: torch.Tensor,  # (max_positions, head_dim)
+    norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None,  # q_norm's and k_norm's (head_dim,)
+    eps: float = 0.0,  # the norms' epsilon
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated copies of q and k (contiguous), as RotaryEmbedding.forward computes them."""
+    """Rotated copies of q and k (contiguous), as RotaryEmbedding.forward computes them;
+    with `norm_weights`, of RMSNorm(q) and RMSNorm(k) per head (Qwen3's q_norm, k_norm)."""
     tokens, q_heads, head_dim = q.shape
     k_heads = k.shape[1]
     assert head_dim % 2 == 0 and k.shape == (tokens, k_heads, head_dim)
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
+    q_w, k_w = norm_weights if norm_weights is not None else (q, k)  # unread without the norm
+    assert norm_weights is None or q_w.shape == k_w.shape == (head_dim,)
     q_out, k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if tokens > 0:
         half = head_dim // 2
         _rotary_kernel[(tokens,)](
-            q, k, q_out, k_out, positions, cos, sin,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
-            QH=q_heads, KH=k_heads, HALF=half,
+            q, k, q_out, k_out, positions, cos, sin, q_w, k_w,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), eps,
+            QH=q_heads, KH=k_heads, HALF=half, HAS_NORM=norm_weights is not None,
             BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
             BLOCK_HALF=triton.next_power_of_2(half), num_warps=_warps(triton.next_power_of_2(q_heads) * half),
         )
