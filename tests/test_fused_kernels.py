@@ -17,6 +17,7 @@ from nanovllm_final.layers import fused_triton  # noqa: E402
 from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
+from nanovllm_final.layers.sampler import Sampler, seeded_exponential  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -141,6 +142,29 @@ def test_silu_and_mul(dtype, n):
     assert_matches(out, reference(SiluAndMul(), x))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("vocab", [300, 5000])  # 5000: two chunks of 4096, the last one masked
+def test_gumbel_argmax_draws_the_samplers_tokens(dtype, vocab):
+    """The temperature-only draw against the Sampler's PyTorch code with the same (seeded)
+    noise: the same token in every row, greedy rows (T = 0) with tied logits included."""
+    g = torch.Generator().manual_seed(vocab)
+    rows = 24
+    logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
+    logits[::3] = torch.randint(-3, 4, (len(logits[::3]), vocab), generator=g).to(dtype)  # many tied maxima
+    logits[1, : vocab // 2] = float("-inf")  # suppressed tokens (min_tokens)
+    logits[3, : vocab - 200] = -10.0  # a greedy row whose tied maxima are all in the last chunk
+    temperatures = torch.tensor([0.0, 0.6, 1.0, 0.0, 1.3, 0.2, 0.0, 1e-7, 0.9, 0.0, 2.0, 0.7] * 2)
+    seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.randint(0, 999, (rows,), generator=g)
+    noise = seeded_exponential(seeds, positions, torch.arange(vocab))  # (rows, vocab): what the Sampler draws for them
+    out = fused_triton.gumbel_argmax(logits.to(DEVICE), noise.to(DEVICE), temperatures.to(DEVICE))
+    expected = Sampler(seed=0, device=torch.device("cpu"))(logits, temperatures, seeds=seeds, positions=positions)
+    assert out.dtype == torch.int64 and torch.equal(out.cpu(), expected)
+    greedy = temperatures == 0
+    assert torch.equal(out.cpu()[greedy], logits[greedy].argmax(-1))  # the first of the tied maxima
+    assert not torch.equal(out.cpu()[~greedy], logits[~greedy].argmax(-1))  # the noise draws
+    assert vocab <= 4096 or (out >= 4096).any()  # some rows draw from the second chunk
+
+
 def test_empty_batch():
     x = torch.empty(0, 8, device=DEVICE)
     assert fused_triton.rms_norm(x, torch.ones(8, device=DEVICE), 1e-6).shape == (0, 8)
@@ -165,3 +189,23 @@ def test_layers_dispatch_to_kernels_on_cuda():
     q_ref, k_ref = reference(rope, positions, q, k, q_norm, k_norm)
     assert_matches(q_out, q_ref)
     assert_matches(k_out, k_ref)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Sampler uses the kernel on CUDA only")
+def test_sampler_draws_the_same_tokens_with_the_kernel(monkeypatch):
+    """A decode-sized batch (bf16 logits, the generator's noise, seeded and greedy rows): the
+    fused draw equals the Sampler's PyTorch code on the same device, token for token."""
+    from nanovllm_final.layers import sampler as sampler_module
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows, vocab = 256, 151936
+    logits = (torch.randn(rows, vocab, generator=g, device="cuda") * 3).to(torch.bfloat16)
+    temperatures = torch.rand(rows, generator=g, device="cuda") + 0.3
+    temperatures[::7] = 0
+    seeds = torch.where(torch.arange(rows, device="cuda") % 3 == 0, torch.arange(rows, device="cuda"), -1)
+    positions = torch.randint(0, 999, (rows,), generator=g, device="cuda")
+    draws = []
+    for kernel in (sampler_module.fused_triton, None):
+        monkeypatch.setattr(sampler_module, "fused_triton", kernel)
+        draws.append(Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions))
+    assert torch.equal(draws[0], draws[1])

@@ -1,6 +1,10 @@
-"""Fused elementwise kernels in Triton: RMSNorm (with the residual add), rotary embedding,
-SiLU-and-multiply. One launch and one pass over memory each, where the PyTorch code in
-norm.py, rotary.py and activation.py (the reference, and the CPU path) takes 4 to 12.
+"""Fused elementwise kernels in Triton: RMSNorm (with the residual add), rotary embedding
+(after Qwen3's per-head q/k RMSNorm where the model has it), SiLU-and-multiply. One launch
+and one pass over memory each, where the PyTorch code in norm.py, rotary.py and
+activation.py (the reference, and the CPU path) takes 4 to 12 (24 for q/k norm and RoPE).
+And the sampler's temperature-only Gumbel-max draw (sampler.py): one pass over the logits
+and the noise, and a small combining launch, for a float32 copy, four elementwise passes
+and two argmaxes.
 
 The layers call these on CUDA tensors only. Each kernel rounds to the input dtype at the
 same points as the PyTorch reference, so bf16 results match it up to the order of a
@@ -197,4 +201,79 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if tokens > 0:
         block = min(1024, triton.next_power_of_2(n))
         _silu_and_mul_kernel[(tokens, triton.cdiv(n, block))](x, out, x.stride(0), N=n, BLOCK=block, num_warps=_warps(block))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The sampler's temperature-only draw: Gumbel-max argmax(logits / T - log E), and the
+# greedy argmax of the rows at T = 0, in one pass over the logits and the noise
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gumbel_argmax_chunk_kernel(
+    logits_ptr, noise_ptr, temp_ptr, best_ptr, best_id_ptr, top_ptr, top_id_ptr,
+    stride_l, stride_n, V, CHUNKS, BLOCK: tl.constexpr,
+):
+    """The maximum and its first index in one chunk of a row, of the score and of the logits."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    mask = offs < V
+    logit = tl.load(logits_ptr + row * stride_l + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    e = tl.load(noise_ptr + row * stride_n + offs, mask=mask, other=1.0)
+    t = tl.maximum(tl.load(temp_ptr + row), 1e-5)  # the reference's clamp(min=1e-5)
+    # float32 as the reference computes it: the logit widened, an IEEE division, libdevice's log
+    score = tl.div_rn(logit, t) - tl.log(e)  # -inf in the masked lanes
+    best, best_i = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    top, top_i = tl.max(logit, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    out = row * CHUNKS + chunk
+    tl.store(best_ptr + out, best)
+    tl.store(best_id_ptr + out, chunk * BLOCK + best_i.to(tl.int64))
+    tl.store(top_ptr + out, top)
+    tl.store(top_id_ptr + out, chunk * BLOCK + top_i.to(tl.int64))
+
+
+@triton.jit
+def _first_argmax(values_ptr, ids_ptr, row, CHUNKS, BLOCK_C: tl.constexpr):
+    """The id of a row's largest chunk maximum: the first chunk's on a tie, as argmax's."""
+    offs = tl.arange(0, BLOCK_C)
+    v = tl.load(values_ptr + row * CHUNKS + offs, mask=offs < CHUNKS, other=float("-inf"))
+    _, c = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    return tl.load(ids_ptr + row * CHUNKS + c)
+
+
+@triton.jit
+def _gumbel_argmax_combine_kernel(best_ptr, best_id_ptr, top_ptr, top_id_ptr, temp_ptr, out_ptr,
+                                  CHUNKS, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    sampled = _first_argmax(best_ptr, best_id_ptr, row, CHUNKS, BLOCK_C)
+    greedy = _first_argmax(top_ptr, top_id_ptr, row, CHUNKS, BLOCK_C)
+    tl.store(out_ptr + row, tl.where(tl.load(temp_ptr + row) == 0, greedy, sampled))
+
+
+def gumbel_argmax(
+    logits: torch.Tensor,  # (rows, vocab), any float dtype, last dim contiguous
+    noise: torch.Tensor,  # (rows, vocab) float32 Exp(1), last dim contiguous
+    temperatures: torch.Tensor,  # (rows,) float32, 0 = greedy
+) -> torch.Tensor:  # (rows,) int64
+    """argmax(logits / max(T, 1e-5) - log(noise)) per row, argmax(logits) where T = 0 (the
+    first index on a tie, as torch.argmax): the Sampler's temperature-only draw, in two
+    launches instead of a float32 copy, four elementwise passes and two argmaxes."""
+    rows, vocab = logits.shape
+    assert noise.shape == logits.shape and noise.dtype == torch.float32 and temperatures.shape == (rows,)
+    assert logits.stride(-1) == 1 and noise.stride(-1) == 1 and temperatures.dtype == torch.float32
+    block = min(4096, triton.next_power_of_2(vocab))
+    chunks = triton.cdiv(vocab, block)
+    best, top = (torch.empty(rows, chunks, dtype=torch.float32, device=logits.device) for _ in range(2))
+    best_id, top_id = (torch.empty(rows, chunks, dtype=torch.int64, device=logits.device) for _ in range(2))
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows > 0:
+        temperatures = temperatures.contiguous()
+        _gumbel_argmax_chunk_kernel[(rows, chunks)](
+            logits, noise, temperatures, best, best_id, top, top_id,
+            logits.stride(0), noise.stride(0), vocab, chunks, BLOCK=block, num_warps=_warps(block),
+        )
+        _gumbel_argmax_combine_kernel[(rows,)](best, best_id, top, top_id, temperatures, out, chunks,
+                                               BLOCK_C=triton.next_power_of_2(chunks), num_warps=1)
     return out
