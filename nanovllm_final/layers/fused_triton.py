@@ -3,8 +3,8 @@
 and one pass over memory each, where the PyTorch code in norm.py, rotary.py and
 activation.py (the reference, and the CPU path) takes 4 to 12 (24 for q/k norm and RoPE).
 And the sampler's temperature-only Gumbel-max draw (sampler.py): one pass over the logits
-and the noise, and a small combining launch, for a float32 copy, four elementwise passes
-and two argmaxes.
+and the noise, and a small combining launch, for three elementwise passes over the logits'
+shape, two argmaxes and a select.
 
 The layers call these on CUDA tensors only. Each kernel rounds to the input dtype at the
 same points as the PyTorch reference, so bf16 results match it up to the order of a
@@ -222,7 +222,7 @@ def _gumbel_argmax_chunk_kernel(
     mask = offs < V
     logit = tl.load(logits_ptr + row * stride_l + offs, mask=mask, other=float("-inf")).to(tl.float32)
     e = tl.load(noise_ptr + row * stride_n + offs, mask=mask, other=1.0)
-    t = tl.maximum(tl.load(temp_ptr + row), 1e-5)  # the reference's clamp(min=1e-5)
+    t = tl.maximum(tl.load(temp_ptr + row), 1e-5)  # as sampler.by_temperature clamps
     # float32 as the reference computes it: the logit widened, an IEEE division, libdevice's log
     score = tl.div_rn(logit, t) - tl.log(e)  # -inf in the masked lanes
     best, best_i = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
@@ -259,7 +259,7 @@ def gumbel_argmax(
 ) -> torch.Tensor:  # (rows,) int64
     """argmax(logits / max(T, 1e-5) - log(noise)) per row, argmax(logits) where T = 0 (the
     first index on a tie, as torch.argmax): the Sampler's temperature-only draw, in two
-    launches instead of a float32 copy, four elementwise passes and two argmaxes."""
+    launches."""
     rows, vocab = logits.shape
     assert noise.shape == logits.shape and noise.dtype == torch.float32 and temperatures.shape == (rows,)
     assert logits.stride(-1) == 1 and noise.stride(-1) == 1 and temperatures.dtype == torch.float32
