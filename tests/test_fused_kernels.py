@@ -13,7 +13,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from nanovllm_final.layers import fused_triton  # noqa: E402
+from common import random_prompts  # noqa: E402
+from nanovllm_final import LLM, SamplingParams  # noqa: E402
+from nanovllm_final.layers import activation, fused_triton, norm, rotary, sampler  # noqa: E402
 from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -195,8 +197,6 @@ def test_layers_dispatch_to_kernels_on_cuda():
 def test_sampler_draws_the_same_tokens_with_the_kernel(monkeypatch):
     """A decode-sized batch (bf16 logits, the generator's noise, seeded and greedy rows): the
     fused draw equals the Sampler's PyTorch code on the same device, token for token."""
-    from nanovllm_final.layers import sampler as sampler_module
-
     g = torch.Generator(device="cuda").manual_seed(0)
     rows, vocab = 256, 151936
     logits = (torch.randn(rows, vocab, generator=g, device="cuda") * 3).to(torch.bfloat16)
@@ -204,8 +204,28 @@ def test_sampler_draws_the_same_tokens_with_the_kernel(monkeypatch):
     temperatures[::7] = 0
     seeds = torch.where(torch.arange(rows, device="cuda") % 3 == 0, torch.arange(rows, device="cuda"), -1)
     positions = torch.randint(0, 999, (rows,), generator=g, device="cuda")
+    assert sampler.fused_triton is not None
     draws = []
-    for kernel in (sampler_module.fused_triton, None):
-        monkeypatch.setattr(sampler_module, "fused_triton", kernel)
+    for kernel in (sampler.fused_triton, None):
+        monkeypatch.setattr(sampler, "fused_triton", kernel)
         draws.append(Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions))
     assert torch.equal(draws[0], draws[1])
+    assert (draws[0] != logits.argmax(-1)).sum() > rows // 2  # the sampled rows mostly leave the argmax
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the kernels' dispatch need a GPU")
+def test_qwen3_graphs_with_the_kernels_equal_the_reference_layers(model_dir, monkeypatch):
+    """Qwen3 (q/k norm) in float32: CUDA-graph decode steps with every fused kernel give the
+    tokens the eager engine gives with the layers' and the sampler's PyTorch code, for greedy
+    rows and for seeded temperature-only rows (drawn by the sampler's kernel)."""
+    prompts = random_prompts([5 + i % 11 for i in range(12)], seed=9)
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=16, ignore_eos=True) for i in range(12)]
+    options = dict(device="cuda", dtype="float32", max_model_len=128, max_num_seqs=16)
+    with LLM(model_dir("qwen3"), **options) as llm:
+        fused = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.engine.model_runner.num_graph_replays > 0
+    for module in (norm, rotary, activation, sampler):
+        monkeypatch.setattr(module, "fused_triton", None)
+    with LLM(model_dir("qwen3"), enforce_eager=True, **options) as llm:
+        reference = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert fused == reference
