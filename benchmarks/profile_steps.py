@@ -12,9 +12,10 @@ context. The generate is run once untimed (warm-up), once timed without the prof
 per step, GPU busy time, sampling, GPU idle time, the top kernels).
 
 `--variant base` runs the final engine with its fused Triton kernels switched off (the
-layers' PyTorch code for RMSNorm, RoPE and SiLU-and-multiply, as in the stages), `fused`
-as it is; both by default for the final engine. Each variant also records the peak CUDA
-memory its timed generate allocated beyond what the loaded engine holds.
+layers' PyTorch code for RMSNorm, q/k norm and RoPE, SiLU-and-multiply, and the sampler's
+temperature-only draw, as in the stages), `fused` as it is; both by default for the final
+engine. Each variant also records the peak CUDA memory its timed generate allocated beyond
+what the loaded engine holds.
 """
 
 import argparse
@@ -41,9 +42,9 @@ def variant(module, name: str):
     """Switch off the final engine's fast paths that `name` leaves out (final only)."""
     patches = []
     if module.__name__ == "nanovllm_final" and name == "base":
-        from nanovllm_final.layers import activation, norm, rotary
+        from nanovllm_final.layers import activation, norm, rotary, sampler
 
-        patches += [(m, "fused_triton", None) for m in (norm, rotary, activation)]
+        patches += [(m, "fused_triton", None) for m in (norm, rotary, activation, sampler)]
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
     for obj, attr, value in patches:
         setattr(obj, attr, value)

@@ -270,3 +270,26 @@ def test_candidates_path_draws_what_the_full_vocabulary_draws():
         assert (kept.gather(1, partial[:, None]) > 0).all()  # drawn among the tokens the masks keep
         draws.update(partial.tolist())
     assert len(draws) > 100  # not always the argmax
+
+
+def test_half_precision_logits_draw_what_their_float32_copy_draws():
+    """The sampler divides bf16 logits by the float32 temperatures without a float32 copy
+    first: every path (temperature only, full-vocabulary masks, candidates) draws for seeded
+    rows the tokens it draws from the float32 copy; without a greedy row, `greedy_rows=False`
+    (the argmax skipped) draws the same too."""
+    g = torch.Generator().manual_seed(1)
+    rows, vocab = 256, 400
+    logits = (torch.randn(rows, vocab, generator=g) * 3).to(torch.bfloat16)
+    temperatures = torch.rand(rows, generator=g) + 0.3
+    seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.randint(0, 999, (rows,), generator=g)
+    top_k = torch.randint(1, 50, (rows,), generator=g)
+    cases = [{}, dict(top_p=torch.full((rows,), 0.9)), dict(top_k=top_k, max_k=int(top_k.max()))]
+    for masks in cases:
+        sampler = Sampler(seed=0, device=torch.device("cpu"))
+        draws = [sampler(x, temperatures, seeds=seeds, positions=positions, **masks) for x in (logits, logits.float())]
+        assert torch.equal(draws[0], draws[1]), masks
+        assert torch.equal(sampler(logits, temperatures, seeds=seeds, positions=positions, greedy_rows=False, **masks), draws[0])
+        assert not torch.equal(draws[0], logits.argmax(-1))  # sampled, not greedy
+    temperatures[0] = 0  # a greedy row: its argmax needs greedy_rows
+    sampler = Sampler(seed=0, device=torch.device("cpu"))
+    assert sampler(logits, temperatures, seeds=seeds, positions=positions)[0] == logits[0].argmax()

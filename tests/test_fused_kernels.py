@@ -13,10 +13,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from nanovllm_final.layers import fused_triton  # noqa: E402
+from common import random_prompts  # noqa: E402
+from nanovllm_final import LLM, SamplingParams  # noqa: E402
+from nanovllm_final.layers import activation, fused_triton, norm, rotary, sampler  # noqa: E402
 from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
+from nanovllm_final.layers.sampler import Sampler, seeded_exponential  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -39,7 +42,7 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
 
 def reference(module, *args):
     """The layer's PyTorch path, run on CPU in the inputs' dtype."""
-    cpu = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+    cpu = [a.cpu() if isinstance(a, (torch.Tensor, torch.nn.Module)) else a for a in args]
     return module.cpu()(*cpu)
 
 
@@ -105,6 +108,33 @@ def test_rotary(dtype, scaling):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [32, 24])  # 24: head_dim/2 = 12, masked lanes
+def test_qk_norm_rotary(dtype, head_dim):
+    """Qwen3's q_norm, k_norm and RoPE in one launch, from the qkv projection's strided views,
+    against the layers' PyTorch code one after the other."""
+    g = torch.Generator().manual_seed(head_dim)
+    heads, kv_heads, tokens = 4, 2, 9
+    rope = RotaryEmbedding(head_dim, max_positions=512, theta=1000000.0, scaling=None)
+    q_norm, k_norm = RMSNorm(head_dim, eps=1e-6), RMSNorm(head_dim, eps=1e-6)
+    q_norm.weight.data = (torch.rand(head_dim, generator=g) + 0.5).to(dtype)
+    k_norm.weight.data = (torch.randn(head_dim, generator=g) * 0.3 + 1).to(dtype)
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g) * 3).to(dtype)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    positions = torch.randint(0, 512, (tokens,), generator=g)
+    q_out, k_out = fused_triton.rotary(positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE), rope.cos.to(DEVICE),
+                                       rope.sin.to(DEVICE), (q_norm.weight.to(DEVICE), k_norm.weight.to(DEVICE)), 1e-6)
+    q_ref, k_ref = reference(rope, positions, q, k, q_norm, k_norm)
+    torch.testing.assert_close(q_ref, rope(positions, q_norm(q), k_norm(k))[0])  # the reference: norm, then rotate
+    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.is_contiguous() and k_out.is_contiguous()
+    assert_matches(q_out, q_ref)
+    assert_matches(k_out, k_ref)
+    q_plain, k_plain = reference(rope, positions, q, k)  # rotated without the norms: far from it
+    assert not torch.allclose(q_out.cpu().float(), q_plain.float(), atol=0.1)
+    assert not torch.allclose(k_out.cpu().float(), k_plain.float(), atol=0.1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [32, 1500])  # 1500: two column tiles, the last one masked
 def test_silu_and_mul(dtype, n):
     g = torch.Generator().manual_seed(n)
@@ -112,6 +142,29 @@ def test_silu_and_mul(dtype, n):
     out = fused_triton.silu_and_mul(x.to(DEVICE))
     assert out.shape == (3, n)
     assert_matches(out, reference(SiluAndMul(), x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("vocab", [300, 5000])  # 5000: two chunks of 4096, the last one masked
+def test_gumbel_argmax_draws_the_samplers_tokens(dtype, vocab):
+    """The temperature-only draw against the Sampler's PyTorch code with the same (seeded)
+    noise: the same token in every row, greedy rows (T = 0) with tied logits included."""
+    g = torch.Generator().manual_seed(vocab)
+    rows = 24
+    logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
+    logits[::3] = torch.randint(-3, 4, (len(logits[::3]), vocab), generator=g).to(dtype)  # many tied maxima
+    logits[1, : vocab // 2] = float("-inf")  # suppressed tokens (min_tokens)
+    logits[3, : vocab - 200] = -10.0  # a greedy row whose tied maxima are all in the last chunk
+    temperatures = torch.tensor([0.0, 0.6, 1.0, 0.0, 1.3, 0.2, 0.0, 1e-7, 0.9, 0.0, 2.0, 0.7] * 2)
+    seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.randint(0, 999, (rows,), generator=g)
+    noise = seeded_exponential(seeds, positions, torch.arange(vocab))  # (rows, vocab): what the Sampler draws for them
+    out = fused_triton.gumbel_argmax(logits.to(DEVICE), noise.to(DEVICE), temperatures.to(DEVICE))
+    expected = Sampler(seed=0, device=torch.device("cpu"))(logits, temperatures, seeds=seeds, positions=positions)
+    assert out.dtype == torch.int64 and torch.equal(out.cpu(), expected)
+    greedy = temperatures == 0
+    assert torch.equal(out.cpu()[greedy], logits[greedy].argmax(-1))  # the first of the tied maxima
+    assert not torch.equal(out.cpu()[~greedy], logits[~greedy].argmax(-1))  # the noise draws
+    assert vocab <= 4096 or (out >= 4096).any()  # some rows draw from the second chunk
 
 
 def test_empty_batch():
@@ -127,3 +180,52 @@ def test_layers_dispatch_to_kernels_on_cuda():
     norm = RMSNorm(128, eps=1e-6).cuda().to(torch.bfloat16)
     x = torch.randn(33, 128, generator=g).to(torch.bfloat16)
     assert_matches(norm(x.cuda()), reference(norm, x))
+    # Qwen3's attention input: q_norm, k_norm and RoPE in the rotary layer's one launch
+    rope = RotaryEmbedding(128, max_positions=4096, theta=1000000.0, scaling=None).cuda()
+    q_norm, k_norm = (RMSNorm(128, eps=1e-6).cuda().to(torch.bfloat16) for _ in range(2))
+    q_norm.weight.data = (torch.rand(128, generator=g) + 0.5).to(torch.bfloat16).cuda()
+    qkv = torch.randn(33, 32 * 128, generator=g).to(torch.bfloat16)
+    q, k = qkv[:, : 16 * 128].view(33, 16, 128), qkv[:, 16 * 128 : 24 * 128].view(33, 8, 128)
+    positions = torch.randint(0, 4096, (33,), generator=g)
+    q_out, k_out = rope(positions.cuda(), q.cuda(), k.cuda(), q_norm, k_norm)
+    q_ref, k_ref = reference(rope, positions, q, k, q_norm, k_norm)
+    assert_matches(q_out, q_ref)
+    assert_matches(k_out, k_ref)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Sampler uses the kernel on CUDA only")
+def test_sampler_draws_the_same_tokens_with_the_kernel(monkeypatch):
+    """A decode-sized batch (bf16 logits, the generator's noise, seeded and greedy rows): the
+    fused draw equals the Sampler's PyTorch code on the same device, token for token."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows, vocab = 256, 151936
+    logits = (torch.randn(rows, vocab, generator=g, device="cuda") * 3).to(torch.bfloat16)
+    temperatures = torch.rand(rows, generator=g, device="cuda") + 0.3
+    temperatures[::7] = 0
+    seeds = torch.where(torch.arange(rows, device="cuda") % 3 == 0, torch.arange(rows, device="cuda"), -1)
+    positions = torch.randint(0, 999, (rows,), generator=g, device="cuda")
+    assert sampler.fused_triton is not None
+    draws = []
+    for kernel in (sampler.fused_triton, None):
+        monkeypatch.setattr(sampler, "fused_triton", kernel)
+        draws.append(Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions))
+    assert torch.equal(draws[0], draws[1])
+    assert (draws[0] != logits.argmax(-1)).sum() > rows // 2  # the sampled rows mostly leave the argmax
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the kernels' dispatch need a GPU")
+def test_qwen3_graphs_with_the_kernels_equal_the_reference_layers(model_dir, monkeypatch):
+    """Qwen3 (q/k norm) in float32: CUDA-graph decode steps with every fused kernel give the
+    tokens the eager engine gives with the layers' and the sampler's PyTorch code, for greedy
+    rows and for seeded temperature-only rows (drawn by the sampler's kernel)."""
+    prompts = random_prompts([5 + i % 11 for i in range(12)], seed=9)
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=16, ignore_eos=True) for i in range(12)]
+    options = dict(device="cuda", dtype="float32", max_model_len=128, max_num_seqs=16)
+    with LLM(model_dir("qwen3"), **options) as llm:
+        fused = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.engine.model_runner.num_graph_replays > 0
+    for module in (norm, rotary, activation, sampler):
+        monkeypatch.setattr(module, "fused_triton", None)
+    with LLM(model_dir("qwen3"), enforce_eager=True, **options) as llm:
+        reference = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert fused == reference

@@ -127,7 +127,9 @@ def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> Pend
         optional = {name: None if getattr(batch, name) is None else to_device(getattr(batch, name), device) for name in ("top_k", "top_p", "min_p", "seeds")}
         # every row keeps at most its top_k: a partial sort of max(top_k) columns is enough (known on the host)
         max_k = int(batch.top_k.max()) if batch.top_k is not None and (batch.top_k > 0).all() else None
-        token_ids = sampler(logits, to_device(batch.temperatures, device), positions=to_device(batch.positions, device), max_k=max_k, **optional)
+        positions = None if batch.seeds is None else to_device(batch.positions, device)  # the seeded noise's input only
+        token_ids = sampler(logits, to_device(batch.temperatures, device), positions=positions, max_k=max_k,
+                            greedy_rows=bool((batch.temperatures == 0).any()), **optional)
     if batch.num_logprobs is None:
         return PendingSample(token_ids)
     return PendingSample(token_ids, logprobs_of(raw, token_ids, batch.num_logprobs))

@@ -1,6 +1,10 @@
-"""Fused elementwise kernels in Triton: RMSNorm (with the residual add), rotary embedding,
-SiLU-and-multiply. One launch and one pass over memory each, where the PyTorch code in
-norm.py, rotary.py and activation.py (the reference, and the CPU path) takes 4 to 12.
+"""Fused elementwise kernels in Triton: RMSNorm (with the residual add), rotary embedding
+(after Qwen3's per-head q/k RMSNorm where the model has it), SiLU-and-multiply. One launch
+and one pass over memory each, where the PyTorch code in norm.py, rotary.py and
+activation.py (the reference, and the CPU path) takes 4 to 12 (24 for q/k norm and RoPE).
+And the sampler's temperature-only Gumbel-max draw (sampler.py): one pass over the logits
+and the noise, and a small combining launch, for three elementwise passes over the logits'
+shape, two argmaxes and a select.
 
 The layers call these on CUDA tensors only. Each kernel rounds to the input dtype at the
 same points as the PyTorch reference, so bf16 results match it up to the order of a
@@ -87,19 +91,28 @@ def rms_norm(
 
 
 # ---------------------------------------------------------------------------------------
-# Rotary embedding ("rotate half": x * cos + [-x2, x1] * sin), q and k in one launch
+# Rotary embedding ("rotate half": x * cos + [-x2, x1] * sin), q and k in one launch,
+# optionally after Qwen3's per-head RMSNorm of q and k (q_norm, k_norm)
 # ---------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _rotate_rows(src_ptr, dst_ptr, stride_t, stride_h, t, c, s, offs_h, offs_d, mask,
-                 H: tl.constexpr, HALF: tl.constexpr):
-    """Rotate the H heads of token t: halves x1, x2 -> (x1 c - x2 s, x2 c + x1 s)."""
+def _rotate_rows(src_ptr, dst_ptr, w_ptr, stride_t, stride_h, t, c, s, eps, offs_h, offs_d, mask,
+                 H: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    """Rotate the H heads of token t: halves x1, x2 -> (x1 c - x2 s, x2 c + x1 s). With
+    HAS_NORM, x is first w * x / rms(x) over each head (rounded as RMSNorm's reference)."""
     base = src_ptr + t * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
     x1 = tl.load(base, mask=mask, other=0.0)  # [BLOCK_H, BLOCK_HALF]
     x2 = tl.load(base + HALF, mask=mask, other=0.0)
     dtype = x1.dtype
     x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    if HAS_NORM:  # the norm's output is the rotation's input: rounded to dtype, as between two layers
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]  # [BLOCK_H, 1]
+        d_mask = offs_d < HALF
+        w1 = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_HALF]
+        w2 = tl.load(w_ptr + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        x1 = _rounded(w1 * _rounded(x1 * rstd, dtype), dtype)
+        x2 = _rounded(w2 * _rounded(x2 * rstd, dtype), dtype)
     # every product and the sum are rounded to the input dtype, as the reference does
     o1 = (_rounded(x1 * c, dtype) - _rounded(x2 * s, dtype)).to(dtype)
     o2 = (_rounded(x2 * c, dtype) + _rounded(x1 * s, dtype)).to(dtype)
@@ -110,9 +123,9 @@ def _rotate_rows(src_ptr, dst_ptr, stride_t, stride_h, t, c, s, offs_h, offs_d, 
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos,
-    QH: tl.constexpr, KH: tl.constexpr, HALF: tl.constexpr,
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr, q_w_ptr, k_w_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, eps,
+    QH: tl.constexpr, KH: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
@@ -125,11 +138,11 @@ def _rotary_kernel(
     c = _rounded(tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype)[None, :]
     s = _rounded(tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype)[None, :]
     offs_qh = tl.arange(0, BLOCK_QH)
-    _rotate_rows(q_ptr, q_out_ptr, stride_qt, stride_qh, t, c, s, offs_qh, offs_d,
-                 (offs_qh[:, None] < QH) & d_mask[None, :], QH, HALF)
+    _rotate_rows(q_ptr, q_out_ptr, q_w_ptr, stride_qt, stride_qh, t, c, s, eps, offs_qh, offs_d,
+                 (offs_qh[:, None] < QH) & d_mask[None, :], QH, HALF, HAS_NORM)
     offs_kh = tl.arange(0, BLOCK_KH)
-    _rotate_rows(k_ptr, k_out_ptr, stride_kt, stride_kh, t, c, s, offs_kh, offs_d,
-                 (offs_kh[:, None] < KH) & d_mask[None, :], KH, HALF)
+    _rotate_rows(k_ptr, k_out_ptr, k_w_ptr, stride_kt, stride_kh, t, c, s, eps, offs_kh, offs_d,
+                 (offs_kh[:, None] < KH) & d_mask[None, :], KH, HALF, HAS_NORM)
 
 
 def rotary(
@@ -138,19 +151,24 @@ def rotary(
     k: torch.Tensor,  # (T, kv_heads, head_dim), last dim contiguous
     cos: torch.Tensor,  # (max_positions, head_dim), both halves equal
     sin: torch.Tensor,  # (max_positions, head_dim)
+    norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None,  # q_norm's and k_norm's (head_dim,)
+    eps: float = 0.0,  # the norms' epsilon
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated copies of q and k (contiguous), as RotaryEmbedding.forward computes them."""
+    """Rotated copies of q and k (contiguous), as RotaryEmbedding.forward computes them;
+    with `norm_weights`, of RMSNorm(q) and RMSNorm(k) per head (Qwen3's q_norm, k_norm)."""
     tokens, q_heads, head_dim = q.shape
     k_heads = k.shape[1]
     assert head_dim % 2 == 0 and k.shape == (tokens, k_heads, head_dim)
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
+    q_w, k_w = norm_weights if norm_weights is not None else (q, k)  # unread without the norm
+    assert norm_weights is None or q_w.shape == k_w.shape == (head_dim,)
     q_out, k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if tokens > 0:
         half = head_dim // 2
         _rotary_kernel[(tokens,)](
-            q, k, q_out, k_out, positions, cos, sin,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
-            QH=q_heads, KH=k_heads, HALF=half,
+            q, k, q_out, k_out, positions, cos, sin, q_w, k_w,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), eps,
+            QH=q_heads, KH=k_heads, HALF=half, HAS_NORM=norm_weights is not None,
             BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
             BLOCK_HALF=triton.next_power_of_2(half), num_warps=_warps(triton.next_power_of_2(q_heads) * half),
         )
@@ -183,4 +201,79 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if tokens > 0:
         block = min(1024, triton.next_power_of_2(n))
         _silu_and_mul_kernel[(tokens, triton.cdiv(n, block))](x, out, x.stride(0), N=n, BLOCK=block, num_warps=_warps(block))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The sampler's temperature-only draw: Gumbel-max argmax(logits / T - log E), and the
+# greedy argmax of the rows at T = 0, in one pass over the logits and the noise
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gumbel_argmax_chunk_kernel(
+    logits_ptr, noise_ptr, temp_ptr, best_ptr, best_id_ptr, top_ptr, top_id_ptr,
+    stride_l, stride_n, V, CHUNKS, BLOCK: tl.constexpr,
+):
+    """The maximum and its first index in one chunk of a row, of the score and of the logits."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    mask = offs < V
+    logit = tl.load(logits_ptr + row * stride_l + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    e = tl.load(noise_ptr + row * stride_n + offs, mask=mask, other=1.0)
+    t = tl.maximum(tl.load(temp_ptr + row), 1e-5)  # as sampler.by_temperature clamps
+    # float32 as the reference computes it: the logit widened, an IEEE division, libdevice's log
+    score = tl.div_rn(logit, t) - tl.log(e)  # -inf in the masked lanes
+    best, best_i = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    top, top_i = tl.max(logit, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    out = row * CHUNKS + chunk
+    tl.store(best_ptr + out, best)
+    tl.store(best_id_ptr + out, chunk * BLOCK + best_i.to(tl.int64))
+    tl.store(top_ptr + out, top)
+    tl.store(top_id_ptr + out, chunk * BLOCK + top_i.to(tl.int64))
+
+
+@triton.jit
+def _first_argmax(values_ptr, ids_ptr, row, CHUNKS, BLOCK_C: tl.constexpr):
+    """The id of a row's largest chunk maximum: the first chunk's on a tie, as argmax's."""
+    offs = tl.arange(0, BLOCK_C)
+    v = tl.load(values_ptr + row * CHUNKS + offs, mask=offs < CHUNKS, other=float("-inf"))
+    _, c = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    return tl.load(ids_ptr + row * CHUNKS + c)
+
+
+@triton.jit
+def _gumbel_argmax_combine_kernel(best_ptr, best_id_ptr, top_ptr, top_id_ptr, temp_ptr, out_ptr,
+                                  CHUNKS, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    sampled = _first_argmax(best_ptr, best_id_ptr, row, CHUNKS, BLOCK_C)
+    greedy = _first_argmax(top_ptr, top_id_ptr, row, CHUNKS, BLOCK_C)
+    tl.store(out_ptr + row, tl.where(tl.load(temp_ptr + row) == 0, greedy, sampled))
+
+
+def gumbel_argmax(
+    logits: torch.Tensor,  # (rows, vocab), any float dtype, last dim contiguous
+    noise: torch.Tensor,  # (rows, vocab) float32 Exp(1), last dim contiguous
+    temperatures: torch.Tensor,  # (rows,) float32, 0 = greedy
+) -> torch.Tensor:  # (rows,) int64
+    """argmax(logits / max(T, 1e-5) - log(noise)) per row, argmax(logits) where T = 0 (the
+    first index on a tie, as torch.argmax): the Sampler's temperature-only draw, in two
+    launches."""
+    rows, vocab = logits.shape
+    assert noise.shape == logits.shape and noise.dtype == torch.float32 and temperatures.shape == (rows,)
+    assert logits.stride(-1) == 1 and noise.stride(-1) == 1 and temperatures.dtype == torch.float32
+    block = min(4096, triton.next_power_of_2(vocab))
+    chunks = triton.cdiv(vocab, block)
+    best, top = (torch.empty(rows, chunks, dtype=torch.float32, device=logits.device) for _ in range(2))
+    best_id, top_id = (torch.empty(rows, chunks, dtype=torch.int64, device=logits.device) for _ in range(2))
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows > 0:
+        temperatures = temperatures.contiguous()
+        _gumbel_argmax_chunk_kernel[(rows, chunks)](
+            logits, noise, temperatures, best, best_id, top, top_id,
+            logits.stride(0), noise.stride(0), vocab, chunks, BLOCK=block, num_warps=_warps(block),
+        )
+        _gumbel_argmax_combine_kernel[(rows,)](best, best_id, top, top_id, temperatures, out, chunks,
+                                               BLOCK_C=triton.next_power_of_2(chunks), num_warps=1)
     return out

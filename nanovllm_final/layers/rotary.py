@@ -23,8 +23,9 @@ def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (the "rotate half" layout of Llama and Qwen3).
 
-    cos/sin are precomputed for every position up to `max_positions`. On CUDA one Triton
-    kernel rotates q and k (fused_triton.rotary); the PyTorch code is the reference."""
+    cos/sin are precomputed for every position up to `max_positions`. Given `q_norm` and
+    `k_norm` (Qwen3's per-head RMSNorms), q and k are normalised first. On CUDA one Triton
+    kernel does it all, for q and k (fused_triton.rotary); the PyTorch code is the reference."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
         super().__init__()
@@ -39,9 +40,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
         if q.is_cuda and fused_triton is not None:
-            return fused_triton.rotary(positions, q, k, self.cos, self.sin)
+            if q_norm is None:
+                return fused_triton.rotary(positions, q, k, self.cos, self.sin)
+            assert q_norm.eps == k_norm.eps
+            return fused_triton.rotary(positions, q, k, self.cos, self.sin, (q_norm.weight, k_norm.weight), q_norm.eps)
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # (tokens, 1, head_dim)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

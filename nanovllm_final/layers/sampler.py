@@ -12,6 +12,8 @@ the engine's generator."""
 import torch
 from torch import nn
 
+from .fused import fused_triton
+
 _M32 = 0xFFFFFFFF
 
 
@@ -55,6 +57,12 @@ def apply_penalties(
     r = repetition.unsqueeze(1)  # (rows, 1)
     logits = torch.where(prompt_mask | generated, torch.where(logits > 0, logits / r, logits * r), logits)
     return logits - frequency.unsqueeze(1) * output_counts - presence.unsqueeze(1) * generated
+
+
+def by_temperature(x: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """x (rows, n) / max(T, 1e-5) per row, in float32: bf16/fp16 logits are widened by the
+    division itself (temperatures are float32), without a float32 copy first."""
+    return x / temperatures.clamp(min=1e-5).unsqueeze(1)  # (rows, n)
 
 
 def keep_sorted(
@@ -109,18 +117,19 @@ class Sampler(nn.Module):
         top_p: torch.Tensor | None = None,
         min_p: torch.Tensor | None = None,
         seeds: torch.Tensor | None = None,  # (rows,) int64, -1 = no seed (the engine's generator)
-        positions: torch.Tensor | None = None,  # (rows,) int64: the output index each row samples
+        positions: torch.Tensor | None = None,  # (rows,) int64: the output index each row samples (with seeds)
         max_k: int | None = None,  # every row's top_k is in 1..max_k (known on the host)
+        greedy_rows: bool = True,  # False: no row has temperature 0 (known on the host)
     ) -> torch.Tensor:  # (rows,) int64
         """With `max_k`, only the max_k largest logits of each row can be drawn, so the masks and
         the noise work on those candidates (a partial sort), not on the whole vocabulary. A seeded
-        row draws the same token either way: its noise is a function of the token id."""
-        greedy = logits.argmax(dim=-1)  # (rows,)
-        safe_t = temperatures.clamp(min=1e-5).unsqueeze(1)  # (rows, 1)
+        row draws the same token either way: its noise is a function of the token id. Without
+        masks, on CUDA, one Triton pass draws (fused_triton.gumbel_argmax) the tokens the
+        PyTorch code below draws."""
         vocab = logits.shape[-1]
         if max_k is not None and max_k < vocab:
             values, candidates = logits.topk(max_k, dim=-1)  # (rows, max_k), largest first
-            probs = torch.softmax(values.float() / safe_t, dim=-1)  # renormalised over the candidates
+            probs = torch.softmax(by_temperature(values, temperatures), dim=-1)  # renormalised over the candidates
             keep = keep_sorted(probs, top_k, top_p)
             if min_p is not None:
                 keep &= probs >= min_p.unsqueeze(1) * probs[:, :1]
@@ -129,19 +138,23 @@ class Sampler(nn.Module):
             candidates, probs = None, None  # temperature only: no probabilities needed (below)
         else:
             candidates = None  # every token of the vocabulary
-            probs = mask_probs(torch.softmax(logits.float() / safe_t, dim=-1), top_k, top_p, min_p)  # (rows, vocab)
+            probs = mask_probs(torch.softmax(by_temperature(logits, temperatures), dim=-1), top_k, top_p, min_p)  # (rows, vocab)
         shape = logits.shape if probs is None else probs.shape
         noise = torch.empty(shape, device=logits.device).exponential_(generator=self.generator)  # Exp(1)
         if seeds is not None:
             seeded = seeds >= 0  # (rows,)
             ids = candidates if candidates is not None else torch.arange(vocab, device=logits.device)
             noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, ids), noise)
+        if probs is None and logits.is_cuda and fused_triton is not None:
+            return fused_triton.gumbel_argmax(logits, noise, temperatures)  # the greedy rows' argmax too
         if probs is None:  # argmax(p_i / E_i) = argmax(logit_i / T - log E_i): softmax's normaliser drops out
-            choice = (logits.float() / safe_t - noise.log_()).argmax(dim=-1)  # (rows,)
+            choice = (by_temperature(logits, temperatures) - noise.log_()).argmax(dim=-1)  # (rows,)
         else:
             choice = (probs / noise).argmax(dim=-1)  # (rows,)
         sampled = choice if candidates is None else candidates.gather(1, choice.unsqueeze(1)).squeeze(1)
-        return torch.where(temperatures == 0, greedy, sampled)
+        if not greedy_rows:
+            return sampled
+        return torch.where(temperatures == 0, logits.argmax(dim=-1), sampled)
 
 
 def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

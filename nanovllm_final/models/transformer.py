@@ -38,9 +38,7 @@ class SelfAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)  # (tokens, heads / tp, head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # (tokens, kv_heads / tp, head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)  # Qwen3: per-head RMSNorm first
         o = self.attn(q, k, v)  # (tokens, heads / tp, head_dim)
         return self.o_proj(o.flatten(1))  # (tokens, hidden), summed over the ranks
 
