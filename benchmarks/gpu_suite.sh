@@ -19,6 +19,7 @@
 #   tp-tests       tests/test_gpu_tp.py, stage 07 and final (2 GPUs) -> tp_gpu_tests_{07,final}_TAGx2.log
 #   kernels        attention kernels against torch -> kernel_bench_TAG.json
 #   final-kernels  final's fused kernels, prefill attention tile choices -> final_kernels_TAG.json
+#   decode-attention  final's paged decode attention on the workload's context mix -> decode_attention_qwen3-0.6b_TAG.json
 #   latency        decode-step latency with and without CUDA graphs, 06 and final
 #                  -> decode_latency_qwen3-0.6b_{06,final}_TAG.json
 #   throughput     nano-vllm's workload for each engine and shape, temperature only
@@ -86,6 +87,8 @@ for part in "${parts[@]}"; do
       step "$PY" benchmarks/kernel_bench.py --out "$OUT/kernel_bench_$TAG.json" ;;
     final-kernels)
       step "$PY" benchmarks/final_kernels_bench.py --out "$OUT/final_kernels_$TAG.json" ;;
+    decode-attention)
+      step "$PY" benchmarks/decode_attention_bench.py --out "$OUT/decode_attention_qwen3-0.6b_$TAG.json" ;;
     latency)
       for e in 06 final; do
         step "$PY" -m benchmarks.decode_latency --engine $e --shape qwen3-0.6b --batches 1 8 64 256 \

@@ -229,6 +229,8 @@ FILES = [
     ("tp_message_cost_*.json", f"{SUITE} tp-message", "host cost of the per-step message rank 0 sends each worker"),
     ("tp_speedup_*.json", "python -m benchmarks.tp_speedup --out benchmarks/results/tp_speedup_h200x2.json",
      "TP=2 against TP=1 per model shape, from the tp_*_tp1/tp2 records (the last step of the suite's tp part)"),
+    ("decode_attention_*.json", f"{SUITE} decode-attention", "the final engine's paged decode attention on a real run's context mix: "
+     "tiles, launch order (batch order, longest first) and split-K factors, with the bandwidth reached"),
     ("moe_layer_*.json", f"{SUITE} moe", "one MoE layer of a shape: the fused grouped-GEMM kernels (eager and graph-replayed, per tile choice) against the expert loop"),
     ("serve_*.json", f"{SUITE} serve", "the OpenAI-compatible server under concurrent streaming clients: throughput, TTFT / TPOT / "
      "end-to-end percentiles; the offline engine on the same requests: served / offline, its decode steps (the mean of all, and at the "
