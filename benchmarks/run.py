@@ -38,6 +38,7 @@ if not torch.cuda.is_available():
 
 import stages  # noqa: E402
 from benchmarks import workloads  # noqa: E402
+from benchmarks.limits import workload_limit  # noqa: E402
 from benchmarks.results import HEADER, summary_row  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -584,6 +585,10 @@ def main(argv: list[str] | None = None) -> int:
             record["error"] = f"{type(err).__name__}: {err}"
         records.append(record)
         print(summary_row(record), file=log, flush=True)
+        if "error" not in record and record["device"] == "cuda":  # how far from what the GPU allows (benchmarks/limits.py)
+            record["limit"] = workload_limit(record)
+            print(f"{record['engine']}: {record['output_tokens_per_s'] / record['limit']['output_tokens_per_s']:.0%} of this workload's "
+                  f"limit on this GPU, {record['limit']['output_tokens_per_s']:,.0f} tok/s", file=log, flush=True)
         if args.out and args.out != "-":  # after every engine: a run cut short keeps what it measured
             write_json(records, args.out)
     hf = next((r for r in records if r["engine"] == "hf" and "error" not in r), None)

@@ -20,6 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python benchmarks/tables.py` too
+
+from benchmarks.limits import workload_limit  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 INDEX = RESULTS / "README.md"
 READMES = [ROOT / "README.md", ROOT / "nanovllm_final" / "README.md"]
@@ -69,6 +72,14 @@ def small_table(prefix: str) -> str:
     return markdown(["engine", "seconds", "output tokens/s", "record"], rows)
 
 
+def limit_cells(record: dict | None) -> list[str]:
+    """The workload's limit on the GPU (benchmarks/limits.py) and the record's share of it."""
+    if record is None:
+        return [MISSING, MISSING]
+    limit = record.get("limit") or workload_limit(record)  # records written before run.py recorded it
+    return [f"{limit['output_tokens_per_s']:,.0f} tok/s", f"{record['output_tokens_per_s'] / limit['output_tokens_per_s']:.0%}"]
+
+
 def final_table(prefix: str) -> str:
     temp, ckpt = load("nanovllm_qwen3-0.6b_final_h200.json"), load("nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json")
     no_overlap = load("variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_h200.json")
@@ -77,32 +88,33 @@ def final_table(prefix: str) -> str:
     moe, moe_latency = load("nanovllm_qwen3-30b-a3b_final_h200.json"), load("decode_latency_qwen3-30b-a3b_final_h200.json")
     final, hf = load("hf_vs_final_qwen3-0.6b_h200.json")
     gb = 1e9
-    rows = [
+    rows = [  # what, measured, the record whose workload limit is shown (or None), the record's file
         ["Qwen3-0.6B shape, temperature only", f"{tok_s(temp)} output tok/s ({temp['seconds']:.2f} s); decode step "
          f"{temp['stats']['decode_step_ms_mean']:.2f} ms, prefill step {temp['stats']['prefill_step_ms_mean']:.0f} ms (means)",
-         link("nanovllm_qwen3-0.6b_final_h200.json", prefix)],
+         temp, "nanovllm_qwen3-0.6b_final_h200.json"],
         ["same, with the checkpoint's top-k 20 / top-p 0.95 (the engine's default)", f"{tok_s(ckpt)} tok/s",
-         link("nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json", prefix)],
+         ckpt, "nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json"],
         ["same, `overlap_scheduling=False`", f"{tok_s(no_overlap)} tok/s",
-         link("variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_h200.json", prefix)],
-        ["Llama-3.2-1B shape, temperature only", f"{tok_s(llama)} tok/s", link("nanovllm_llama-3.2-1b_final_h200.json", prefix)],
+         no_overlap, "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_h200.json"],
+        ["Llama-3.2-1B shape, temperature only", f"{tok_s(llama)} tok/s", llama, "nanovllm_llama-3.2-1b_final_h200.json"],
         ["Qwen3-8B shape, the whole workload on one GPU", f"{tok_s(big)} tok/s, {big['stats']['preemptions']} preemptions, peak "
          f"{big['peak_memory']['allocated_bytes'] / gb:.0f} of {big['peak_memory']['device_total_bytes'] / gb:.0f} GB allocated",
-         link("nanovllm_qwen3-8b_final_h200.json", prefix)],
+         big, "nanovllm_qwen3-8b_final_h200.json"],
         ["decode step with CUDA graphs, 32-token prompts", ", ".join(f"batch {row['batch']}: {row['graph_ms']:.2f} ms" for row in latency["rows"]),
-         link("decode_latency_qwen3-0.6b_final_h200.json", prefix)],
+         None, "decode_latency_qwen3-0.6b_final_h200.json"],
         ["Qwen3-30B-A3B shape (MoE, fused experts), the whole workload on one GPU", f"{tok_s(moe)} tok/s; decode step "
-         f"{moe['stats']['decode_step_ms_mean']:.1f} ms (mean)", link("nanovllm_qwen3-30b-a3b_final_h200.json", prefix)],
+         f"{moe['stats']['decode_step_ms_mean']:.1f} ms (mean)", moe, "nanovllm_qwen3-30b-a3b_final_h200.json"],
         ["Qwen3-30B-A3B shape, batch-1 decode step with CUDA graphs", f"{moe_latency['rows'][0]['graph_ms']:.2f} ms",
-         link("decode_latency_qwen3-30b-a3b_final_h200.json", prefix)],
-        *[serve_row(rel, prefix) for rel in ("serve_qwen3-0.6b_c64_h200.json", "serve_qwen3-0.6b_c256_h200.json")],
+         None, "decode_latency_qwen3-30b-a3b_final_h200.json"],
+        *[serve_row(rel) for rel in ("serve_qwen3-0.6b_c64_h200.json", "serve_qwen3-0.6b_c256_h200.json")],
         [f"{final['num_seqs']} of the requests (≤512 in, ≤256 out), against Hugging Face transformers' continuous batching in one process",
-         f"{tok_s(final)} vs {tok_s(hf)} tok/s: **{final['vs_hf']:.1f}×**", link("hf_vs_final_qwen3-0.6b_h200.json", prefix)],
+         f"{tok_s(final)} vs {tok_s(hf)} tok/s: **{final['vs_hf']:.1f}×**", None, "hf_vs_final_qwen3-0.6b_h200.json"],
     ]
-    return markdown(["what", "measured", "record"], rows)
+    return markdown(["what", "measured", "limit of the workload", "share", "record"],
+                    [[what, measured, *limit_cells(record), link(rel, prefix)] for what, measured, record, rel in rows])
 
 
-def serve_row(rel: str, prefix: str) -> list[str]:
+def serve_row(rel: str) -> list:
     serve = load(rel)
     offline = serve["offline"]
     point = serve_point(serve)
@@ -114,7 +126,7 @@ def serve_row(rel: str, prefix: str) -> list[str]:
             f"{offline['output_tokens_per_s']:,.0f}; TTFT p50 {serve['ttft_s']['p50'] * 1e3:.0f} ms, TPOT p50 "
             f"{serve['tpot_s']['p50'] * 1e3:.1f} ms (offline decode step {offline['stats']['decode_step_ms_mean']:.1f} ms, "
             f"mean of all{at_batch})",
-            link(rel, prefix)]
+            None, rel]
 
 
 SERVE_RECORDS = "serve_*_h200.json"

@@ -256,3 +256,26 @@ def test_gpu_suite_parts_match_the_index():
     assert all(f"  {part} " in help_text for part in parts)
     for args in ([], ["no-such-part"], ["--bogus"]):
         assert subprocess.run(["bash", str(script), *args], capture_output=True).returncode == 2
+
+
+def test_workload_limit_counts_what_the_workload_must_move():
+    """benchmarks/limits.py on a two-request workload computed by hand: KV reads of
+    out*in + out^2/2 tokens per request, the weights once per decode step, prefill FLOPs;
+    an fp8 cache halves the KV time, and the share is what run.py prints."""
+    from benchmarks.limits import workload_limit
+    from nanovllm_final.workloads import make_workload
+
+    params = {"num_seqs": 2, "max_input_len": 8, "max_output_len": 6, "min_input_len": 4, "min_output_len": 3, "seed": 1}
+    prompts, sampling = make_workload("tiny-cpu", 64, **params)
+    ins, outs = [len(p) for p in prompts], [s["max_tokens"] for s in sampling]
+    model = {"vocab_size": 64, "num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 8, "dtype": "bfloat16",
+             "num_parameters": 1000, "model_type": "llama"}
+    record = {"model": model, "workload": {"name": "tiny-cpu", "params": params}, "engine_options": {}}
+    limit = workload_limit(record, bandwidth=1e6, peak_flops=1e9)
+    kv_tokens = sum(o * i + o * o / 2 for i, o in zip(ins, outs))
+    assert limit["kv_s"] == pytest.approx(kv_tokens * 2 * 3 * 2 * 8 * 2 / 1e6)
+    assert limit["weights_s"] == pytest.approx(1000 * 2 * max(outs) / 1e6)
+    assert limit["prefill_s"] == pytest.approx(2 * 1000 * sum(ins) / 1e9)
+    assert limit["output_tokens_per_s"] == pytest.approx(sum(outs) / (limit["kv_s"] + limit["weights_s"] + limit["prefill_s"]))
+    record["engine_options"] = {"kv_cache_dtype": "fp8"}
+    assert workload_limit(record, bandwidth=1e6, peak_flops=1e9)["kv_s"] == pytest.approx(limit["kv_s"] / 2)
