@@ -66,8 +66,8 @@ class ModelRunner:
         self.attention_backend = make_backend(config.attention_backend, self.device, self.block_size, self.dtype, self.kv_dtype)
         for layer in self.attention_layers:
             layer.backend = self.attention_backend
-            if self.kv_dtype != self.dtype:  # fp8: one fixed scale per kv head, outside the block pool
-                layer.k_scale, layer.v_scale = (torch.ones(self.num_kv_heads, dtype=torch.float32, device=self.device) for _ in "kv")
+        if self.kv_dtype != self.dtype:
+            self.set_kv_scales()
         self.cuda_graphs: CUDAGraphs | None = None  # none yet: the warm-up below runs eagerly
         self.allocate_kv_cache(model_config)
         if self.use_cudagraphs():
@@ -81,6 +81,19 @@ class ModelRunner:
         return self.cuda_graphs.num_replays if self.cuda_graphs is not None else 0
 
     # ---- the KV cache ----
+
+    def set_kv_scales(self) -> None:
+        """An fp8 cache's scales: 1.0 for every layer and kv head (vLLM's default without
+        calibration), (kv_heads,) float32 device tensors outside the block pool that a captured
+        CUDA graph reads by pointer. Chosen by measurement (benchmarks/kv_cache_quality.py,
+        nanovllm_final/README.md): e4m3's relative step is the same at any scale in its normal
+        range, so a per-head amax / 448 scale gained nothing there, and one calibrated on other
+        prompts clips what exceeds its amax; with 1.0 only values beyond +-448 clip (the K/V
+        measured peak below 9). Calibrating in the warm-up step would see token 0 only (in
+        layer 0, one V vector at every position), and on the first prefill would make every
+        later request's tokens depend on which request came first."""
+        for layer in self.attention_layers:
+            layer.k_scale, layer.v_scale = (torch.ones(self.num_kv_heads, dtype=torch.float32, device=self.device) for _ in "kv")
 
     def kv_block_bytes(self, cfg: ModelConfig) -> int:
         """Bytes of one block, K and V of every layer: half of bfloat16's for an fp8 cache."""
