@@ -22,10 +22,12 @@ Variants: "fp8, scale 1.0" (the engine's: one fixed scale 1.0 per layer and kv h
 default without calibration); "fp8, calibrated": per layer and kv head amax / 448 of the K
 and V that the auto engine computes on separate calibration prompts (forward hooks on the
 Attention layers), set into the fp8 engine's scales before it runs; "fp8, oracle": the same
-amax / 448, but of the measured prompts themselves (nothing is clipped: the best a per-head
-amax scale can do on them)."""
+amax / 448, but of auto's own K/V on the measured prompts and completions (the best case of
+a per-head amax scale: only what fp8's rounding adds upstream can pass it). The amax comes from a fresh eager
+engine, so that no K/V comes from its prefix cache or a CUDA-graph replay, unseen."""
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -39,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.run import device_name, versions  # noqa: E402
 from nanovllm_final import LLM, SamplingParams  # noqa: E402
-from nanovllm_final.layers.attention import Attention  # noqa: E402
 from nanovllm_final.layers.attention_torch import FP8_MAX  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,8 @@ def random_prompts(n: int, seed: int, low: int = 3, high: int = 500) -> list[lis
 
 def amax_scales(llm: LLM, prompts: list, max_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per Attention layer, (k_scale, v_scale) = amax over the K/V it computes on `prompts`
-    (prefill and greedy decode), per kv head, / 448."""
+    (prefill and greedy decode), per kv head, / 448. `llm` must compute them all: eager, and
+    no prompt's first block in its prefix cache."""
     layers = llm.engine.model_runner.attention_layers
     amax = [[torch.zeros(layer.num_kv_heads), torch.zeros(layer.num_kv_heads)] for layer in layers]
 
@@ -86,6 +88,13 @@ def amax_scales(llm: LLM, prompts: list, max_tokens: int) -> list[tuple[torch.Te
         for h in handles:
             h.remove()
     return [(k.clamp(min=1e-12) / FP8_MAX, v.clamp(min=1e-12) / FP8_MAX) for k, v in amax]
+
+
+def release(device: str) -> None:
+    """Hand a closed engine's memory back, so that the next engine sizes its cache from it."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def greedy(llm: LLM, prompts: list, max_tokens: int) -> list[list[int]]:
@@ -127,9 +136,13 @@ def measure_model(name: str, path: Path, prompts: list, calibration: list, args)
         dtype, auto_bytes = str(runner.dtype).removeprefix("torch."), runner.kv_block_bytes(llm.model_config)
         ref = greedy(llm, prompt_ids, args.max_tokens)
         ref_lp = forced_logprobs(llm, prompt_ids, ref, args.top_logprobs)
+        text = [llm.tokenizer.decode(t) for t in ref[:2]]
+    release(args.device)
+    # a fresh engine, eager: the hooks see every token's K/V (none comes from the prefix cache or a graph replay)
+    with LLM(str(path), kv_cache_dtype="auto", **(options | {"enforce_eager": True})) as llm:
         scales = {"fp8, calibrated": amax_scales(llm, calibration, args.max_tokens),
                   "fp8, oracle": amax_scales(llm, prompt_ids, args.max_tokens)}
-        text = [llm.tokenizer.decode(t) for t in ref[:2]]
+    release(args.device)
     record = {"model": name, "path": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
               "dtype": dtype, "num_prompts": len(prompts), "max_tokens": args.max_tokens, "auto_samples": text, "variants": {}}
     block_bytes = {"auto": auto_bytes, "bfloat16": auto_bytes // runner.kv_dtype.itemsize * 2}
@@ -143,6 +156,7 @@ def measure_model(name: str, path: Path, prompts: list, calibration: list, args)
                     layer.v_scale.copy_(v)
             got = greedy(llm, prompt_ids, args.max_tokens)
             got_lp = forced_logprobs(llm, prompt_ids, ref, args.top_logprobs)
+        release(args.device)
         deltas = [abs(a - b) for ra, rb in zip(ref_lp, got_lp) for a, b in zip(ra, rb) if a is not None and b is not None]
         missing = sum(b is None for rb in got_lp for b in rb)
         record["variants"][variant] = agreement(ref, got) | {

@@ -19,7 +19,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from common import random_prompts, total  # noqa: E402
+from common import total  # noqa: E402
 from nanovllm_final import LLM, SamplingParams  # noqa: E402
 from nanovllm_final.config import EngineConfig, kv_cache_torch_dtype  # noqa: E402
 from nanovllm_final.engine_flags import add_engine_options, engine_options  # noqa: E402

@@ -18,9 +18,8 @@ positions of its context of context_lens[i] tokens, so one rule covers
   an earlier chunk                   q_len <  context_len
 * decode                             q_len == 1
 
-An fp8 cache (float8 e4m3, kv_cache_dtype="fp8") holds x / scale per kv head, clamped to
-+-448 and rounded to nearest even (`quantize`); attention reads stored * scale in float32,
-cast to q's dtype (`dequantize`), as the Triton kernels do in registers.
+An fp8 cache (kv_cache_dtype="fp8"; attention.py states the contract): `quantize` on
+store, `dequantize` on the gathered K/V.
 """
 
 import torch

@@ -22,10 +22,9 @@ Conventions: tensors' last dim must be contiguous; every accumulation is fp32; f
 and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads it and
 masks). To debug on a CPU, set ``TRITON_INTERPRET=1`` before importing triton.
 
-An fp8 cache (float8 e4m3, ``kv_cache_dtype="fp8"``): the store kernel writes
-clamp(x / scale, +-448) in e4m3; ``_load_kv_tile`` turns a tile back into q's dtype in
-registers (fp8 -> fp32 * scale -> q's dtype), for prefill and decode alike. The scales are
-(kv_heads,) float32 device tensors, read by pointer, so a captured graph stays valid.
+An fp8 cache (``kv_cache_dtype="fp8"``; attention.py states the contract): the store
+kernel quantizes, ``_load_kv_tile`` dequantizes in registers for prefill and decode alike;
+the scales are read by pointer, so a captured graph stays valid.
 """
 
 import functools
