@@ -33,6 +33,7 @@
 #   hf             final and Hugging Face transformers' continuous batching on 64 requests -> hf_vs_final_qwen3-0.6b_TAG.json
 #   serve          the OpenAI server under 1, 16, 64, 128 and 256 streaming clients (max_num_seqs = clients), then
 #                  the offline engine on the same requests, each run at most 120 s -> serve_qwen3-0.6b_c{1,16,64,128,256}_TAG.json
+#   kv-quality     kv_cache_dtype fp8 against auto: agreement, logprobs, blocks -> kv_cache_quality_TAG.json
 #   moe            one Qwen3-30B-A3B MoE layer fused vs the expert loop; the 30B-A3B shape's workload and batch-1
 #                  decode (its ~61 GB of random weights go to .models: make it a link to /dev/shm on a small disk)
 #                  -> moe_layer_qwen3-30b-a3b_TAG.json, nanovllm_qwen3-30b-a3b_final_TAG.json, decode_latency_qwen3-30b-a3b_final_TAG.json
@@ -139,6 +140,8 @@ for part in "${parts[@]}"; do
           --engine-option max_num_seqs=$c --out "$OUT/serve_qwen3-0.6b_c${c}_$TAG.json" --server-log "$logs/server_c$c.log"
       done
       echo "=== server logs: $logs" ;;
+    kv-quality)
+      step "$PY" -m benchmarks.kv_cache_quality --device cuda --random-layers 0 --out "$OUT/kv_cache_quality_$TAG.json" ;;
     moe)
       step "$PY" -m benchmarks.moe_layer_bench --out "$OUT/moe_layer_qwen3-30b-a3b_$TAG.json"
       step "${RUN[@]}" --engine final "${TEMP_ONLY[@]}" --workload nanovllm --shape qwen3-30b-a3b \

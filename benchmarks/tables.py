@@ -243,6 +243,11 @@ FILES = [
      "TP=2 against TP=1 per model shape, from the tp_*_tp1/tp2 records (the last step of the suite's tp part)"),
     ("decode_attention_*.json", f"{SUITE} decode-attention", "the final engine's paged decode attention on a real run's context mix: "
      "tiles, launch order (batch order, longest first) and split-K factors, with the bandwidth reached"),
+    ("kv_cache_quality_cpu.json", "python -m benchmarks.kv_cache_quality --out benchmarks/results/kv_cache_quality_cpu.json",
+     "kv_cache_dtype='fp8' against 'auto': greedy agreement, teacher-forced mean abs Δ logprob, KV blocks per GiB "
+     "(course model, the qwen3-0.6b shape with 4 layers)"),
+    ("kv_cache_quality_*.json", f"{SUITE} kv-quality", "kv_cache_dtype='fp8' against 'auto' on the GPU: greedy agreement, "
+     "teacher-forced mean abs Δ logprob, KV blocks per GiB (course model, the qwen3-0.6b shape)"),
     ("moe_layer_*.json", f"{SUITE} moe", "one MoE layer of a shape: the fused grouped-GEMM kernels (eager and graph-replayed, per tile choice) against the expert loop"),
     ("serve_*.json", f"{SUITE} serve", "the OpenAI-compatible server under concurrent streaming clients: throughput, TTFT / TPOT / "
      "end-to-end percentiles; the offline engine on the same requests: served / offline, its decode steps (the mean of all, and at the "

@@ -12,6 +12,7 @@ from .validate import INT32_MAX, INT64_MAX, INT64_MIN, Checked, Problem, is_int,
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # vLLM's names: fp8 is e4m3 (values up to +-448, 3 mantissa bits)
 
 
 def parse_dtype(value: str | torch.dtype) -> torch.dtype:
@@ -21,6 +22,11 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"{value!r} is not a supported dtype; use one of {', '.join(_DTYPES)}")
     return _DTYPES[name]
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    """What the KV cache stores: "auto" is the model's `dtype`, "fp8"/"fp8_e4m3" float8 e4m3."""
+    return dtype if kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
 
 @dataclass
@@ -43,6 +49,8 @@ class EngineConfig(Checked):
     gpu_memory_utilization: float = option(0.9, "share of GPU memory the engine may use", float, low=0, low_open=True, high=1)
     cpu_kvcache_bytes: int = option(1 << 30, "KV-cache bytes on CPU", low=1, high=INT64_MAX)
     attention_backend: str = option("auto", "auto, torch, triton or flash_attn", choices=ATTENTION_BACKENDS)
+    kv_cache_dtype: str = option("auto", "KV-cache storage: auto (the model's dtype) or fp8 (alias fp8_e4m3: float8 e4m3 "
+                                 "with a scale per layer and kv head; half the bytes of bfloat16)", choices=KV_CACHE_DTYPES)
     seed: int = option(0, "seed of the sampler for requests without their own seed", low=INT64_MIN, high=INT64_MAX)
     distributed_host: str = option("127.0.0.1", "tensor parallelism: where the ranks meet (torch.distributed's TCP rendezvous)")
     distributed_port: int = option(0, "tensor parallelism: rendezvous port (0: rank 0 picks a free one at start-up)", low=0, high=65535)

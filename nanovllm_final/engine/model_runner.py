@@ -2,7 +2,7 @@ import logging
 
 import torch
 
-from ..config import EngineConfig, ModelConfig
+from ..config import EngineConfig, ModelConfig, kv_cache_torch_dtype
 from ..distributed import broadcast_from_first, destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.attention import Attention, make_backend
 from ..layers.context import Context, set_context
@@ -62,9 +62,12 @@ class ModelRunner:
         self.sampler = Sampler(config.seed, self.device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kv_heads = self.attention_layers[0].num_kv_heads  # this rank's
-        self.attention_backend = make_backend(config.attention_backend, self.device, self.block_size, self.dtype)
+        self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype)  # what the cache stores
+        self.attention_backend = make_backend(config.attention_backend, self.device, self.block_size, self.dtype, self.kv_dtype)
         for layer in self.attention_layers:
             layer.backend = self.attention_backend
+        if self.kv_dtype != self.dtype:
+            self.set_kv_scales()
         self.cuda_graphs: CUDAGraphs | None = None  # none yet: the warm-up below runs eagerly
         self.allocate_kv_cache(model_config)
         if self.use_cudagraphs():
@@ -79,10 +82,27 @@ class ModelRunner:
 
     # ---- the KV cache ----
 
+    def set_kv_scales(self) -> None:
+        """An fp8 cache's scales: 1.0 for every layer and kv head (vLLM's default without
+        calibration), (kv_heads,) float32 device tensors outside the block pool that a captured
+        CUDA graph reads by pointer. Chosen by measurement (benchmarks/kv_cache_quality.py,
+        nanovllm_final/README.md): e4m3's relative step is the same at any scale in its normal
+        range, so a per-head amax / 448 scale gained nothing there, and one calibrated on other
+        prompts clips what exceeds its amax; with 1.0 only values beyond +-448 clip (the K/V
+        measured peak below 9). Calibrating in the warm-up step would see token 0 only (in
+        layer 0, one V vector at every position), and on the first prefill would make every
+        later request's tokens depend on which request came first."""
+        for layer in self.attention_layers:
+            layer.k_scale, layer.v_scale = (torch.ones(self.num_kv_heads, dtype=torch.float32, device=self.device) for _ in "kv")
+
+    def kv_block_bytes(self, cfg: ModelConfig) -> int:
+        """Bytes of one block, K and V of every layer: half of bfloat16's for an fp8 cache."""
+        return 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * cfg.head_dim * self.kv_dtype.itemsize
+
     def allocate_kv_cache(self, cfg: ModelConfig) -> None:
         """A pool of blocks of `block_size` slots, as many as memory allows (or
         `num_kvcache_blocks`). Sequences take blocks as they grow."""
-        block_bytes = 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+        block_bytes = self.kv_block_bytes(cfg)
         one_seq = blocks_needed(self.config.max_model_len, self.block_size)  # blocks for one max-length sequence
         num_blocks = self.config.num_kvcache_blocks
         if num_blocks == -1:
@@ -98,7 +118,7 @@ class ModelRunner:
             )
         self.num_kvcache_blocks = num_blocks
         shape = (2, cfg.num_hidden_layers, num_blocks, self.block_size, self.num_kv_heads, cfg.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.bind_kv_cache(self.kv_cache)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
@@ -127,7 +147,7 @@ class ModelRunner:
         lengths = warmup_lengths(self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs)
         blocks = [blocks_needed(n, self.block_size) for n in lengths]  # blocks per sequence
         shape = (2, cfg.num_hidden_layers, sum(blocks), self.block_size, self.num_kv_heads, cfg.head_dim)
-        scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
+        scratch = torch.empty(shape, dtype=self.kv_dtype, device=self.device)
         self.bind_kv_cache(scratch)
         # sampled the costliest way: masks that sort, seeded noise
         params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.05, seed=0, max_tokens=1).resolve({})

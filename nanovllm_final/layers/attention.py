@@ -5,13 +5,16 @@ A backend is a module: attention_torch.py (the PyTorch reference), attention_tri
 which the Attention layer calls, and says two things of itself (`name`, `capturable`: can
 a decode step be captured in a CUDA graph, i.e. do its launches read no device values)::
 
-    store_kvcache(k, v, k_cache, v_cache, slot_mapping)      token t's k/v into slot slot_mapping[t] (-1: skip)
-    paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q)
-    paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order)
+    store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)   token t's k/v into slot slot_mapping[t] (-1: skip)
+    paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q, k_scale, v_scale)
+    paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order, k_scale, v_scale)
 
     q: (tokens, heads, head_dim), k/v: (tokens, kv_heads, head_dim) of the new tokens
     k_cache, v_cache: (num_blocks, block_size, kv_heads, head_dim); slot = block * block_size + offset
     order: None, or (seqs,) int32, the sequences by decreasing context: a launch order only
+    k_scale, v_scale: keyword arguments, None unless the cache is float8 e4m3 (kv_cache_dtype="fp8"):
+        then (kv_heads,) float32 device tensors; the store writes clamp(x / scale, +-448) rounded to
+        e4m3, attention reads stored * scale in float32, cast to q's dtype, inside the kernel.
 
 `make_backend` imports the one asked for, so a missing optional package only matters
 when that backend is asked for."""
@@ -29,14 +32,19 @@ from .context import get_context
 BACKENDS = {"torch": ".attention_torch", "triton": ".attention_triton", "flash_attn": ".attention_flash"}
 
 
-def make_backend(name: str, device: torch.device, block_size: int, dtype: torch.dtype) -> ModuleType:
-    """The backend for `name`. "auto": flash-attn if installed and the block size and dtype
-    suit it, else our Triton kernels on CUDA, else the PyTorch reference."""
+def make_backend(name: str, device: torch.device, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> ModuleType:
+    """The backend for `name`. "auto": flash-attn if installed and the block size, dtype and
+    KV-cache dtype (`kv_dtype`, default `dtype`) suit it, else our Triton kernels on CUDA,
+    else the PyTorch reference."""
     has_flash = importlib.util.find_spec("flash_attn") is not None
     has_triton = importlib.util.find_spec("triton") is not None
-    flash_ok = device.type == "cuda" and has_flash and block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16)
+    fp8 = kv_dtype is not None and kv_dtype != dtype
+    flash_ok = device.type == "cuda" and has_flash and block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16) and not fp8
     if name == "auto":
         name = "flash_attn" if flash_ok else "triton" if device.type == "cuda" and has_triton else "torch"
+    if name == "flash_attn" and fp8:
+        raise ValueError("attention_backend='flash_attn' does not read an fp8 KV cache; with kv_cache_dtype='fp8' use "
+                         "attention_backend 'triton', 'torch' or 'auto'")
     if name == "flash_attn" and not flash_ok:
         raise ValueError(
             "attention_backend='flash_attn' needs CUDA, the flash-attn package, a kvcache_block_size that is a multiple of 256 "
@@ -52,22 +60,25 @@ class Attention(nn.Module):
 
     The cache is a pool of blocks shared by all sequences. A step writes the new tokens'
     K/V into their slots (`slot_mapping`), then each sequence's queries attend to its
-    first `context_lens[i]` cached tokens, found through its block table."""
+    first `context_lens[i]` cached tokens, found through its block table. An fp8 cache
+    comes with the layer's scales `k_scale`, `v_scale` (see the backend API above)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
         self.k_cache = self.v_cache = torch.tensor([])  # (num_blocks, block_size, kv_heads, head_dim), set by the runner
+        self.k_scale = self.v_scale = None  # (kv_heads,) float32 for an fp8 cache, set by the runner
         self.backend: ModuleType | None = None  # set by the runner
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim) of the new tokens only
         ctx = get_context()
-        self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
+        self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, **scales)
         if ctx.is_decode:
             return self.backend.paged_decode_attention(
-                q, self.k_cache, self.v_cache, ctx.context_lens, ctx.block_tables, self.scale, ctx.decode_order
+                q, self.k_cache, self.v_cache, ctx.context_lens, ctx.block_tables, self.scale, ctx.decode_order, **scales
             )  # (seqs, heads, head_dim)
         return self.backend.paged_prefill_attention(
-            q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, self.scale, ctx.max_seqlen_q
+            q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, self.scale, ctx.max_seqlen_q, **scales
         )  # (tokens, heads, head_dim)

@@ -2,7 +2,8 @@
 
 Only used when the optional `flash-attn` package is installed (`pip install .[gpu]`);
 its paged kernels need `kvcache_block_size` to be a multiple of 256. flash-attn has
-no KV-store kernel, so the store is our Triton one."""
+no KV-store kernel, so the store is our Triton one. It reads no fp8 cache (make_backend
+refuses kv_cache_dtype="fp8" with it; the functions check too)."""
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,13 @@ name = "flash_attn"
 capturable = True
 
 
-def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q):
+def _no_fp8(k_cache: torch.Tensor, k_scale) -> None:
+    if k_cache.dtype == torch.float8_e4m3fn or k_scale is not None:
+        raise ValueError("the flash_attn backend does not read an fp8 KV cache (kv_cache_dtype='fp8'); use attention_backend='triton'")
+
+
+def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q, k_scale=None, v_scale=None):
+    _no_fp8(k_cache, k_scale)
     cu_seqlens_k = F.pad(context_lens.cumsum(0, dtype=torch.int32), (1, 0))  # (seqs+1,)
     max_seqlen_k = int(context_lens.max())
     return flash_attn_varlen_func(
@@ -23,8 +30,9 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     )  # (tokens, heads, head_dim); causal aligns queries to the end of each context
 
 
-def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None):
+def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None, k_scale=None, v_scale=None):
     # `order` is our kernel's launch order; flash-attn schedules its own work
+    _no_fp8(k_cache, k_scale)
     out = flash_attn_with_kvcache(
         q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context_lens, block_table=block_tables, softmax_scale=scale, causal=True
     )  # (seqs, 1, heads, head_dim)

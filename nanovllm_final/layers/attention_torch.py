@@ -17,12 +17,27 @@ positions of its context of context_lens[i] tokens, so one rule covers
 * prefill after a cached prefix /
   an earlier chunk                   q_len <  context_len
 * decode                             q_len == 1
+
+An fp8 cache (kv_cache_dtype="fp8"; attention.py states the contract): `quantize` on
+store, `dequantize` on the gathered K/V.
 """
 
 import torch
 
 name = "torch"
 capturable = False  # it reads sizes on the host (.tolist())
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (..., kv_heads, head_dim) / scale (kv_heads,) as float8 e4m3, saturated at +-448."""
+    return (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def dequantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Stored e4m3 values (..., kv_heads, head_dim) times scale (kv_heads,), in float32, cast to `dtype`."""
+    return (x.float() * scale[:, None]).to(dtype)
 
 
 def store_kvcache(
@@ -31,16 +46,21 @@ def store_kvcache(
     k_cache: torch.Tensor,  # (num_blocks, block_size, kv_heads, head_dim)
     v_cache: torch.Tensor,  # (num_blocks, block_size, kv_heads, head_dim)
     slot_mapping: torch.Tensor,  # (N,) int32/int64; -1 = do not store this token
+    k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Write token t's key/value into cache slot slot_mapping[t] (in place)."""
+    """Write token t's key/value into cache slot slot_mapping[t] (in place), quantized for an fp8 cache."""
     slots = slot_mapping.to(device=key.device, dtype=torch.long)
     keep = slots >= 0
     slots = slots[keep]
     # View the cache as a flat list of slots: (num_blocks * block_size, kv_heads, head_dim).
     k_flat = k_cache.view(-1, *k_cache.shape[2:])
     v_flat = v_cache.view(-1, *v_cache.shape[2:])
-    k_flat[slots] = key[keep].to(k_cache.dtype)
-    v_flat[slots] = value[keep].to(v_cache.dtype)
+    key, value = key[keep], value[keep]  # (stored, kv_heads, head_dim)
+    if k_cache.dtype == FP8:
+        key, value = quantize(key, k_scale), quantize(value, v_scale)
+    k_flat[slots] = key.to(k_cache.dtype)
+    v_flat[slots] = value.to(v_cache.dtype)
 
 
 def gather_kv(
@@ -62,6 +82,8 @@ def paged_attention(
     context_lens: torch.Tensor,  # (num_seqs,) int, keys per sequence (cached + new)
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32, padded with -1
     scale: float,
+    k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (N, heads, head_dim), q.dtype
     """Causal attention of packed queries over a paged KV cache (fp32 math).
 
@@ -82,8 +104,11 @@ def paged_attention(
             continue
         assert q_len <= ctx, f"sequence {i}: {q_len} queries but only {ctx} context tokens"
         qi = q[q_start:q_end].float()  # (q_len, H, D)
-        k = gather_kv(k_cache, block_tables[i], ctx).float()  # (ctx, KVH, D)
-        v = gather_kv(v_cache, block_tables[i], ctx).float()  # (ctx, KVH, D)
+        k = gather_kv(k_cache, block_tables[i], ctx)  # (ctx, KVH, D)
+        v = gather_kv(v_cache, block_tables[i], ctx)  # (ctx, KVH, D)
+        if k_cache.dtype == FP8:
+            k, v = dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype)
+        k, v = k.float(), v.float()
         k = k.repeat_interleave(group, dim=1)  # (ctx, H, D): kv head h//group -> query head h
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", qi, k) * scale  # (H, q_len, ctx)
@@ -99,11 +124,11 @@ def paged_attention(
 # the backend's prefill and decode (attention.py): both are one paged_attention
 
 
-def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q):
-    return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
+def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q, k_scale=None, v_scale=None):
+    return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, k_scale, v_scale)
 
 
-def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None):
+def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None, k_scale=None, v_scale=None):
     # `order` is a launch order for GPU kernels: nothing to schedule in a loop over sequences
     cu_seqlens_q = torch.arange(len(context_lens) + 1, dtype=torch.int32)  # one query per sequence
-    return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
+    return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, k_scale, v_scale)

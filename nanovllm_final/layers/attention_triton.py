@@ -21,6 +21,10 @@ Kernels
 Conventions: tensors' last dim must be contiguous; every accumulation is fp32; fp32, fp16
 and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads it and
 masks). To debug on a CPU, set ``TRITON_INTERPRET=1`` before importing triton.
+
+An fp8 cache (``kv_cache_dtype="fp8"``; attention.py states the contract): the store
+kernel quantizes, ``_load_kv_tile`` dequantizes in registers for prefill and decode alike;
+the scales are read by pointer, so a captured graph stays valid.
 """
 
 import functools
@@ -37,6 +41,17 @@ capturable = True  # no launch reads a device value
 LOG2E = 1.4426950408889634
 
 
+FP8_MAX = tl.constexpr(448.0)  # the largest float8 e4m3 value
+
+
+def _fp8_args(k_cache: torch.Tensor, k_scale, v_scale) -> tuple:
+    """(k_scale, v_scale, FP8) for a launch: an fp8 cache needs its scales; otherwise any
+    pointer stands in (never read)."""
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    assert not fp8 or (k_scale is not None and v_scale is not None), "an fp8 KV cache needs k_scale and v_scale"
+    return (k_scale, v_scale, True) if fp8 else (k_cache, k_cache, False)
+
+
 def _block_d(head_dim: int) -> int:
     # tl.dot needs every dimension >= 16; pad head_dim to a power of two (masked).
     return max(16, triton.next_power_of_2(head_dim))
@@ -48,13 +63,29 @@ def _block_d(head_dim: int) -> int:
 
 
 @triton.jit
+def _round_to_e4m3(x):
+    """fp32 x (|x| <= 448) rounded to the nearest float8 e4m3 value (ties to even), still fp32,
+    so that the cast after it is exact: the same rounding as torch's cast on every backend
+    (the Triton interpreter's own fp32 -> fp8 cast loses a rounding carry into the exponent)."""
+    bits = x.to(tl.int32, bitcast=True)
+    # normal range (|x| >= 2**-6): keep 3 of the 23 mantissa bits; a carry moves into the exponent
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    # subnormal range: multiples of 2**-9; adding 1.5 * 2**14 (ulp 2**-9) rounds to them
+    subnormal = (tl.abs(x) + 24576.0) - 24576.0
+    subnormal = tl.where(bits < 0, -subnormal, subnormal)  # the sign, also of a zero
+    return tl.where(tl.abs(x) < 0.015625, subnormal, normal)
+
+
+@triton.jit
 def _store_kvcache_kernel(
     key_ptr, value_ptr,          # (N, KVH, D), strides below, last dim contiguous
     k_cache_ptr, v_cache_ptr,    # contiguous (num_blocks * block_size, KVH, D) slots
     slot_mapping_ptr,            # (N,)
+    k_scale_ptr, v_scale_ptr,    # (KVH,) fp32, read when FP8
     stride_kt, stride_kh, stride_vt, stride_vh,
     KVH: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr,           # the cache is float8 e4m3: store x / scale
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)  # int64: big caches overflow int32
@@ -65,6 +96,12 @@ def _store_kvcache_kernel(
     mask = (offs_h[:, None] < KVH) & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
     k = tl.load(key_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(value_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    if FP8:
+        h_mask = offs_h < KVH
+        k_scale = tl.load(k_scale_ptr + offs_h, mask=h_mask, other=1.0)  # [BLOCK_H]
+        v_scale = tl.load(v_scale_ptr + offs_h, mask=h_mask, other=1.0)
+        k = _round_to_e4m3(tl.clamp(k.to(tl.float32) / k_scale[:, None], -FP8_MAX, FP8_MAX))
+        v = _round_to_e4m3(tl.clamp(v.to(tl.float32) / v_scale[:, None], -FP8_MAX, FP8_MAX))
     dst = slot * (KVH * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -76,8 +113,10 @@ def store_kvcache(
     k_cache: torch.Tensor,  # (num_blocks, block_size, kv_heads, head_dim), contiguous
     v_cache: torch.Tensor,  # (num_blocks, block_size, kv_heads, head_dim), contiguous
     slot_mapping: torch.Tensor,  # (N,) int32/int64; -1 = skip this token
+    k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Write token t's key/value into cache slot slot_mapping[t] (in place)."""
+    """Write token t's key/value into cache slot slot_mapping[t] (in place), quantized for an fp8 cache."""
     num_tokens, kv_heads, head_dim = key.shape
     assert value.shape == key.shape and slot_mapping.shape == (num_tokens,)
     assert key.stride(-1) == 1 and value.stride(-1) == 1, "last dim must be contiguous"
@@ -85,11 +124,12 @@ def store_kvcache(
     assert k_cache.shape[2:] == (kv_heads, head_dim) and v_cache.shape == k_cache.shape
     if num_tokens == 0:
         return
+    k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
     _store_kvcache_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
+        key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         KVH=kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(head_dim), FP8=fp8,
     )
 
 
@@ -101,15 +141,28 @@ def store_kvcache(
 @triton.jit
 def _load_kv_tile(
     cache_ptr, block_table_row_ptr, offs_n, n_mask, kv_head, offs_d, d_mask,
-    stride_cb, stride_cs, stride_ch, PAGE_SIZE: tl.constexpr,
+    stride_cb, stride_cs, stride_ch, PAGE_SIZE: tl.constexpr, DTYPE: tl.constexpr,
 ):
-    """Rows offs_n (key positions of one sequence) of one kv head: [BLOCK_N, BLOCK_D]."""
+    """Rows offs_n (key positions of one sequence) of one kv head: [BLOCK_N, BLOCK_D], in
+    DTYPE (q's). An fp8 cache's tile (x / scale in e4m3) is widened in registers, exactly:
+    every e4m3 value is a bf16, fp16 and fp32 value. Its scale, one per kv head, is the
+    caller's (_kv_scales): K's folds into the softmax scale, V's into the output, one
+    multiply per row instead of one per element."""
     # Logical position p -> (physical block, offset in block). PAGE_SIZE is a constexpr
     # so that powers of two compile to shifts/masks.
     block_ids = tl.load(block_table_row_ptr + offs_n // PAGE_SIZE, mask=n_mask, other=0)
     row = block_ids.to(tl.int64) * stride_cb + (offs_n % PAGE_SIZE) * stride_cs + kv_head * stride_ch
     ptrs = cache_ptr + row[:, None] + offs_d[None, :]
-    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0).to(DTYPE)
+
+
+@triton.jit
+def _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8: tl.constexpr):
+    """An fp8 cache's dequantization scales of one kv head (K's, V's); 1 otherwise."""
+    if FP8:
+        return tl.load(k_scale_ptr + kv_head), tl.load(v_scale_ptr + kv_head)
+    else:
+        return 1.0, 1.0
 
 
 @triton.jit
@@ -141,6 +194,7 @@ def _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, mask, APPLY_MASK: tl.
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr,
+    k_scale_ptr, v_scale_ptr,                  # (KVH,) fp32, read when FP8
     qk_scale,                                  # softmax scale * log2(e)
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch,           # cache strides: block, slot in block, kv head
@@ -148,6 +202,7 @@ def _paged_prefill_kernel(
     GROUP: tl.constexpr,                       # query heads per kv head
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
 ):
     # Which BLOCK_M queries of the sequence. Reversed so that the last tiles, which see the
     # most keys, start first: better load balance across the GPU under the causal mask.
@@ -185,14 +240,16 @@ def _paged_prefill_kernel(
     kv_end = tl.minimum(context_len, prefix_len + (tile_m + 1) * BLOCK_M)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     all_n = tl.full([BLOCK_N], 1, tl.int1)  # "every key of the tile is valid"
+    k_s, v_s = _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8)
+    qk_scale = qk_scale * k_s  # q . (k * k_s) == (q . k) * k_s
 
     # Phase 1: tiles below the diagonal (the cached prefix, earlier query tiles): no mask.
     for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)  # [BLOCK_N, BLOCK_D]
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)  # [BLOCK_N, BLOCK_D]
         m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, None, APPLY_MASK=False)
 
     # Phase 2: tiles on the diagonal: mask keys after each query (and past the context).
@@ -200,13 +257,13 @@ def _paged_prefill_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
         k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)
         causal = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
         m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, causal, APPLY_MASK=True)
 
-    out = acc / l_i[:, None]
+    out = acc * (v_s / l_i)[:, None]  # sum p * (v * v_s) / l
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
@@ -224,6 +281,9 @@ def paged_prefill_attention(
     BLOCK_N: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,  # best on an H200 for head_dim 128 (bf16), see benchmarks/kernel_bench.py
+    *,
+    k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (N, heads, head_dim), q.dtype
     """Causal attention of packed queries over a paged cache (see attention_torch.py).
 
@@ -239,15 +299,17 @@ def paged_prefill_attention(
     if num_tokens == 0 or num_seqs == 0 or max_seqlen_q == 0:
         return out
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M), num_seqs, num_heads)
+    k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, out,
         cu_seqlens_q, context_lens, block_tables,
+        k_scale, v_scale,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), FP8=fp8,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out
@@ -278,6 +340,7 @@ def _paged_decode_kernel(
     part_out_ptr, part_lse_ptr,                # (S, H, num_splits, D), (S, H, num_splits) fp32
     context_lens_ptr, block_tables_ptr,
     order_ptr,                                 # (S,) int32: the sequences in launch order (when ORDERED)
+    k_scale_ptr, v_scale_ptr,                  # (KVH,) fp32, read when FP8
     qk_scale,                                  # softmax scale * log2(e)
     stride_qs, stride_qh, stride_os, stride_oh,
     stride_cb, stride_cs, stride_ch,
@@ -289,6 +352,7 @@ def _paged_decode_kernel(
     ORDERED: tl.constexpr,                     # program i handles sequence order[i]
     BLOCK_H: tl.constexpr,                     # GROUP padded to a power of two >= 16
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
 ):
     # The kv head is the fastest grid axis, so the GPU starts programs sequence by sequence
     # in `order`: longest contexts first, the short ones fill in behind them.
@@ -325,21 +389,23 @@ def _paged_decode_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
 
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_s, v_s = _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8)
+    qk_scale = qk_scale * k_s  # q . (k * k_s) == (q . k) * k_s
     # The single query is the last position, so every key < context_len is visible: the
     # only mask needed is the end of the context (or of this split).
     for start_n in range(kv_start, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         n_mask = offs_n < kv_end
         k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)  # [BLOCK_N, BLOCK_D]
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)  # [BLOCK_N, BLOCK_D]
         m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :],
                                              APPLY_MASK=True)
 
     # l_i == 0 only for an empty context (e.g. a padding row): output zeros, not NaN.
     l_safe = tl.where(l_i > 0, l_i, 1.0)
-    out = acc / l_safe[:, None]  # [BLOCK_H, BLOCK_D]
+    out = acc * (v_s / l_safe)[:, None]  # [BLOCK_H, BLOCK_D]: sum p * (v * v_s) / l
     out_mask = h_mask[:, None] & d_mask[None, :]
     if SPLIT:
         # Partial result of this split + its log-sum-exp (base 2), merged by the reduce kernel.
@@ -419,6 +485,9 @@ def paged_decode_attention(
     BLOCK_N: int = 64,
     num_warps: int = 4,
     num_stages: int = 3,
+    *,
+    k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
     """Attention of each sequence's single query (position context_len - 1) over its cache.
 
@@ -446,9 +515,11 @@ def paged_decode_attention(
     else:
         part_out = part_lse = out  # unused placeholders
     block_d = _block_d(head_dim)
+    k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
     _paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse,
         context_lens, block_tables, order if order is not None else context_lens,
+        k_scale, v_scale,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -457,7 +528,7 @@ def paged_decode_attention(
         NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         SPLIT=num_splits > 1, ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
         BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=BLOCK_N, BLOCK_D=block_d,
+        BLOCK_N=BLOCK_N, BLOCK_D=block_d, FP8=fp8,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
