@@ -15,7 +15,7 @@
 #
 # parts (one GPU unless named; the records' names use the tag):
 #   tests          GPU kernel tests and tests/test_gpu.py for every engine -> gpu_tests_TAG.log
-#   final-tests    the final engine's GPU and fused-kernel tests -> gpu_tests_final_TAG.log
+#   final-tests    the final engine's GPU tests: fp8 cache, fused and MoE kernels, launch order, test_gpu.py -> gpu_tests_final_TAG.log
 #   tp-tests       tests/test_gpu_tp.py, stage 07 and final (2 GPUs) -> tp_gpu_tests_{07,final}_TAGx2.log
 #   kernels        attention kernels against torch -> kernel_bench_TAG.json
 #   final-kernels  final's fused kernels, prefill attention tile choices -> final_kernels_TAG.json
@@ -81,7 +81,8 @@ for part in "${parts[@]}"; do
     tests)
       logged "$OUT/gpu_tests_$TAG.log" "${PYTEST[@]}" tests/test_kernels.py tests/test_gpu.py ;;
     final-tests)
-      logged "$OUT/gpu_tests_final_$TAG.log" "${PYTEST[@]}" tests/test_gpu.py tests/test_fused_kernels.py -k "final or fused" ;;
+      logged "$OUT/gpu_tests_final_$TAG.log" "${PYTEST[@]}" tests/test_kv_fp8.py tests/test_fused_kernels.py tests/test_moe_kernels.py \
+        tests/test_kernels.py::test_decode_launch_order tests/test_gpu.py -k "not (test_gpu and not final)" ;;
     tp-tests)
       for e in 07 final; do logged "$OUT/tp_gpu_tests_${e}_${TAG}x2.log" "${PYTEST[@]}" -s tests/test_gpu_tp.py -k "$e"; done ;;
     kernels)

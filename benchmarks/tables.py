@@ -72,6 +72,11 @@ def small_table(prefix: str) -> str:
     return markdown(["engine", "seconds", "output tokens/s", "record"], rows)
 
 
+def kernel_ms(record: dict, name: str) -> float:
+    """GPU ms per decode step of one kernel, from a record's --breakdown profile."""
+    return next(k["ms_per_step"] for k in record["breakdown"]["top_kernels"]["decode"] if k["name"] == name)
+
+
 def limit_cells(record: dict | None) -> list[str]:
     """The workload's limit on the GPU (benchmarks/limits.py) and the record's share of it."""
     if record is None:
@@ -81,8 +86,10 @@ def limit_cells(record: dict | None) -> list[str]:
 
 
 def final_table(prefix: str) -> str:
-    temp, ckpt = load("nanovllm_qwen3-0.6b_final_h200.json"), load("nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json")
+    temp, overlap = load("nanovllm_qwen3-0.6b_final_h200.json"), load("nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json")
     no_overlap = load("variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_h200.json")
+    stage06, ckpt = load("nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json")  # one process, 06 first
+    fp8 = load("nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_h200.json")
     llama, big = load("nanovllm_llama-3.2-1b_final_h200.json"), load("nanovllm_qwen3-8b_final_h200.json")
     latency = load("decode_latency_qwen3-0.6b_final_h200.json")
     moe, moe_latency = load("nanovllm_qwen3-30b-a3b_final_h200.json"), load("decode_latency_qwen3-30b-a3b_final_h200.json")
@@ -92,9 +99,16 @@ def final_table(prefix: str) -> str:
         ["Qwen3-0.6B shape, temperature only", f"{tok_s(temp)} output tok/s ({temp['seconds']:.2f} s); decode step "
          f"{temp['stats']['decode_step_ms_mean']:.2f} ms, prefill step {temp['stats']['prefill_step_ms_mean']:.0f} ms (means)",
          temp, "nanovllm_qwen3-0.6b_final_h200.json"],
-        ["same, with the checkpoint's top-k 20 / top-p 0.95 (the engine's default)", f"{tok_s(ckpt)} tok/s",
-         ckpt, "nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json"],
-        ["same, `overlap_scheduling=False`", f"{tok_s(no_overlap)} tok/s",
+        ["same, with the checkpoint's top-k 20 / top-p 0.95 (the engine's default), after stage 06 in the same process",
+         f"{tok_s(ckpt)} tok/s, decode step {ckpt['stats']['decode_step_ms_mean']:.2f} ms; stage 06 {tok_s(stage06)} tok/s: "
+         f"**{ckpt['output_tokens_per_s'] / stage06['output_tokens_per_s']:.1f}×**",
+         ckpt, "nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json"],
+        ["same, `kv_cache_dtype=\"fp8\"`", f"{tok_s(fp8)} tok/s, decode step {fp8['stats']['decode_step_ms_mean']:.2f} ms "
+         f"(paged decode attention {kernel_ms(fp8, '_paged_decode_kernel'):.2f} ms of it, bf16's "
+         f"{kernel_ms(ckpt, '_paged_decode_kernel'):.2f} ms)",
+         fp8, "nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_h200.json"],
+        ["same sampling, `overlap_scheduling=False` against on (a pair of runs on one machine)",
+         f"{tok_s(no_overlap)} tok/s, on: {tok_s(overlap)} tok/s",
          no_overlap, "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_h200.json"],
         ["Llama-3.2-1B shape, temperature only", f"{tok_s(llama)} tok/s", llama, "nanovllm_llama-3.2-1b_final_h200.json"],
         ["Qwen3-8B shape, the whole workload on one GPU", f"{tok_s(big)} tok/s, {big['stats']['preemptions']} preemptions, peak "
@@ -206,8 +220,23 @@ def tp_table(prefix: str) -> str:
     return markdown(["shape", "TP=1 output tok/s", "TP=2 output tok/s", "TP=2 / TP=1", "records"], rows)
 
 
+def kv_quality_table(prefix: str) -> str:
+    """benchmarks/kv_cache_quality.py's records: each model and fp8 scale choice against "auto"."""
+    rows = []
+    for path in sorted(RESULTS.glob("kv_cache_quality_*.json")):
+        record = json.loads(path.read_text())
+        for m in record["models"]:
+            blocks = m["blocks_per_gib"]
+            for name, v in m["variants"].items():
+                rows.append([record["device"], f"{m['model']}, {m['dtype']}", name.removeprefix("fp8, "), f"{v['prefix_agreement']:.0%}",
+                             f"{v['exact_match_share']:.0%}", f"{v['mean_abs_delta_logprob']:.4f}", f"{v['max_abs_delta_logprob']:.3f}",
+                             f"{blocks['bfloat16']:,} → {blocks['fp8']:,}", link(path.name, prefix)])
+    return markdown(["device", "model, compute dtype", "fp8 scales", "greedy tokens equal before the first difference",
+                     "completions equal", "mean abs Δ logprob", "max abs Δ logprob", "blocks per GiB, bf16 → fp8", "record"], rows)
+
+
 TABLES: dict[str, Callable[[str], str]] = {"ladder": ladder_table, "small": small_table, "final": final_table, "tp": tp_table,
-                                           "serve": serve_table}
+                                           "serve": serve_table, "kv-quality": kv_quality_table}
 
 
 def fill(text: str, prefix: str = "") -> str:
@@ -226,7 +255,8 @@ def fill(text: str, prefix: str = "") -> str:
 # (file-name pattern, the command or suite part that writes it, what it holds); first match wins.
 # Records of benchmarks/run.py need no entry: they say what they measured and how they were made.
 FILES = [
-    ("gpu_tests_final_*.log", f"{SUITE} final-tests", "pytest log: the final engine's GPU tests and its fused Triton kernels on CUDA"),
+    ("gpu_tests_final_*.log", f"{SUITE} final-tests", "pytest log: the final engine's GPU tests, its fp8 KV cache and its fused and MoE "
+     "Triton kernels on CUDA"),
     ("gpu_tests_*.log", f"{SUITE} tests", "pytest log: the Triton kernels and tests/test_gpu.py on CUDA (07 and final)"),
     ("tp_gpu_tests_07_*.log", f"{SUITE} tp-tests tp-message tp", "log: tests/test_gpu_tp.py for stage 07 on two GPUs, then the tp-message and tp parts"),
     ("tp_gpu_tests_*.log", f"{SUITE} tp-tests", "pytest log: tests/test_gpu_tp.py for the final engine on two GPUs"),
