@@ -11,7 +11,6 @@ the batch must read over the time.
 Qwen3-0.6B's attention shape: 16 query heads, 8 kv heads, head_dim 128, blocks of 16.
 """
 
-import argparse
 import json
 import sys
 import time
@@ -21,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernel_bench import graph_time_ms  # noqa: E402
+from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms  # noqa: E402
 from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E402
 from nanovllm_final.workloads import nanovllm  # noqa: E402
 
@@ -56,12 +55,7 @@ def paged_batch(contexts: list[int], dtype: torch.dtype):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.exit(2, "error: needs a CUDA GPU\n")
+    args = gpu_bench_args(__doc__)
     torch.manual_seed(0)
     dtype, scale = torch.bfloat16, HEAD_DIM ** -0.5
     record = {"benchmark": "decode_attention", "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,

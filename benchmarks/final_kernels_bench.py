@@ -13,7 +13,6 @@
 All times are GPU times of CUDA-graph replays (benchmarks/kernel_bench.py), medians, in ms.
 """
 
-import argparse
 import inspect
 import json
 import sys
@@ -24,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernel_bench import graph_time_ms, make_batch  # noqa: E402
+from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms, make_batch  # noqa: E402
 from nanovllm_final.layers import attention_torch, attention_triton, fused_triton  # noqa: E402
 from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
@@ -128,12 +127,7 @@ def prefill(rows: list, batch: int, q_len: int, context: int, reps: int, check: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.exit(2, "error: needs a CUDA GPU\n")
+    args = gpu_bench_args(__doc__)
     varlen = varlen_attn
     record = {"benchmark": "final_kernels", "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
               "varlen_signature": str(inspect.signature(varlen)) if varlen is not None else None,

@@ -26,6 +26,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, for `import stages`
 
 
+def gpu_bench_args(doc: str, reps: int = 20) -> argparse.Namespace:
+    """A GPU benchmark's command line: --reps and --out; without CUDA, exit with a message."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.exit(2, "error: needs a CUDA GPU\n")
+    return args
+
+
 def cuda_time_ms(fn, reps: int, warmup: int = 3) -> float:
     """Median time of fn() in ms, each repetition timed with a pair of CUDA events.
 

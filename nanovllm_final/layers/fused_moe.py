@@ -93,6 +93,15 @@ def align_by_expert(expert_ids: torch.Tensor, num_experts: int, block_m: int) ->
 
 
 @triton.jit
+def _swiglu(acc_g, acc_u, dtype: tl.constexpr):
+    """silu(gate) * up from the float32 projections, rounded to `dtype` where the reference
+    rounds: the projections, silu(gate), the product."""
+    gate, up = _rounded(acc_g, dtype), _rounded(acc_u, dtype)
+    act = _rounded(gate / (1.0 + tl.exp(-gate)), dtype)
+    return (act * up).to(dtype)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, out_ptr, rows_ptr, block_expert_ptr, num_rows_ptr,
     stride_xt, stride_we, stride_wn,  # x: (T, K) rows; w: (E, 2N, K); last dims contiguous
@@ -125,11 +134,8 @@ def _gate_up_kernel(
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
     dtype = out_ptr.dtype.element_ty
-    # rounded where the reference rounds: the projections, silu(gate), the product
-    gate, up = _rounded(acc_g, dtype), _rounded(acc_u, dtype)
-    act = _rounded(gate / (1.0 + tl.exp(-gate)), dtype)
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * N + offs_n[None, :]
-    tl.store(out_ptrs, (act * up).to(dtype), mask=row_ok[:, None] & n_ok[None, :])
+    tl.store(out_ptrs, _swiglu(acc_g, acc_u, dtype), mask=row_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -199,10 +205,7 @@ def _gate_up_gemv_kernel(
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
-    dtype = out_ptr.dtype.element_ty
-    gate, up = _rounded(acc_g, dtype), _rounded(acc_u, dtype)
-    act = _rounded(gate / (1.0 + tl.exp(-gate)), dtype)
-    tl.store(out_ptr + pair.to(tl.int64) * N + offs_n, (act * up).to(dtype), mask=n_ok)
+    tl.store(out_ptr + pair.to(tl.int64) * N + offs_n, _swiglu(acc_g, acc_u, out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
