@@ -20,7 +20,8 @@ from .hub import resolve_model
 from .models import check_architecture
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
-from .validate import Problem, validate_request
+from .engine.request import validate_request
+from .validate import Problem
 
 Prompt = str | list[int]
 Messages = list[dict]

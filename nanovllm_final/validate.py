@@ -4,7 +4,8 @@ An option's help and what it takes live in its dataclass field (`option(...)`); 
 dataclass checks every assignment against them, so EngineConfig and SamplingParams refuse
 a bad value when it is set, the command-line flags are generated from the same fields
 (engine_flags.py), and `options(cls)` lists them for the server's schema. What depends on
-the model (the vocabulary, max_model_len) is checked per request by `validate_request`,
+the model (the vocabulary, max_model_len) is checked per request by `validate_request`
+(engine/request.py),
 which the LLM, the engine's request API and the server all ask; the server maps a
 `Problem` to an OpenAI error (HTTP 400 with `param` and `code`)."""
 
@@ -37,7 +38,7 @@ def is_number(value) -> bool:
     return is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
-def _show(value) -> str:
+def show(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -116,7 +117,7 @@ class Spec:
             except ValueError as err:
                 raise Problem(f"{name}: {err}", name) from None
         if not self.accepts(value):
-            raise Problem(f"{name} must be {self.describe()}, got {_show(given)}", name)
+            raise Problem(f"{name} must be {self.describe()}, got {show(given)}", name)
         return value
 
 
@@ -155,34 +156,3 @@ class Option:
 def options(cls: type) -> list[Option]:
     """The options of a Checked dataclass (SamplingParams, EngineConfig) with their help and type."""
     return [Option(f.name, f.metadata["help"], f.default, f.type, f.metadata["spec"]) for f in fields(cls) if "spec" in f.metadata]
-
-
-def validate_request(token_ids, params, config, model_config) -> Problem | None:
-    """The problem with queueing `token_ids` under `params` on an engine of `config` and
-    `model_config`, or None. SamplingParams checked its own fields when they were set; this
-    checks what depends on the model. Nothing here needs the model's weights: the server's
-    API side asks it too."""
-    from .sampling_params import SamplingParams
-
-    if not isinstance(params, SamplingParams):
-        return Problem(f"sampling params must be a SamplingParams, got {type(params).__name__}", "sampling_params")
-    if not isinstance(token_ids, (list, tuple)):
-        return Problem(f"the prompt must be a string or a list of ints, got {type(token_ids).__name__}", "prompt")
-    wrong = next((i for i, t in enumerate(token_ids) if not is_int(t)), None)
-    if wrong is not None:
-        return Problem(f"the prompt must be a string or a list of ints, but its item {wrong} is {_show(token_ids[wrong])}", "prompt")
-    if not token_ids:
-        return Problem("the prompt is empty", "prompt")
-    vocab = model_config.vocab_size
-    bad = [t for t in token_ids if not 0 <= t < vocab]
-    if bad:
-        return Problem(f"the prompt has token ids {bad[:5]} outside the vocabulary [0, {vocab})", "prompt")
-    if len(token_ids) >= config.max_model_len:
-        return Problem(f"the prompt has {len(token_ids)} tokens; max_model_len is {config.max_model_len}, "
-                       "which must leave room for at least one generated token", "prompt", "context_length_exceeded")
-    bad = [t for t in params.stop_token_ids if t >= vocab]
-    if bad:
-        return Problem(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})", "stop_token_ids")
-    if params.logprobs is not None and params.logprobs > vocab:
-        return Problem(f"logprobs={params.logprobs} is more than the vocabulary's {vocab} tokens", "logprobs")
-    return None

@@ -14,7 +14,8 @@ from common import ROOT, random_prompts
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.config import EngineConfig, ModelConfig
 from nanovllm_final.sampling_params import MAX_N
-from nanovllm_final.validate import Problem, options, validate_request
+from nanovllm_final.engine.request import validate_request
+from nanovllm_final.validate import Problem, options
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 

@@ -10,11 +10,11 @@ from ..config import EngineConfig, ModelConfig, check_tensor_parallel
 from ..log import log_once
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
-from ..validate import Problem, validate_request
+from ..validate import Problem
 from .block_manager import BlockManager
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
-from .request import Request
+from .request import Request, validate_request
 from .sampling import PendingSample, build_sampling_batch, sample
 from .scheduler import Scheduler
 from .sequence import Sequence

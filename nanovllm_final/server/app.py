@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..validate import validate_request
+from ..engine.request import validate_request
 from .engine_client import EngineClient, Handle
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, make_sampling_params, parse
 
