@@ -32,7 +32,8 @@
 #   shared-prefix  03, 04 and final on prompts sharing a prefix -> shared-prefix_qwen3-0.6b_03_04_final_TAG.json
 #   hf             final and Hugging Face transformers' continuous batching on 64 requests -> hf_vs_final_qwen3-0.6b_TAG.json
 #   serve          the OpenAI server under 1, 16, 64, 128 and 256 streaming clients (max_num_seqs = clients), then
-#                  the offline engine on the same requests, each run at most 120 s -> serve_qwen3-0.6b_c{1,16,64,128,256}_TAG.json
+#                  the offline engine on the same requests, each run at most 240 s (about two minutes each on an H200:
+#                  two engines start, the server's and the offline one) -> serve_qwen3-0.6b_c{1,16,64,128,256}_TAG.json
 #   kv-quality     kv_cache_dtype fp8 against auto: agreement, logprobs, blocks -> kv_cache_quality_TAG.json
 #   moe            one Qwen3-30B-A3B MoE layer fused vs the expert loop; the 30B-A3B shape's workload and batch-1
 #                  decode (its ~61 GB of random weights go to .models: make it a link to /dev/shm on a small disk)
@@ -136,7 +137,7 @@ for part in "${parts[@]}"; do
       logs=$(mktemp -d)  # the offline engine on the same requests after each; the server logs stay out of the results
       for c in 1 16 64 128 256; do
         n=$((c <= 64 ? 4 * c : 2 * c)); [ $n -lt 8 ] && n=8
-        LIMIT=$((LIMIT < 120 ? LIMIT : 120)) step "$PY" -m benchmarks.serve_bench --shape qwen3-0.6b --offline \
+        LIMIT=$((LIMIT < 240 ? LIMIT : 240)) step "$PY" -m benchmarks.serve_bench --shape qwen3-0.6b --offline \
           --start-timeout 90 --request-timeout 60 --num-seqs $n --concurrency $c \
           --engine-option max_num_seqs=$c --out "$OUT/serve_qwen3-0.6b_c${c}_$TAG.json" --server-log "$logs/server_c$c.log"
       done
