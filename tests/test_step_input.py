@@ -24,6 +24,7 @@ def test_decode_order_is_longest_context_first():
     assert step.decode_order.tolist() == [1, 3, 4, 0, 2]
 
 
-def test_prefill_has_no_decode_order():
+def test_a_prefill_step_has_its_order_too():
+    """Every field is an array (the workers' message): a prefill step's order, unused, as well."""
     step = build_step_input([_seq(6, 0), _seq(3, 2)], BLOCK)
-    assert not step.is_decode and step.decode_order is None
+    assert not step.is_decode and step.decode_order.tolist() == [0, 1]

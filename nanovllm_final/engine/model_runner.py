@@ -197,7 +197,7 @@ class ModelRunner:
             block_tables=self._tensor(step.block_tables),
             max_seqlen_q=step.max_seqlen_q,
             is_decode=step.is_decode,
-            decode_order=None if step.decode_order is None else self._tensor(step.decode_order),
+            decode_order=self._tensor(step.decode_order) if step.is_decode else None,  # only decode kernels read it
         )
         hidden = self.forward(self.input_ids(step, carried), self._tensor(step.positions), context)  # (tokens, hidden)
         if not len(step.sample_rows):

@@ -25,8 +25,8 @@ class StepInput:
     carry_rows: np.ndarray  # (carried,) int64
     max_seqlen_q: int
     is_decode: bool  # every sequence feeds exactly one token: the decode kernels (and CUDA graphs) run
-    # decode: the sequences by decreasing context length, the order the decode kernel starts them in
-    decode_order: np.ndarray | None = None  # (seqs,) int32
+    # the sequences by decreasing context length: the order the decode kernel starts them in
+    decode_order: np.ndarray  # (seqs,) int32
 
     @property
     def num_tokens(self) -> int:
@@ -79,5 +79,5 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
         carry_rows=np.array([pending_rows[seqs[i].seq_id] for i in pending], np.int64),
         max_seqlen_q=max_seqlen_q,
         is_decode=is_decode,
-        decode_order=np.argsort(-ends, kind="stable").astype(np.int32) if is_decode else None,
+        decode_order=np.argsort(-ends, kind="stable").astype(np.int32),
     )
