@@ -24,8 +24,10 @@
 #                  -> decode_latency_qwen3-0.6b_{06,final}_TAG.json
 #   throughput     nano-vllm's workload for each engine and shape, temperature only
 #                  -> nanovllm_SHAPE_ENGINE_TAG.json
-#   checkpoint     final with the checkpoint's sampling defaults, overlap on and off
-#                  -> nanovllm-checkpoint-sampling_qwen3-0.6b_final_TAG.json, variants/..._no_overlap_TAG.json
+#   checkpoint     the checkpoint's sampling defaults: stage 06 then final in one process, final with an fp8 KV
+#                  cache, final with overlap on and off -> nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_TAG.json,
+#                  nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_TAG.json,
+#                  nanovllm-checkpoint-sampling_qwen3-0.6b_final_TAG.json, variants/..._no_overlap_TAG.json
 #   breakdown      per-step breakdowns (--breakdown) of 06, 03 and of final on Llama-3.2-1B -> variants/
 #   small          the smaller workload stages 01 and 02 get through -> small-nanovllm_qwen3-0.6b_*_TAG.json
 #   short          03/04/05 interleaved in one process, 128 output tokens -> variants/nanovllm-short_*_TAG.json
@@ -110,6 +112,10 @@ for part in "${parts[@]}"; do
         done
       done ;;
     checkpoint)
+      step "${RUN[@]}" --engine 06 --engine final --workload nanovllm --shape qwen3-0.6b --breakdown \
+        --out "$OUT/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_$TAG.json"
+      step "${RUN[@]}" --engine final --workload nanovllm --shape qwen3-0.6b --option kv_cache_dtype=fp8 --breakdown \
+        --out "$OUT/nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_$TAG.json"
       step "${RUN[@]}" --engine final --workload nanovllm --shape qwen3-0.6b --breakdown \
         --out "$OUT/nanovllm-checkpoint-sampling_qwen3-0.6b_final_$TAG.json"
       step "${RUN[@]}" --engine final --workload nanovllm --shape qwen3-0.6b --option overlap_scheduling=false \
