@@ -155,8 +155,9 @@ def _attention(backend, case, decode: bool, **kwargs):
 @pytest.mark.parametrize("decode,kwargs", [(False, dict(BLOCK_M=16, BLOCK_N=16)), (True, dict(num_splits=1, BLOCK_N=16)),
                                            (True, dict(num_splits=2, BLOCK_N=16))], ids=["prefill", "decode", "decode-split"])
 def test_kernels_read_fp8_like_the_reference(tri, decode, kwargs):
-    """Same fp8 cache, same scales: the kernels dequantize in registers as the reference does
-    in its gather, so only the fp32 summation order differs."""
+    """Same fp8 cache, same scales: the kernels apply the scales in registers (K's in the
+    softmax scale, V's on the output), the reference to its gathered K/V; in float32 only the
+    summation order differs."""
     case = fp8_case(ref.store_kvcache)
     got, want = _attention(tri, case, decode, **kwargs), _attention(ref, case, decode)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -87,7 +87,7 @@ class CUDAGraphs:
         width = context.block_tables.shape[1]
         g["block_tables"][:n, :width] = context.block_tables
         g["decode_order"][n:bs] = self.identity[n:bs]  # padding rows last, each once
-        g["decode_order"][:n] = context.decode_order if context.decode_order is not None else self.identity[:n]
+        g["decode_order"][:n] = context.decode_order
         self.graphs[bs].replay()
         self.num_replays += 1
         return self.output[:n]  # (seqs, hidden)

@@ -14,7 +14,8 @@ a decode step be captured in a CUDA graph, i.e. do its launches read no device v
     order: None, or (seqs,) int32, the sequences by decreasing context: a launch order only
     k_scale, v_scale: keyword arguments, None unless the cache is float8 e4m3 (kv_cache_dtype="fp8"):
         then (kv_heads,) float32 device tensors; the store writes clamp(x / scale, +-448) rounded to
-        e4m3, attention reads stored * scale in float32, cast to q's dtype, inside the kernel.
+        e4m3, attention computes with stored * scale (the reference dequantizes its gathered K/V;
+        the Triton kernels fold the scales into the softmax scale and the output, in registers).
 
 `make_backend` imports the one asked for, so a missing optional package only matters
 when that backend is asked for."""

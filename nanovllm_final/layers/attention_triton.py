@@ -23,7 +23,8 @@ and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads
 masks). To debug on a CPU, set ``TRITON_INTERPRET=1`` before importing triton.
 
 An fp8 cache (``kv_cache_dtype="fp8"``; attention.py states the contract): the store
-kernel quantizes, ``_load_kv_tile`` dequantizes in registers for prefill and decode alike;
+kernel quantizes; prefill and decode widen each tile in registers (``_load_kv_tile``) and
+apply the scales once per row (``_kv_scales``: K's in the softmax scale, V's on the output);
 the scales are read by pointer, so a captured graph stays valid.
 """
 
