@@ -42,6 +42,8 @@ class EngineConfig(Checked):
     max_num_seqs: int = option(256, "most sequences in one step", low=1, high=INT32_MAX)
     max_num_batched_tokens: int = option(16384, "most tokens in one step (longer prompts are chunked)", low=1, high=INT32_MAX)
     enforce_eager: bool = option(False, "no CUDA graphs")
+    cuda_graph_max_tokens: int = option(8192, "largest step with prompt tokens replayed from a CUDA graph (0: those run "
+                                        "eagerly; decode steps are replayed up to 512 sequences)", low=0, high=INT32_MAX)
     overlap_scheduling: bool = option(True, "schedule the next step while the device runs this one (engine/llm_engine.py)")
     tensor_parallel_size: int = option(1, "GPUs (or CPU processes) to split the model over", low=1, high=INT32_MAX)
     kvcache_block_size: int = option(16, "tokens per KV-cache block", low=1, high=INT32_MAX)

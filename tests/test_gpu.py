@@ -38,3 +38,21 @@ def test_cudagraph_matches_eager(engine, num_prompts, model_dir):
         graphed = llm.generate(prompts, params, use_tqdm=False)
         assert llm.engine.model_runner.num_graph_replays > 0
     assert stage_view(graphed) == stage_view(eager)
+
+
+def test_final_replays_steps_with_prompts(model_dir):
+    """Prompts admitted beside running decodes and prompts chunked over several steps, replayed
+    from the token-count graphs, give the eager engine's tokens; with cuda_graph_max_tokens=0
+    only decode steps replay."""
+    st, path = load_engine("final"), model_dir("llama")
+    prompts = random_prompts([5 + (i * 37) % 90 for i in range(12)], seed=12)
+    params = [st.SamplingParams(temperature=0.0, max_tokens=4 + i % 9, ignore_eos=True) for i in range(12)]
+    options = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64)
+    with st.LLM(path, enforce_eager=True, **options) as llm:
+        eager = llm.generate(prompts, params, use_tqdm=False)
+    for max_tokens in (64, 0):
+        with st.LLM(path, cuda_graph_max_tokens=max_tokens, **options) as llm:
+            graphed = llm.generate(prompts, params, use_tqdm=False)
+            replays = llm.engine.model_runner.cuda_graphs.num_replays
+            assert replays[True] > 0 and (replays[False] > 0) == (max_tokens > 0)
+        assert stage_view(graphed) == stage_view(eager)

@@ -1,9 +1,16 @@
-"""Decode steps captured as CUDA graphs, one per batch size of a ladder, and replayed.
+"""Steps captured as CUDA graphs and replayed: decode steps, one graph per batch size of a
+ladder, and steps that carry prompt tokens, one graph per token count of a second ladder.
 
-A graph replays every kernel launch of a step with one call, on fixed buffers: a decode
-step of n sequences copies its inputs into the first n rows of the buffers and replays
-the graph of the next captured size up (the padding rows store nothing and attend to
-nothing)."""
+A graph replays every kernel launch of a step with one call, on fixed buffers: a step
+copies its inputs into the first rows of the buffers and replays the graph of the next
+captured size up (the padding rows store nothing and attend to nothing). Eagerly, a step of
+a small model is bound by the host's ~500 launches (~15 ms on an H200 at any token count up
+to a few thousand, against ~2 ms for a decode step replayed), so a step that admits a new
+prompt would stall every running stream for several decode steps; replayed, it costs its
+GPU time. Steps with prompts need an attention backend whose prefill launch reads no
+device values (`capturable_prefill`: its grid is sized from the token and sequence counts);
+the option `cuda_graph_max_tokens` caps their ladder (larger steps' GPU time dwarfs their
+launches), and 0 leaves them eager."""
 
 import torch
 from torch import nn
@@ -19,75 +26,107 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sorted({bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs})
 
 
-def graph_for(num_seqs: int, sizes: list[int]) -> int:
-    """The captured size a decode step of `num_seqs` sequences is padded up to."""
-    return next(size for size in sizes if size >= num_seqs)
+def graph_token_sizes(max_tokens: int) -> list[int]:
+    """The token counts of steps with prompts to capture: 16, 24, 32, 48, 64, 96, ... (powers of
+    two and the points halfway between them, so that padding adds at most half) up to
+    `max_tokens`, and `max_tokens` itself; none for 0."""
+    ladder = {n for p in range(4, max_tokens.bit_length()) for n in (2**p, 3 * 2 ** (p - 1)) if n <= max_tokens}
+    return sorted(ladder | {max_tokens}) if max_tokens > 0 else []
+
+
+def graph_for(n: int, sizes: list[int]) -> int:
+    """The captured size a step of `n` sequences (decode) or tokens (with prompts) is padded up to."""
+    return next(size for size in sizes if size >= n)
 
 
 class CUDAGraphs:
     @torch.inference_mode()  # the buffers are inference tensors, as everything a step touches
-    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
-        self.sizes = graph_batch_sizes(max_num_seqs)
-        max_bs, max_blocks = self.sizes[-1], blocks_needed(max_model_len, block_size)
-        self.inputs = {  # static buffers shared by every graph; a graph of size bs uses the first bs rows
-            "input_ids": torch.zeros(max_bs, dtype=torch.int64, device=device),
-            "positions": torch.zeros(max_bs, dtype=torch.int64, device=device),
-            "slot_mapping": torch.full((max_bs,), -1, dtype=torch.int64, device=device),
-            "context_lens": torch.zeros(max_bs, dtype=torch.int32, device=device),
-            "block_tables": torch.full((max_bs, max_blocks), -1, dtype=torch.int32, device=device),
-            "cu_seqlens_q": torch.arange(max_bs + 1, dtype=torch.int32, device=device),
-            "decode_order": torch.arange(max_bs, dtype=torch.int32, device=device),
+    def __init__(self, max_num_seqs: int, max_prompt_tokens: int, max_model_len: int, block_size: int,
+                 hidden_size: int, dtype: torch.dtype, device: torch.device):
+        """max_prompt_tokens: the largest step with prompt tokens to capture (0: none)."""
+        self.sizes = graph_batch_sizes(max_num_seqs)  # decode: sequences
+        self.token_sizes = graph_token_sizes(max_prompt_tokens)  # with prompts: tokens
+        self.max_num_seqs = max_num_seqs
+        max_tokens = max([self.sizes[-1], *self.token_sizes])
+        max_seqs = max(self.sizes[-1], self.seq_rows(max_tokens))
+        max_blocks = blocks_needed(max_model_len, block_size)
+        self.inputs = {  # static buffers shared by every graph; a graph uses their first rows
+            "input_ids": torch.zeros(max_tokens, dtype=torch.int64, device=device),
+            "positions": torch.zeros(max_tokens, dtype=torch.int64, device=device),
+            "slot_mapping": torch.full((max_tokens,), -1, dtype=torch.int64, device=device),
+            "context_lens": torch.zeros(max_seqs, dtype=torch.int32, device=device),
+            "block_tables": torch.full((max_seqs, max_blocks), -1, dtype=torch.int32, device=device),
+            "cu_seqlens_q": torch.zeros(max_seqs + 1, dtype=torch.int32, device=device),  # steps with prompts only
+            "decode_order": torch.arange(self.sizes[-1], dtype=torch.int32, device=device),
         }
-        self.identity = torch.arange(max_bs, dtype=torch.int32, device=device)  # the padding rows' order
-        self.output = torch.zeros(max_bs, hidden_size, dtype=dtype, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> graph
-        self.num_replays = 0
+        self.identity = torch.arange(self.sizes[-1] + 1, dtype=torch.int32, device=device)  # decode padding rows' order
+        self.output = torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device)
+        self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}  # (is_decode, sequences or tokens) -> graph
+        self.num_replays = {True: 0, False: 0}  # by is_decode
+
+    def seq_rows(self, num_tokens: int) -> int:
+        """The sequences a step of `num_tokens` tokens may hold."""
+        return min(self.max_num_seqs, num_tokens)
 
     @torch.inference_mode()  # no autograd records: the graphs' memory pool holds only what a step needs
     def capture(self, model: nn.Module) -> None:
-        """Record one decode step of `model` per batch size of the ladder."""
+        """Record one step of `model` per size of each ladder; they share one memory pool (one
+        step runs at a time), so the largest of all is captured first."""
         pool = None
-        for bs in reversed(self.sizes):  # largest first, so smaller graphs fit in its memory pool
+        todo = [(False, n) for n in self.token_sizes] + [(True, bs) for bs in self.sizes]
+        for key in sorted(todo, key=lambda key: key[1], reverse=True):
+            is_decode, n = key
             graph = torch.cuda.CUDAGraph()
-            set_context(self.context(bs))
-            ids, pos = self.inputs["input_ids"][:bs], self.inputs["positions"][:bs]
-            self.output[:bs] = model(ids, pos)  # warm-up: autotuning and allocations happen outside the graph
+            set_context(self.context(is_decode, n))
+            ids, pos = self.inputs["input_ids"][:n], self.inputs["positions"][:n]
+            self.output[:n] = model(ids, pos)  # warm-up: autotuning and allocations happen outside the graph
             with torch.cuda.graph(graph, pool):
-                self.output[:bs] = model(ids, pos)
+                self.output[:n] = model(ids, pos)
             pool = pool or graph.pool()
-            self.graphs[bs] = graph
+            self.graphs[key] = graph
             torch.cuda.synchronize()
         set_context(None)
 
-    def context(self, bs: int) -> Context:
+    def context(self, is_decode: bool, n: int) -> Context:
+        """The context a graph of `n` sequences (decode) or tokens (with prompts) reads. While
+        capturing, every row is padding: nothing is stored (slots -1), nothing attended to
+        (context 0, and no prompt sequence has a token: cu_seqlens_q all 0)."""
         g = self.inputs
+        seqs = n if is_decode else self.seq_rows(n)
         return Context(
-            cu_seqlens_q=g["cu_seqlens_q"][: bs + 1],
-            slot_mapping=g["slot_mapping"][:bs],
-            context_lens=g["context_lens"][:bs],
-            block_tables=g["block_tables"][:bs],
-            max_seqlen_q=1,
-            is_decode=True,
-            decode_order=g["decode_order"][:bs],
+            cu_seqlens_q=self.identity[: seqs + 1] if is_decode else g["cu_seqlens_q"][: seqs + 1],  # decode: 0, 1, ..., never read
+            slot_mapping=g["slot_mapping"][:n],
+            context_lens=g["context_lens"][:seqs],
+            block_tables=g["block_tables"][:seqs],
+            max_seqlen_q=1 if is_decode else n,
+            is_decode=is_decode,
+            decode_order=g["decode_order"][:n] if is_decode else None,
         )
 
-    def can_replay(self, context: Context, num_seqs: int) -> bool:
-        return context.is_decode and bool(self.graphs) and num_seqs <= self.sizes[-1]
+    def can_replay(self, context: Context, num_tokens: int) -> bool:
+        sizes = self.sizes if context.is_decode else self.token_sizes
+        return bool(self.graphs) and bool(sizes) and num_tokens <= sizes[-1]
 
     def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
-        n = len(input_ids)
-        bs = graph_for(n, self.sizes)  # pad the batch up to a captured size
+        """(tokens, hidden): the step's hidden states, from the graph of the next size up."""
+        n, seqs = len(input_ids), len(context.context_lens)
+        size = graph_for(n, self.sizes if context.is_decode else self.token_sizes)
+        rows = size if context.is_decode else self.seq_rows(size)  # sequence rows of that graph
         g = self.inputs
         g["input_ids"][:n] = input_ids
         g["positions"][:n] = positions
-        g["slot_mapping"][:bs].fill_(-1)  # padding rows store nothing ...
+        g["slot_mapping"][n:size].fill_(-1)  # padding rows store nothing ...
         g["slot_mapping"][:n] = context.slot_mapping
-        g["context_lens"][:bs].zero_()  # ... and attend to nothing
-        g["context_lens"][:n] = context.context_lens
+        g["context_lens"][seqs:rows].zero_()  # ... and attend to nothing
+        g["context_lens"][:seqs] = context.context_lens
         width = context.block_tables.shape[1]
-        g["block_tables"][:n, :width] = context.block_tables
-        g["decode_order"][n:bs] = self.identity[n:bs]  # padding rows last, each once
-        g["decode_order"][:n] = context.decode_order
-        self.graphs[bs].replay()
-        self.num_replays += 1
-        return self.output[:n]  # (seqs, hidden)
+        g["block_tables"][:seqs, :width] = context.block_tables
+        if context.is_decode:
+            g["decode_order"][n:size] = self.identity[n:size]  # padding rows last, each once
+            g["decode_order"][:n] = context.decode_order
+        else:
+            g["cu_seqlens_q"][: seqs + 1] = context.cu_seqlens_q
+            g["cu_seqlens_q"][seqs + 1 : rows + 1].fill_(n)  # padding sequences hold no token
+        self.graphs[(context.is_decode, size)].replay()
+        self.num_replays[context.is_decode] += 1
+        return self.output[:n]  # (tokens, hidden)

@@ -71,14 +71,16 @@ class ModelRunner:
         self.cuda_graphs: CUDAGraphs | None = None  # none yet: the warm-up below runs eagerly
         self.allocate_kv_cache(model_config)
         if self.use_cudagraphs():
-            self.cuda_graphs = CUDAGraphs(config.max_num_seqs, config.max_model_len, self.block_size, model_config.hidden_size, self.dtype, self.device)
+            prompt_tokens = min(config.max_num_batched_tokens, config.cuda_graph_max_tokens) if self.attention_backend.capturable_prefill else 0
+            self.cuda_graphs = CUDAGraphs(config.max_num_seqs, prompt_tokens, config.max_model_len, self.block_size,
+                                          model_config.hidden_size, self.dtype, self.device)
             if self.world_size > 1:
                 keep_graphs(self.cuda_graphs.graphs)  # dropped before the group is left (distributed.py says why)
             self.cuda_graphs.capture(self.model)
 
     @property
     def num_graph_replays(self) -> int:
-        return self.cuda_graphs.num_replays if self.cuda_graphs is not None else 0
+        return sum(self.cuda_graphs.num_replays.values()) if self.cuda_graphs is not None else 0
 
     # ---- the KV cache ----
 
@@ -205,8 +207,8 @@ class ModelRunner:
         return self.model.compute_logits(hidden[self._tensor(step.sample_rows)])  # (rows, vocab) on rank 0
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
-        """A decode step replays the graph captured for the next batch size up; everything
-        else runs eagerly."""
+        """A step replays the graph captured for the next size up (decode: sequences; with
+        prompt tokens: tokens) when there is one; anything else runs eagerly."""
         if self.cuda_graphs is not None and self.cuda_graphs.can_replay(context, len(input_ids)):
             return self.cuda_graphs.replay(input_ids, positions, context)
         set_context(context)

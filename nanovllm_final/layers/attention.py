@@ -2,8 +2,9 @@
 
 A backend is a module: attention_torch.py (the PyTorch reference), attention_triton.py
 (ours) or attention_flash.py (the flash-attn package). Each has the same three functions,
-which the Attention layer calls, and says two things of itself (`name`, `capturable`: can
-a decode step be captured in a CUDA graph, i.e. do its launches read no device values)::
+which the Attention layer calls, and says three things of itself (`name`; `capturable`: can
+a decode step be captured in a CUDA graph, i.e. do its launches read no device values;
+`capturable_prefill`: can a step with prompt tokens, at padded token and sequence counts)::
 
     store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)   token t's k/v into slot slot_mapping[t] (-1: skip)
     paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q, k_scale, v_scale)

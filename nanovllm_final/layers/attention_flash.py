@@ -13,6 +13,7 @@ from .attention_triton import store_kvcache  # noqa: F401  (re-exported: the bac
 
 name = "flash_attn"
 capturable = True
+capturable_prefill = False  # the prefill reads the longest context on the host: steps with prompts run eagerly
 
 
 def _no_fp8(k_cache: torch.Tensor, k_scale) -> None:

@@ -26,6 +26,7 @@ import torch
 
 name = "torch"
 capturable = False  # it reads sizes on the host (.tolist())
+capturable_prefill = False  # nor can its prefill
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 

@@ -11,8 +11,10 @@ offset ``p % block_size``, so any block size works (1, 3, 16, 256, ...).
 Kernels
 -------
 * ``store_kvcache``          one program per token: copy its K/V rows into the cache.
-* ``paged_prefill_attention`` FlashAttention-style: one program per (query tile, sequence,
-                             query head); loops over key tiles, online softmax in fp32.
+* ``paged_prefill_attention`` FlashAttention-style: one program per (query head, query
+                             tile of any sequence); loops over key tiles, online softmax in
+                             fp32. The grid is sized from the shapes alone (tokens, sequences),
+                             so a step with prompts can be captured in a CUDA graph too.
 * ``paged_decode_attention`` one program per (sequence, kv head[, split]): all query heads
                              of the GQA group share each K/V tile that is loaded. Optional
                              split-K over the context plus a small reduce kernel, so that a
@@ -36,6 +38,7 @@ import triton.language as tl
 
 name = "triton"
 capturable = True  # no launch reads a device value
+capturable_prefill = True  # nor does the prefill launch: steps with prompts can be captured too
 
 # exp(x) == exp2(x * log2(e)): exp2 is the cheaper instruction on GPUs, so the kernels
 # fold log2(e) into the softmax scale once and use exp2 everywhere.
@@ -192,6 +195,24 @@ def _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, mask, APPLY_MASK: tl.
 
 
 @triton.jit
+def _prefill_tile(cu_seqlens_q_ptr, num_seqs, index, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    """(sequence, query tile) of the index-th tile counted from the end of the list of every
+    sequence's tiles in order; (-1, 0) past the last one."""
+    offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S] sequences
+    s_ok = offs_s < num_seqs
+    starts = tl.load(cu_seqlens_q_ptr + offs_s, mask=s_ok, other=0)
+    ends = tl.load(cu_seqlens_q_ptr + offs_s + 1, mask=s_ok, other=0)
+    tiles = (ends - starts + BLOCK_M - 1) // BLOCK_M  # [BLOCK_S] query tiles of each sequence
+    tiles_end = tl.cumsum(tiles, 0)  # [BLOCK_S] where each sequence's tiles end in the list
+    flat = tl.sum(tiles, 0) - 1 - index  # position in the list, counted from its start
+    seq = tl.sum((tiles_end <= flat).to(tl.int32), 0)  # the sequences whose tiles end at or before it
+    first = tl.sum(tl.where(offs_s == seq, tiles_end - tiles, 0), 0)  # the sequence's first tile in the list
+    if flat < 0:
+        seq = -1
+    return seq, flat - first
+
+
+@triton.jit
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr,
@@ -200,22 +221,25 @@ def _paged_prefill_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch,           # cache strides: block, slot in block, kv head
     stride_bt,                                 # block table row stride
+    num_seqs,
     GROUP: tl.constexpr,                       # query heads per kv head
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,                     # num_seqs, padded to a power of two
     FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
 ):
-    # Which BLOCK_M queries of the sequence. Reversed so that the last tiles, which see the
-    # most keys, start first: better load balance across the GPU under the causal mask.
-    tile_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    seq = tl.program_id(1)
-    head = tl.program_id(2)
+    # Query heads are the fast grid axis: the heads of one tile start together and share its
+    # keys in L2. The second axis counts the tiles of every sequence backwards, so the last
+    # tiles of the last sequences (the newest prompt, the most keys under the causal mask)
+    # start first: better load balance. The grid may hold more tiles than there are (it is
+    # sized from the shapes alone); those programs return at once.
+    head = tl.program_id(0)
     kv_head = head // GROUP
-
+    seq, tile_m = _prefill_tile(cu_seqlens_q_ptr, num_seqs, tl.program_id(1), BLOCK_M, BLOCK_S)
+    if seq < 0:
+        return
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    if tile_m * BLOCK_M >= q_len:  # grid is sized for the longest sequence
-        return
     context_len = tl.load(context_lens_ptr + seq)
     prefix_len = context_len - q_len  # tokens before our first query (cached prefix)
 
@@ -277,7 +301,7 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,  # (num_seqs,) int32, cached + new tokens
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32, padded with -1
     scale: float,
-    max_seqlen_q: int,  # longest q_len in the batch (sizes the grid, no device sync)
+    max_seqlen_q: int,  # longest q_len in the batch (the API's; this kernel's grid needs only the shapes)
     BLOCK_M: int = 64,
     BLOCK_N: int = 64,
     num_warps: int = 4,
@@ -299,7 +323,8 @@ def paged_prefill_attention(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_tokens == 0 or num_seqs == 0 or max_seqlen_q == 0:
         return out
-    grid = (triton.cdiv(max_seqlen_q, BLOCK_M), num_seqs, num_heads)
+    max_tiles = triton.cdiv(num_tokens, BLOCK_M) + num_seqs  # >= the tiles of any split of num_tokens into num_seqs
+    grid = (num_heads, max_tiles)
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, out,
@@ -309,8 +334,9 @@ def paged_prefill_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
+        num_seqs,
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), FP8=fp8,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), BLOCK_S=triton.next_power_of_2(num_seqs), FP8=fp8,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -1,0 +1,148 @@
+"""The final engine's CUDA-graph buffers (engine/cuda_graphs.py) on a CPU: the ladders, and a
+replay through the padded static buffers against the same step run eagerly.
+
+A CUDA graph replays exactly the launches it recorded on the buffers it recorded them on,
+so a stand-in that runs the model again on those buffers' captured views checks everything
+but the capture itself: how a step's inputs are padded into the buffers, and that the
+Triton attention kernels (under the interpreter here) ignore the padding rows. The capture
+itself is checked on a GPU (tests/test_gpu.py)."""
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+from nanovllm_final.engine.cuda_graphs import CUDAGraphs, graph_for, graph_token_sizes  # noqa: E402
+from nanovllm_final.engine.sequence import Sequence  # noqa: E402
+from nanovllm_final.engine.step_input import build_step_input  # noqa: E402
+from nanovllm_final.layers import attention_triton  # noqa: E402
+from nanovllm_final.layers.attention import Attention  # noqa: E402
+from nanovllm_final.layers.context import Context, set_context  # noqa: E402
+from nanovllm_final.sampling_params import SamplingParams  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK, VOCAB = 4, 2, 16, 4, 97
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_token_ladder():
+    assert graph_token_sizes(16384)[:8] == [16, 24, 32, 48, 64, 96, 128, 192]
+    assert graph_token_sizes(8192)[-3:] == [4096, 6144, 8192]
+    assert graph_token_sizes(100) == [16, 24, 32, 48, 64, 96, 100]
+    assert graph_token_sizes(10) == [10] and graph_token_sizes(0) == []
+    sizes = graph_token_sizes(1000)
+    assert [graph_for(n, sizes) for n in (1, 16, 17, 25, 700, 1000)] == [16, 16, 24, 32, 768, 1000]
+    # padding adds at most half of the step
+    assert all(graph_for(n, sizes) <= max(16, 1.5 * n) for n in range(1, 1001))
+
+
+class AttentionOnly(nn.Module):
+    """Token ids -> q, k, v (an embedding) -> paged attention -> (tokens, heads * head_dim)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Embedding(VOCAB, (HEADS + 2 * KV_HEADS) * HEAD_DIM)
+        self.attn = Attention(HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM**-0.5)
+        self.attn.backend = attention_triton
+
+    def forward(self, input_ids, positions):
+        qkv = self.qkv(input_ids) + positions[:, None] * 1e-2  # (tokens, (heads + 2 kv_heads) * head_dim)
+        q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
+        n = len(input_ids)
+        return self.attn(q.view(n, HEADS, HEAD_DIM), k.view(n, KV_HEADS, HEAD_DIM), v.reshape(n, KV_HEADS, HEAD_DIM)).flatten(1)
+
+
+class Recorded:
+    """Stands in for a captured graph: replay() runs the model on the buffer views of the key."""
+
+    def __init__(self, graphs: CUDAGraphs, model: nn.Module, key: tuple[bool, int]):
+        self.graphs, self.model, self.key = graphs, model, key
+
+    def replay(self) -> None:
+        is_decode, n = self.key
+        set_context(self.graphs.context(is_decode, n))
+        g = self.graphs.inputs
+        self.graphs.output[:n] = self.model(g["input_ids"][:n], g["positions"][:n])
+        set_context(None)
+
+
+def _seq(length: int, cached: int, first_block: int) -> Sequence:
+    seq = Sequence([(7 * i + length) % VOCAB for i in range(length)], SamplingParams(max_tokens=4).resolve({}))
+    seq.block_table = list(range(first_block, first_block + -(-length // BLOCK)))
+    seq.num_cached_tokens, seq.num_scheduled_tokens = cached, length - cached
+    return seq
+
+
+def _tensor(array) -> torch.Tensor:
+    return torch.from_numpy(array).to(DEVICE)
+
+
+def _context(step) -> Context:
+    t = {name: _tensor(getattr(step, name)) for name in ("cu_seqlens_q", "slot_mapping", "context_lens", "block_tables", "decode_order")}
+    return Context(t["cu_seqlens_q"], t["slot_mapping"], t["context_lens"], t["block_tables"], step.max_seqlen_q, step.is_decode,
+                   t["decode_order"] if step.is_decode else None)
+
+
+# (length, cached) per sequence: a step with prompts (decodes, a chunk after a cached prefix,
+# a whole new prompt of more than two query tiles), and a decode step
+STEPS = {"with prompts": [(9, 8), (13, 5), (140, 0), (6, 5)], "decode": [(9, 8), (30, 29), (5, 4)]}
+EXTRA = {"with prompts": (12, 0), "decode": (12, 11)}  # one more sequence: the same graph, a larger step
+
+
+def _steps(kind: str):
+    """The step, a larger one of the same graph before it (it leaves its rows in the buffers), blocks used."""
+    seqs, first = [], 0
+    for length, cached in [*STEPS[kind], EXTRA[kind]]:
+        seqs.append(_seq(length, cached, first))
+        first += len(seqs[-1].block_table)
+    return build_step_input(seqs[:-1], BLOCK), build_step_input(seqs, BLOCK), first
+
+
+@pytest.mark.parametrize("kind", list(STEPS))
+@torch.inference_mode()
+def test_replay_through_padded_buffers_matches_eager(kind):
+    """Replayed after a larger step of the same graph, whose rows the smaller one must pad away."""
+    torch.manual_seed(0)
+    model = AttentionOnly().to(DEVICE)
+    graphs = CUDAGraphs(max_num_seqs=8, max_prompt_tokens=256, max_model_len=256, block_size=BLOCK,
+                        hidden_size=HEADS * HEAD_DIM, dtype=torch.float32, device=DEVICE)
+    graphs.graphs = {key: Recorded(graphs, model, key) for key in
+                     [(False, n) for n in graphs.token_sizes] + [(True, bs) for bs in graphs.sizes]}
+    step, larger, num_blocks = _steps(kind)
+    assert step.is_decode == larger.is_decode == (kind == "decode")
+    sizes = graphs.sizes if step.is_decode else graphs.token_sizes
+    assert graph_for(step.num_tokens, sizes) == graph_for(larger.num_tokens, sizes)
+    cache = torch.randn(2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM, device=DEVICE)  # the cached prefixes (and stale slots)
+    outputs, caches = [], []
+    for replayed in (False, True):
+        if replayed:
+            model.attn.k_cache, model.attn.v_cache = cache.clone().unbind(0)
+            graphs.replay(_tensor(larger.input_ids), _tensor(larger.positions), _context(larger))
+        model.attn.k_cache, model.attn.v_cache = kv = cache.clone().unbind(0)
+        ids, pos, context = _tensor(step.input_ids), _tensor(step.positions), _context(step)
+        if replayed:
+            assert graphs.can_replay(context, len(ids))
+            out = graphs.replay(ids, pos, context).clone()
+        else:
+            set_context(context)
+            out = model(ids, pos)
+            set_context(None)
+        outputs.append(out)
+        caches.append(torch.stack(kv))
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(caches[1], caches[0])  # the padding rows stored nothing
+    assert graphs.num_replays[step.is_decode] == 2
+
+
+def test_larger_steps_run_eagerly():
+    graphs = CUDAGraphs(max_num_seqs=4, max_prompt_tokens=32, max_model_len=64, block_size=BLOCK,
+                        hidden_size=8, dtype=torch.float32, device=DEVICE)
+    graphs.graphs = {(False, 32): None}
+    step = build_step_input([_seq(33, 0, 0)], BLOCK)
+    assert not graphs.can_replay(_context(step), step.num_tokens)
+    step = build_step_input([_seq(32, 0, 0)], BLOCK)
+    assert graphs.can_replay(_context(step), step.num_tokens)
