@@ -9,18 +9,24 @@ and the fused path called eagerly (the host's launches included), and the fused 
 replayed from a CUDA graph, as a captured decode step runs it, for each tile configuration
 of TILE_CHOICES (the GPU's time alone), and for few tokens the matrix-vector path with each
 of GEMV_CHOICES; `fused_graph_us` is the path and tiles the layer picks by itself. `weight_bytes` is what the layer must read at least
-(the experts that received a token), and `bound_us` that at `--bandwidth` TB/s."""
+(the experts that received a token), and `bound_us` that at `--bandwidth` TB/s.
+
+The router, replayed from a CUDA graph: `route_torch_graph_us` (layers/moe.py's route_torch,
+five launches) against `route_fused_graph_us` (fused_moe.fused_route, one), and the whole
+block as SparseMoeBlock runs it (the router GEMM, the routing, the fused experts) with either:
+`block_graph_us_torch_route` and `block_graph_us_fused_route`."""
 
 import argparse
 import json
 
 import torch
+import torch.nn.functional as F
 import triton
 
 from benchmarks.kernel_bench import cuda_time_ms, graph_time_ms
 from benchmarks.run import versions
 from nanovllm_final.layers import fused_moe
-from nanovllm_final.layers.moe import Experts, route
+from nanovllm_final.layers.moe import Experts, route, route_torch
 from tools.tiny_model import FULL_SHAPES, build_config
 
 
@@ -37,8 +43,25 @@ def graph_time(fn) -> float:
 TILE_CHOICES = [  # BLOCK_N, BLOCK_K, num_warps, num_stages
     (64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (128, 64, 4, 3), (32, 128, 4, 4), (128, 128, 8, 3), (64, 256, 8, 3),
 ]
-GEMV_CHOICES = [(16, 128, 4), (8, 256, 4), (16, 256, 4), (32, 128, 4), (16, 128, 2), (8, 128, 2), (32, 256, 8)]  # BLOCK_N, BLOCK_K, num_warps
+GEMV_CHOICES = [  # BLOCK_N, BLOCK_K, num_warps, DOWN_BLOCK_N
+    (16, 128, 4, 2), (8, 256, 4, 2), (16, 256, 4, 2), (32, 128, 4, 2), (16, 128, 2, 2), (8, 128, 2, 2), (32, 256, 8, 2),
+    (8, 256, 4, 1), (8, 256, 4, 4), (8, 256, 4, 8), (8, 128, 4, 4), (16, 256, 8, 4),
+]
 GEMV_MAX_PAIRS = 128  # the matrix-vector path is timed up to this many (token, expert) pairs
+
+
+def routing_times(layer: Experts, gate: torch.Tensor, x: torch.Tensor, logits: torch.Tensor, top_k: int, renormalize: bool) -> dict:
+    """The router alone and the whole block (router GEMM, routing, experts) replayed from CUDA
+    graphs, with the torch routing and with the routing kernel."""
+    def block(route_fn):
+        return lambda: layer(x, *route_fn(F.linear(x, gate), top_k, renormalize))  # (T, hidden)
+
+    return {
+        "route_torch_graph_us": graph_time(lambda: route_torch(logits, top_k, renormalize)),
+        "route_fused_graph_us": graph_time(lambda: fused_moe.fused_route(logits, top_k, renormalize)),
+        "block_graph_us_torch_route": graph_time(block(route_torch)),
+        "block_graph_us_fused_route": graph_time(block(fused_moe.fused_route)),
+    }
 
 
 def main() -> None:
@@ -56,13 +79,15 @@ def main() -> None:
     with torch.no_grad():
         layer.gate_up_proj.normal_(0, 0.02)
         layer.down_proj.normal_(0, 0.02)
+    gate = torch.randn(experts_n, hidden, device="cuda", dtype=torch.bfloat16) * 0.02  # (E, hidden): the router
+    renormalize = config.get("norm_topk_prob", True)
     rows = []
     print("time: median us per call; loop and eager include the host's launches, graph is the GPU alone")
     with torch.inference_mode():
         for tokens in args.tokens:
             x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)  # (T, hidden)
             logits = torch.randn(tokens, experts_n, device="cuda", dtype=torch.bfloat16)  # (T, E)
-            weights, ids = route(logits, top_k, config.get("norm_topk_prob", True))
+            weights, ids = route(logits, top_k, renormalize)
             fused = fused_moe.fused_experts(x, layer.gate_up_proj, layer.down_proj, weights, ids)
             loop = layer.forward_loop(x, weights, ids)
             error = ((fused.float() - loop.float()).abs().max() / loop.float().abs().max().clamp_min(1e-6)).item()
@@ -77,7 +102,8 @@ def main() -> None:
             if tokens * top_k <= GEMV_MAX_PAIRS:
                 gemv = fused_moe.fused_experts(x, layer.gate_up_proj, layer.down_proj, weights, ids, small=True)
                 error = max(error, ((gemv.float() - loop.float()).abs().max() / loop.float().abs().max().clamp_min(1e-6)).item())
-                choices += [(f"gemv {bn}x{bk}/w{w}", {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w}, True) for bn, bk, w in GEMV_CHOICES]
+                choices += [(f"gemv {bn}x{bk}/w{w}/d{dn}", {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "DOWN_BLOCK_N": dn}, True)
+                            for bn, bk, w, dn in GEMV_CHOICES]
             for name, tiles, small in choices:
                 try:
                     graphs[name] = graph_time(fused_with(tiles, small))
@@ -92,10 +118,14 @@ def main() -> None:
                 "weight_bytes": weight_bytes, "bound_us": weight_bytes / (args.bandwidth * 1e12) * 1e6,
             }
             row["speedup"] = row["loop_us"] / row["fused_eager_us"]
+            row.update(routing_times(layer, gate, x, logits, top_k, renormalize))
             rows.append(row)
             print(f"{tokens:>6} tokens {hit:>4} experts  loop {row['loop_us']:8.1f} us  fused eager {row['fused_eager_us']:7.1f}"
                   f"  graph {row['fused_graph_us']:7.1f} (best {graphs[best]:7.1f} {best})  x{row['speedup']:5.1f}"
                   f"  bound {row['bound_us']:6.1f} us  err {error:.1e}", flush=True)
+            print(f"{'':>6} route torch {row['route_torch_graph_us']:6.1f} us  fused {row['route_fused_graph_us']:6.1f} us;"
+                  f"  block (router GEMM, route, experts) torch route {row['block_graph_us_torch_route']:7.1f} us"
+                  f"  fused route {row['block_graph_us_fused_route']:7.1f} us", flush=True)
     record = {"benchmark": "moe_layer", "shape": args.shape, "device": torch.cuda.get_device_name(),
               "dtype": "bfloat16", "num_experts": experts_n, "top_k": top_k, "hidden_size": hidden,
               "moe_intermediate_size": inter, "rows": rows, "versions": versions()}

@@ -1,5 +1,6 @@
-"""The final engine's fused MoE kernels (layers/fused_moe.py) against the reference loop over
-the experts (layers/moe.py, Experts.forward_loop).
+"""The final engine's fused MoE kernels (layers/fused_moe.py) against the references in
+layers/moe.py: the router against route_torch, the experts against the loop over the experts
+(Experts.forward_loop).
 
 Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set by
 conftest.py before triton is imported), in float32 and float16: the interpreter computes
@@ -16,13 +17,13 @@ if not torch.cuda.is_available():
 
 fused_moe = pytest.importorskip("nanovllm_final.layers.fused_moe")
 ALIGN = fused_moe.align_by_expert
-from nanovllm_final.layers.moe import Experts, route  # noqa: E402
+from nanovllm_final.layers.moe import Experts, route, route_torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
 # tokens, experts, top_k, hidden, expert width
-SHAPES = [(1, 8, 2, 64, 32), (5, 8, 2, 64, 32), (37, 6, 3, 40, 24)]
+SHAPES = [(1, 8, 2, 64, 32), (5, 8, 2, 64, 32), (37, 6, 3, 40, 24), (3, 16, 8, 40, 24)]
 
 
 def tol(dtype: torch.dtype) -> dict:
@@ -44,6 +45,49 @@ def make_case(tokens: int, num_experts: int, top_k: int, hidden: int, width: int
 def fused(experts: Experts, x, weights, ids, **kwargs) -> torch.Tensor:
     args = [t.to(DEVICE) for t in (x, experts.gate_up_proj.data, experts.down_proj.data, weights, ids)]
     return fused_moe.fused_experts(*args, **kwargs).cpu()
+
+
+def distinct_logits(tokens: int, num_experts: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """(tokens, experts) logits, each row a shuffle of distinct multiples of 1/16 (exact in half
+    types): no two experts tie, so the order of the top_k is the same for any correct router."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randperm(num_experts, generator=g) for _ in range(tokens)]
+    steps = torch.stack(rows) if rows else torch.empty(0, num_experts)  # (tokens, experts)
+    return ((steps - num_experts // 2) / 16).to(dtype)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens, num_experts, top_k", [(3, 128, 8), (1, 8, 2), (5, 60, 3), (2, 512, 16), (0, 16, 2)])
+def test_fused_route_matches_route(tokens, num_experts, top_k, dtype, renormalize):
+    """The same experts in the same order, the weights in the logits' dtype to rounding."""
+    logits = distinct_logits(tokens, num_experts, dtype, seed=tokens).to(DEVICE)
+    weights, ids = fused_moe.fused_route(logits, top_k, renormalize)
+    ref_weights, ref_ids = route_torch(logits, top_k, renormalize)
+    assert weights.dtype == dtype and ids.dtype == torch.int64 and weights.shape == ids.shape == (tokens, top_k)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, **({"atol": 1e-6, "rtol": 1e-6} if dtype == torch.float32 else {}))
+
+
+def test_fused_route_ties_take_the_lowest_expert():
+    """Equal probabilities: the lower expert index first (torch.topk leaves that order open)."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0, 0.0, 1.0, 1.0], [0.0] * 8, [-1.0, 5.0, -1.0, 5.0, -1.0, -1.0, 0.0, 0.0]])
+    weights, ids = fused_moe.fused_route(logits.to(DEVICE), 4, renormalize=True)
+    assert ids.tolist() == [[1, 2, 4, 3], [0, 1, 2, 3], [1, 3, 6, 7]]
+    probs = torch.softmax(logits, dim=-1).gather(1, torch.tensor([[1, 2, 4, 3], [0, 1, 2, 3], [1, 3, 6, 7]]))  # (3, 4)
+    torch.testing.assert_close(weights.cpu(), probs / probs.sum(dim=-1, keepdim=True))
+
+
+def test_route_dispatch(monkeypatch):
+    """route: the kernel for CUDA logits, route_torch for CPU logits."""
+    calls = []
+    real = fused_moe.fused_route
+    monkeypatch.setattr(fused_moe, "fused_route", lambda *args: calls.append(1) or real(*args))
+    logits = distinct_logits(4, 16, torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(route(logits, 2, True), route_torch(logits, 2, True))) and calls == []
+    if HAS_CUDA:
+        weights, ids = route(logits.cuda(), 2, True)
+        assert calls == [1] and ids.is_cuda and torch.equal(ids.cpu(), route_torch(logits, 2, True)[1])
 
 
 @pytest.mark.parametrize("block_m", [16, 64])
@@ -76,9 +120,19 @@ def test_fused_matches_loop(shape, dtype, small):
     """Both paths: the grouped GEMMs and the matrix-vector products of few tokens."""
     experts, x, weights, ids = make_case(*shape, dtype=dtype)
     expected = experts.forward_loop(x, weights, ids)  # on CPU, in the same dtype
-    out = fused(experts, x, weights, ids, small=small)
+    tiles = {"DOWN_BLOCK_N": 8} if small and not HAS_CUDA else None  # fewer programs for the interpreter
+    out = fused(experts, x, weights, ids, small=small, tiles=tiles)
     assert out.shape == x.shape and out.dtype == dtype
     torch.testing.assert_close(out, expected, **tol(dtype))
+
+
+@pytest.mark.parametrize("down_block_n, block_k", [(1, 16), (16, 256)])
+def test_gemv_tiles(down_block_n, block_k):
+    """The matrix-vector path's tiles: several K steps with a ragged last one, and down blocks of
+    one column or wider than the hidden size's last block (40 = 2 * 16 + 8)."""
+    experts, x, weights, ids = make_case(3, 16, 8, 40, 24, torch.float16, seed=2)
+    out = fused(experts, x, weights, ids, small=True, tiles={"BLOCK_K": block_k, "DOWN_BLOCK_N": down_block_n})
+    torch.testing.assert_close(out, experts.forward_loop(x, weights, ids), **tol(torch.float16))
 
 
 @pytest.mark.parametrize("block_m", [16, 64])
@@ -95,6 +149,8 @@ def test_small_batches_take_the_gemv_path(monkeypatch):
     """Up to SMALL_PAIRS (token, expert) pairs skip the grouping; one pair more is grouped."""
     calls = []
     monkeypatch.setattr(fused_moe, "align_by_expert", lambda *a: calls.append(a) or ALIGN(*a))
+    if not HAS_CUDA:
+        monkeypatch.setitem(fused_moe.GEMV_TILES, "DOWN_BLOCK_N", 32)  # fewer programs for the interpreter
     top_k = 2
     for tokens, grouped in ((fused_moe.SMALL_PAIRS // top_k, False), (fused_moe.SMALL_PAIRS // top_k + 1, True)):
         calls.clear()
@@ -142,3 +198,21 @@ def test_cuda_selects_the_fused_path(monkeypatch):
     out = experts(x.cuda(), weights.cuda(), ids.cuda())
     assert calls == [1]
     torch.testing.assert_close(out.cpu(), experts.cpu().forward_loop(x, weights, ids), **tol(torch.bfloat16))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_graph_replay_of_the_router():
+    """Captured once, replayed with other logits: equals an eager call, bit for bit."""
+    static = distinct_logits(8, 128, torch.bfloat16).cuda()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fused_moe.fused_route(static, 8, True)  # compile outside
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, ids = fused_moe.fused_route(static, 8, True)
+    static.copy_(distinct_logits(8, 128, torch.bfloat16, seed=1))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager_weights, eager_ids = fused_moe.fused_route(static.clone(), 8, True)
+    assert torch.equal(ids, eager_ids) and torch.equal(weights, eager_weights)

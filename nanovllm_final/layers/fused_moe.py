@@ -1,15 +1,21 @@
-"""The experts of a mixture-of-experts layer as two grouped GEMMs (CUDA; Triton).
+"""A mixture-of-experts layer's router and experts as Triton kernels (CUDA).
 
-The (token, expert) pairs are grouped by expert and each expert's run is padded to a
-multiple of BLOCK_M rows, so a block of rows belongs to one expert. Then one launch
-multiplies every block by its expert's gate and up weights and applies SiLU(gate) * up on
-the tile, and one launch multiplies by the down weights and scales each row by its routing
-weight; the top_k rows of a token are summed at the end.
+The router: one launch takes each token's softmax over the experts, its top_k and their
+renormalised weights (fused_route), where the PyTorch reference (layers/moe.py,
+route_torch) launches five kernels.
 
-Nothing reaches the host: the sort, the padding and both grids are sized from the shapes
+The experts as two grouped GEMMs: the (token, expert) pairs are grouped by expert and each
+expert's run is padded to a multiple of BLOCK_M rows, so a block of rows belongs to one
+expert. Then one launch multiplies every block by its expert's gate and up weights and
+applies SiLU(gate) * up on the tile, and one launch multiplies by the down weights and
+scales each row by its routing weight; the top_k rows of a token are summed at the end.
+A few tokens (SMALL_PAIRS) take two matrix-vector kernels instead, the second of which sums
+each token's top_k outputs itself.
+
+Nothing reaches the host: the sort, the padding and all grids are sized from the shapes
 (tokens, top_k, experts) alone, and blocks past the rows in use return at once, so a decode
-step with this path can be captured in a CUDA graph. layers/moe.py's loop over the experts
-is the reference; tests/test_moe_kernels.py checks these kernels against it under
+step with these kernels can be captured in a CUDA graph. layers/moe.py's torch code is the
+reference; tests/test_moe_kernels.py checks these kernels against it under
 TRITON_INTERPRET=1."""
 
 import torch
@@ -18,6 +24,55 @@ import triton.language as tl
 
 from .fused_triton import _rounded
 
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, weights_ptr, ids_ptr,
+    stride_lt, num_experts,  # logits: (T, E), last dim contiguous; weights, ids: (T, TOP_K) contiguous
+    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One token: the float32 softmax over its experts, the TOP_K largest probabilities in
+    descending order (equal ones: the lowest expert first), renormalised by their float32 sum
+    when RENORMALIZE, and only then cast to the weights' dtype, as route does."""
+    token = tl.program_id(0).to(tl.int64)
+    offs_e = tl.arange(0, BLOCK_E)  # [BLOCK_E]
+    e_ok = offs_e < num_experts
+    logits = tl.load(logits_ptr + token * stride_lt + offs_e, mask=e_ok, other=-float("inf")).to(tl.float32)
+    exp = tl.exp(logits - tl.max(logits, 0))  # [BLOCK_E]; 0 past the experts
+    probs = tl.where(e_ok, exp / tl.sum(exp, 0), -1.0)  # [BLOCK_E]; -1: never chosen
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K] slots
+    top = tl.zeros([BLOCK_K], dtype=tl.float32)
+    ids = tl.zeros([BLOCK_K], dtype=tl.int64)
+    for slot in tl.static_range(TOP_K):
+        best = tl.max(probs, 0)
+        expert = tl.min(tl.where(probs == best, offs_e, BLOCK_E), 0)
+        expert = tl.minimum(expert, num_experts - 1)  # a NaN row still names a real expert
+        top = tl.where(offs_k == slot, best, top)
+        ids = tl.where(offs_k == slot, expert.to(tl.int64), ids)
+        probs = tl.where(offs_e == expert, -1.0, probs)
+    if RENORMALIZE:
+        top = top / tl.sum(top, 0)  # the slots past TOP_K hold 0
+    k_ok = offs_k < TOP_K
+    tl.store(weights_ptr + token * TOP_K + offs_k, top.to(weights_ptr.dtype.element_ty), mask=k_ok)
+    tl.store(ids_ptr + token * TOP_K + offs_k, ids, mask=k_ok)
+
+
+def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """layers/moe.py's route in one launch, one program per token: router_logits (T, E) ->
+    weights (T, top_k) in router_logits' dtype, expert_ids (T, top_k) int64, heaviest first."""
+    tokens, num_experts = router_logits.shape
+    assert router_logits.stride(-1) == 1 and 0 < top_k <= num_experts
+    weights = torch.empty(tokens, top_k, dtype=router_logits.dtype, device=router_logits.device)  # (T, top_k)
+    expert_ids = torch.empty(tokens, top_k, dtype=torch.int64, device=router_logits.device)  # (T, top_k)
+    if tokens == 0:
+        return weights, expert_ids
+    block_e = triton.next_power_of_2(num_experts)
+    _route_kernel[(tokens,)](
+        router_logits, weights, expert_ids, router_logits.stride(0), num_experts,
+        TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
+        num_warps=max(1, min(8, block_e // 256)),  # a few experts per thread: the reductions stay in a warp
+    )
+    return weights, expert_ids
 
 
 def default_tiles(pairs: int) -> dict:
@@ -171,10 +226,14 @@ def _down_kernel(
 
 
 # A few tokens (a small decode batch): no grouping at all. Each (token, expert) pair is its own
-# matrix-vector product, one program per pair and block of output columns, reading its
-# expert's weights straight from the routing ids: three launches, where grouping costs six.
+# matrix-vector product for gate/up, one program per pair and block of columns reading its
+# expert's weights straight from the routing ids; the down product takes all top_k pairs of a
+# token in one program and writes the token's weighted sum. Two launches, where the grouped
+# path costs eight (the ids' cast and four launches to group, two GEMMs, the sum).
 SMALL_PAIRS = 64  # at most this many pairs take the matrix-vector path (faster up to 8 tokens of top-8 on an H200)
-GEMV_TILES = {"BLOCK_N": 8, "BLOCK_K": 256, "num_warps": 4}
+# BLOCK_N, BLOCK_K, num_warps serve both kernels. DOWN_BLOCK_N is the down kernel's columns per
+# program: fewer than gate/up's, as each of its programs reads the rows of top_k experts.
+GEMV_TILES = {"BLOCK_N": 8, "BLOCK_K": 256, "num_warps": 4, "DOWN_BLOCK_N": 2}
 
 
 @triton.jit
@@ -209,44 +268,55 @@ def _gate_up_gemv_kernel(
 
 
 @triton.jit
-def _down_gemv_kernel(
+def _down_gemv_sum_kernel(
     h_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr,
-    stride_we, stride_wn,  # h: (pairs, K) contiguous; w: (E, N, K), last dim contiguous
+    stride_we, stride_wn,  # h: (pairs, K) contiguous; w: (E, N, K), last dim contiguous; out: (T, N) contiguous
     N, K,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """out[pair, n-block] = routing_weight[pair] * (down[e] @ h[pair]) for one pair."""
-    pair = tl.program_id(0).to(tl.int64)
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """out[token, n-block] = sum over the token's top_k slots of routing_weight * (down[e] @ h[pair]).
+    Each pair's product is rounded to the output dtype, scaled and rounded again, as a
+    (pairs, N) buffer would hold it; the sum is float32, rounded once."""
+    token = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S] slots
+    s_ok = offs_s < TOP_K
+    pairs = token * TOP_K + offs_s  # [BLOCK_S]
+    experts = tl.load(ids_ptr + pairs, mask=s_ok, other=0).to(tl.int64)  # [BLOCK_S]
+    routing = tl.load(weights_ptr + pairs, mask=s_ok, other=0.0).to(tl.float32)  # [BLOCK_S]; 0 past TOP_K
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     n_ok = offs_n < N
-    offs_k = tl.arange(0, BLOCK_K)
-    b_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
-    h_ptrs = h_ptr + pair * K + offs_k  # [BLOCK_K]
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    b_ptrs = (w_ptr + experts[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
+              + offs_k[None, None, :])  # [BLOCK_S, BLOCK_N, BLOCK_K]
+    h_ptrs = h_ptr + pairs[:, None] * K + offs_k[None, :]  # [BLOCK_S, BLOCK_K]
+    sn_ok = s_ok[:, None] & n_ok[None, :]  # [BLOCK_S, BLOCK_N]
+    acc = tl.zeros((BLOCK_S, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
-        a = tl.load(h_ptrs, mask=k_ok, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_K]
-        acc += tl.sum(tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * a, axis=1)
+        a = tl.load(h_ptrs, mask=s_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)  # [BLOCK_S, BLOCK_K]
+        b = tl.load(b_ptrs, mask=sn_ok[:, :, None] & k_ok[None, None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(b * a[:, None, :], axis=2)  # [BLOCK_S, BLOCK_N]
         h_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     dtype = out_ptr.dtype.element_ty
-    y = _rounded(acc, dtype) * tl.load(weights_ptr + pair).to(tl.float32)
-    tl.store(out_ptr + pair * N + offs_n, y.to(dtype), mask=n_ok)
+    per_pair = _rounded(_rounded(acc, dtype) * routing[:, None], dtype)  # [BLOCK_S, BLOCK_N]
+    tl.store(out_ptr + token * N + offs_n, tl.sum(per_pair, axis=0).to(dtype), mask=n_ok)
 
 
 def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.Tensor:
-    """The matrix-vector path of fused_experts: (pairs, hidden), one row per (token, slot)."""
+    """The matrix-vector path of fused_experts: (tokens, hidden), each token's top_k outputs summed."""
     tokens, hidden = x.shape
     inter, top_k = down.shape[2], expert_ids.shape[1]
-    pairs, block_n = tokens * top_k, tiles["BLOCK_N"]
+    tiles = dict(tiles)
+    down_block_n = tiles.pop("DOWN_BLOCK_N")
     ids = expert_ids.contiguous()
-    h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
-    _gate_up_gemv_kernel[(pairs, triton.cdiv(inter, block_n))](
+    h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
+    _gate_up_gemv_kernel[(tokens * top_k, triton.cdiv(inter, tiles["BLOCK_N"]))](
         x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden, TOP_K=top_k, **tiles)
-    out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)  # (pairs, hidden)
-    _down_gemv_kernel[(pairs, triton.cdiv(hidden, block_n))](
-        h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter, **tiles)
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)  # (tokens, hidden)
+    _down_gemv_sum_kernel[(tokens, triton.cdiv(hidden, down_block_n))](
+        h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter,
+        TOP_K=top_k, BLOCK_S=triton.next_power_of_2(top_k), **{**tiles, "BLOCK_N": down_block_n})
     return out
 
 
@@ -271,7 +341,7 @@ def fused_experts(
     if pairs == 0:
         return torch.zeros_like(x)
     if small if small is not None else pairs <= SMALL_PAIRS:
-        return _experts_gemv(x, gate_up, down, weights, expert_ids, {**GEMV_TILES, **(tiles or {})}).view(tokens, top_k, hidden).sum(dim=1)
+        return _experts_gemv(x, gate_up, down, weights, expert_ids, {**GEMV_TILES, **(tiles or {})})
     block_m = block_m or (16 if pairs <= 16 * num_experts else 64)  # few rows per expert (decode): small blocks
     rows, block_expert, num_rows = align_by_expert(expert_ids, num_experts, block_m)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)

@@ -1,9 +1,10 @@
 """Mixture of experts (Qwen3-MoE): a router sends each token to `top_k` of `num_experts`
 SwiGLU MLPs and adds up their outputs, weighted by the router's probabilities.
 
-On CUDA the experts run as two grouped GEMMs (fused_moe.py); the loop over the experts
-below is the reference and the CPU path. Tensor parallelism splits every expert like a
-dense MLP, along its intermediate dimension, and sums the ranks' outputs once per layer."""
+On CUDA the router is one Triton kernel and the experts run as two grouped GEMMs
+(fused_moe.py); route_torch and the loop over the experts below are the reference and the
+CPU path. Tensor parallelism splits every expert like a dense MLP, along its intermediate
+dimension, and sums the ranks' outputs once per layer."""
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,14 @@ from .fused import fused_moe
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits (tokens, experts) -> weights (tokens, top_k) in the logits' dtype, expert_ids
+    (tokens, top_k) int64, heaviest first: fused_moe.fused_route on CUDA (one launch), else route_torch."""
+    if router_logits.is_cuda and fused_moe is not None:
+        return fused_moe.fused_route(router_logits, top_k, renormalize)
+    return route_torch(router_logits, top_k, renormalize)
+
+
+def route_torch(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's `top_k` experts and their weights: a softmax over all experts (in float32),
     the `top_k` largest kept and, with `renormalize` (norm_topk_prob), scaled to sum to 1."""
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # (tokens, experts)
