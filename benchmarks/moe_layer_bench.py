@@ -43,9 +43,11 @@ def graph_time(fn) -> float:
 TILE_CHOICES = [  # BLOCK_N, BLOCK_K, num_warps, num_stages
     (64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (128, 64, 4, 3), (32, 128, 4, 4), (128, 128, 8, 3), (64, 256, 8, 3),
 ]
-GEMV_CHOICES = [  # BLOCK_N, BLOCK_K, num_warps, DOWN_BLOCK_N
-    (16, 128, 4, 2), (8, 256, 4, 2), (16, 256, 4, 2), (32, 128, 4, 2), (16, 128, 2, 2), (8, 128, 2, 2), (32, 256, 8, 2),
-    (8, 256, 4, 1), (8, 256, 4, 4), (8, 256, 4, 8), (8, 128, 4, 4), (16, 256, 8, 4),
+GEMV_CHOICES = [  # BLOCK_N, BLOCK_K, num_warps, DOWN_BLOCK_N, DOWN_BLOCK_K
+    (16, 128, 4, 2, 128), (8, 256, 4, 2, 256), (16, 256, 4, 2, 256), (16, 128, 2, 2, 128), (8, 128, 2, 2, 128),
+    (8, 256, 4, 1, 256), (8, 256, 4, 4, 256), (8, 128, 4, 4, 128), (16, 256, 8, 4, 256),
+    (8, 512, 4, 2, 256), (8, 512, 8, 2, 512), (4, 1024, 4, 2, 256), (4, 1024, 8, 2, 1024), (8, 1024, 8, 2, 1024),
+    (4, 2048, 8, 1, 1024), (2, 2048, 4, 2, 512), (8, 256, 4, 2, 1024), (8, 256, 4, 4, 1024),
 ]
 GEMV_MAX_PAIRS = 128  # the matrix-vector path is timed up to this many (token, expert) pairs
 
@@ -102,8 +104,9 @@ def main() -> None:
             if tokens * top_k <= GEMV_MAX_PAIRS:
                 gemv = fused_moe.fused_experts(x, layer.gate_up_proj, layer.down_proj, weights, ids, small=True)
                 error = max(error, ((gemv.float() - loop.float()).abs().max() / loop.float().abs().max().clamp_min(1e-6)).item())
-                choices += [(f"gemv {bn}x{bk}/w{w}/d{dn}", {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "DOWN_BLOCK_N": dn}, True)
-                            for bn, bk, w, dn in GEMV_CHOICES]
+                choices += [(f"gemv {bn}x{bk}/w{w}/d{dn}x{dk}",
+                             {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "DOWN_BLOCK_N": dn, "DOWN_BLOCK_K": dk}, True)
+                            for bn, bk, w, dn, dk in GEMV_CHOICES]
             for name, tiles, small in choices:
                 try:
                     graphs[name] = graph_time(fused_with(tiles, small))

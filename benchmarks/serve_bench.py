@@ -165,6 +165,12 @@ def scrape(base: str) -> dict[str, float]:
     return samples
 
 
+def histogram_mean(delta, name: str) -> float | None:
+    """The mean of a /metrics histogram over the run, from the changes of its _sum and _count."""
+    count = delta(name + "_count")
+    return delta(name + "_sum") / count if count else None
+
+
 # ---- the clients ----
 
 def one_request(base: str, body: dict, timeout: float) -> dict:
@@ -466,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
             "prefix_cache_hit_rate": after.get("nanovllm_prefix_cache_hit_rate"),
             "generation_tokens": delta("nanovllm_generation_tokens_total"),
             "kv_cache_blocks_total": after.get("nanovllm_kv_cache_blocks_total"),
+            # the engine's own means (arrival in the engine to its first token; between its tokens):
+            # what the clients measure beyond them is the API process's and the clients' time
+            "engine_ttft_mean_s": histogram_mean(delta, "nanovllm_time_to_first_token_seconds"),
+            "engine_tpot_mean_s": histogram_mean(delta, "nanovllm_time_per_output_token_seconds"),
             "exit_code": exit_code,
         },
         "server_args": args.server_arg,

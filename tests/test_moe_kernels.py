@@ -131,7 +131,7 @@ def test_gemv_tiles(down_block_n, block_k):
     """The matrix-vector path's tiles: several K steps with a ragged last one, and down blocks of
     one column or wider than the hidden size's last block (40 = 2 * 16 + 8)."""
     experts, x, weights, ids = make_case(3, 16, 8, 40, 24, torch.float16, seed=2)
-    out = fused(experts, x, weights, ids, small=True, tiles={"BLOCK_K": block_k, "DOWN_BLOCK_N": down_block_n})
+    out = fused(experts, x, weights, ids, small=True, tiles={"BLOCK_K": block_k, "DOWN_BLOCK_N": down_block_n, "DOWN_BLOCK_K": block_k})
     torch.testing.assert_close(out, experts.forward_loop(x, weights, ids), **tol(torch.float16))
 
 

@@ -231,9 +231,9 @@ def _down_kernel(
 # token in one program and writes the token's weighted sum. Two launches, where the grouped
 # path costs eight (the ids' cast and four launches to group, two GEMMs, the sum).
 SMALL_PAIRS = 64  # at most this many pairs take the matrix-vector path (faster up to 8 tokens of top-8 on an H200)
-# BLOCK_N, BLOCK_K, num_warps serve both kernels. DOWN_BLOCK_N is the down kernel's columns per
-# program: fewer than gate/up's, as each of its programs reads the rows of top_k experts.
-GEMV_TILES = {"BLOCK_N": 8, "BLOCK_K": 256, "num_warps": 4, "DOWN_BLOCK_N": 2}
+# BLOCK_N, BLOCK_K: gate/up's columns and K tile per program; DOWN_BLOCK_N, DOWN_BLOCK_K the down
+# kernel's (fewer columns, as each of its programs reads the rows of top_k experts); num_warps both.
+GEMV_TILES = {"BLOCK_N": 8, "BLOCK_K": 256, "num_warps": 4, "DOWN_BLOCK_N": 2, "DOWN_BLOCK_K": 256}
 
 
 @triton.jit
@@ -308,7 +308,7 @@ def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.T
     tokens, hidden = x.shape
     inter, top_k = down.shape[2], expert_ids.shape[1]
     tiles = dict(tiles)
-    down_block_n = tiles.pop("DOWN_BLOCK_N")
+    down_block_n, down_block_k = tiles.pop("DOWN_BLOCK_N"), tiles.pop("DOWN_BLOCK_K")
     ids = expert_ids.contiguous()
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
     _gate_up_gemv_kernel[(tokens * top_k, triton.cdiv(inter, tiles["BLOCK_N"]))](
@@ -316,7 +316,7 @@ def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.T
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)  # (tokens, hidden)
     _down_gemv_sum_kernel[(tokens, triton.cdiv(hidden, down_block_n))](
         h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter,
-        TOP_K=top_k, BLOCK_S=triton.next_power_of_2(top_k), **{**tiles, "BLOCK_N": down_block_n})
+        TOP_K=top_k, BLOCK_S=triton.next_power_of_2(top_k), **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k})
     return out
 
 
