@@ -285,7 +285,7 @@ FILES = [
 ]
 RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
     ("tp_*", "tp"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),
-    ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
+    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
     ("nanovllm_*", "throughput"),
 ]
 NOTES = {  # facts about a record that its fields do not say

@@ -212,7 +212,10 @@ def _prefill_tile(cu_seqlens_q_ptr, num_seqs, index, BLOCK_M: tl.constexpr, BLOC
     return seq, flat - first
 
 
-@triton.jit
+# The sequence count and the block-table width change from step to step: not specialized on
+# (Triton would compile a variant per divisibility class), so that the variants compiled while
+# the CUDA graphs are captured (one per BLOCK_S) serve every eager step too.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr,
@@ -336,7 +339,7 @@ def paged_prefill_attention(
         block_tables.stride(0),
         num_seqs,
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), BLOCK_S=triton.next_power_of_2(num_seqs), FP8=fp8,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), BLOCK_S=max(16, triton.next_power_of_2(num_seqs)), FP8=fp8,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

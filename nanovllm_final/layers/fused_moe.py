@@ -233,7 +233,7 @@ def _down_kernel(
 SMALL_PAIRS = 64  # at most this many pairs take the matrix-vector path (faster up to 8 tokens of top-8 on an H200)
 # BLOCK_N, BLOCK_K: gate/up's columns and K tile per program; DOWN_BLOCK_N, DOWN_BLOCK_K the down
 # kernel's (fewer columns, as each of its programs reads the rows of top_k experts); num_warps both.
-GEMV_TILES = {"BLOCK_N": 8, "BLOCK_K": 256, "num_warps": 4, "DOWN_BLOCK_N": 2, "DOWN_BLOCK_K": 256}
+GEMV_TILES = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "DOWN_BLOCK_N": 2, "DOWN_BLOCK_K": 256}
 
 
 @triton.jit
