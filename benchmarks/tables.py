@@ -285,10 +285,14 @@ FILES = [
 ]
 RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
     ("tp_*", "tp"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),
-    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
+    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
     ("nanovllm_*", "throughput"),
 ]
+SPECIALIZED = ("made while the Triton prefill kernel was still specialized on the step's sequence count and block-table width: "
+               "eager steps waited for compiles of variants the graph capture had not met; the kernel is no longer specialized")
 NOTES = {  # facts about a record that its fields do not say
+    "variants/nanovllm_qwen3-30b-a3b_final_prefill-specialized_h200.json": SPECIALIZED,
+    "variants/serve_qwen3-0.6b_c256_prefill-specialized_h200.json": SPECIALIZED,
     "variants/nanovllm-short_qwen3-0.6b_03_04_05_05_04_03_h200.json":
         "the 05 records are not valid: that 05 ran without `torch.inference_mode()`; 03 and 04 are",
 }

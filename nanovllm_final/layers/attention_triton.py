@@ -228,7 +228,7 @@ def _paged_prefill_kernel(
     GROUP: tl.constexpr,                       # query heads per kv head
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,                     # num_seqs, padded to a power of two
+    BLOCK_S: tl.constexpr,                     # num_seqs, padded to a power of two (at least 16)
     FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
 ):
     # Query heads are the fast grid axis: the heads of one tile start together and share its

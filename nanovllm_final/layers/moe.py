@@ -1,8 +1,8 @@
 """Mixture of experts (Qwen3-MoE): a router sends each token to `top_k` of `num_experts`
 SwiGLU MLPs and adds up their outputs, weighted by the router's probabilities.
 
-On CUDA the router is one Triton kernel and the experts run as two grouped GEMMs
-(fused_moe.py); route_torch and the loop over the experts below are the reference and the
+On CUDA the router is one Triton kernel and the experts run as two grouped GEMMs, or two
+matrix-vector kernels for a few tokens (fused_moe.py); route_torch and the loop over the experts below are the reference and the
 CPU path. Tensor parallelism splits every expert like a dense MLP, along its intermediate
 dimension, and sums the ranks' outputs once per layer."""
 
