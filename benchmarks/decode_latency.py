@@ -6,7 +6,12 @@ For each batch size, `batch` prompts of 32 random tokens (`--prompt-len`) genera
 tokens each (ignore_eos, greedy); the latency is the median wall time of the pure decode
 steps in `llm.stats` (scheduling, the forward pass and sampling included; with the final
 engine's overlap scheduling, the time from one step's completion to the next's). Batch 1 is
-the per-token latency of a single stream."""
+the per-token latency of a single stream.
+
+    python -m benchmarks.decode_latency --engine final --gemv-rows 0 2 4 --batches 1 2 4 8 --out ...
+
+measures the final engine's graph steps instead once per value of fused_moe.GEMV_ROWS (the
+most rows a dense layer sends to the matrix-vector kernels; 0: cuBLAS always), in one process."""
 
 import argparse
 import json
@@ -30,6 +35,29 @@ def measure(st, path, batch: int, eager: bool, dtype: str, prompt_len: int = 32)
     return statistics.median(decode) * 1e3
 
 
+def latency_rows(st, path, args) -> list[dict]:
+    """Eager against graph steps at each batch."""
+    rows = []
+    for batch in args.batches:
+        eager, graph = (measure(st, path, batch, e, args.dtype, args.prompt_len) for e in (True, False))
+        rows.append({"batch": batch, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph})
+        print(f"batch {batch:4d}: eager {eager:7.2f} ms   graph {graph:7.2f} ms   x{eager / graph:.2f}", flush=True)
+    return rows
+
+
+def gemv_rows(st, path, args) -> list[dict]:
+    """Graph steps at each batch for each limit of the final engine's dense matrix-vector path."""
+    from nanovllm_final.layers import fused_moe
+
+    rows = []
+    for limit in args.gemv_rows:
+        fused_moe.GEMV_ROWS = limit
+        for batch in args.batches:
+            rows.append({"gemv_rows": limit, "batch": batch, "graph_ms": measure(st, path, batch, False, args.dtype, args.prompt_len)})
+            print(f"GEMV_ROWS {limit}  batch {batch:4d}: graph {rows[-1]['graph_ms']:7.3f} ms", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", default="final")
@@ -37,19 +65,18 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--gemv-rows", type=int, nargs="+", help="final engine: graph steps at each fused_moe.GEMV_ROWS")
     parser.add_argument("--out")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.exit(2, "error: decode latency with CUDA graphs needs a CUDA GPU\n")
+    if args.gemv_rows and args.engine != "final":
+        parser.exit(2, "error: --gemv-rows is the final engine's\n")
     _, st = resolve_engine(args.engine)
     path = model_for_shape(args.shape, "cuda")
-    rows = []
-    for batch in args.batches:
-        eager, graph = (measure(st, path, batch, e, args.dtype, args.prompt_len) for e in (True, False))
-        rows.append({"batch": batch, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph})
-        print(f"batch {batch:4d}: eager {eager:7.2f} ms   graph {graph:7.2f} ms   x{eager / graph:.2f}", flush=True)
+    rows = (gemv_rows if args.gemv_rows else latency_rows)(st, path, args)
     record = {
-        "benchmark": "decode_latency", "engine": args.engine, "shape": args.shape, "dtype": args.dtype,
+        "benchmark": "dense_gemv_decode_latency" if args.gemv_rows else "decode_latency", "engine": args.engine, "shape": args.shape, "dtype": args.dtype,
         "prompt_len": args.prompt_len, "max_tokens": 64,
         "device_name": torch.cuda.get_device_name(), "rows": rows, "versions": versions(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -23,6 +23,7 @@ from nanovllm_final.engine.step_input import build_step_input  # noqa: E402
 from nanovllm_final.layers import attention_triton  # noqa: E402
 from nanovllm_final.layers.attention import Attention  # noqa: E402
 from nanovllm_final.layers.context import Context, set_context  # noqa: E402
+from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
 from nanovllm_final.sampling_params import SamplingParams  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, VOCAB = 4, 2, 16, 4, 97
@@ -41,19 +42,21 @@ def test_token_ladder():
 
 
 class AttentionOnly(nn.Module):
-    """Token ids -> q, k, v (an embedding) -> paged attention -> (tokens, heads * head_dim)."""
+    """Token ids -> q, k, v (an embedding) -> RoPE and paged attention -> (tokens, heads * head_dim)."""
 
     def __init__(self):
         super().__init__()
         self.qkv = nn.Embedding(VOCAB, (HEADS + 2 * KV_HEADS) * HEAD_DIM)
         self.attn = Attention(HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM**-0.5)
         self.attn.backend = attention_triton
+        self.rotary = RotaryEmbedding(HEAD_DIM, 512, 10000.0, None)
 
     def forward(self, input_ids, positions):
         qkv = self.qkv(input_ids) + positions[:, None] * 1e-2  # (tokens, (heads + 2 kv_heads) * head_dim)
         q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
         n = len(input_ids)
-        return self.attn(q.view(n, HEADS, HEAD_DIM), k.view(n, KV_HEADS, HEAD_DIM), v.reshape(n, KV_HEADS, HEAD_DIM)).flatten(1)
+        q, k, v = q.view(n, HEADS, HEAD_DIM), k.view(n, KV_HEADS, HEAD_DIM), v.reshape(n, KV_HEADS, HEAD_DIM)
+        return self.attn(positions, q, k, v, self.rotary).flatten(1)
 
 
 class Recorded:

@@ -15,7 +15,8 @@ if not torch.cuda.is_available():
 
 from common import random_prompts  # noqa: E402
 from nanovllm_final import LLM, SamplingParams  # noqa: E402
-from nanovllm_final.layers import activation, fused_triton, norm, rotary, sampler  # noqa: E402
+from nanovllm_final.layers import activation, fused_triton, linear, norm, rotary, sampler  # noqa: E402
+from nanovllm_final.models import transformer  # noqa: E402
 from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -216,7 +217,7 @@ def test_sampler_draws_the_same_tokens_with_the_kernel(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the kernels' dispatch need a GPU")
 def test_qwen3_graphs_with_the_kernels_equal_the_reference_layers(model_dir, monkeypatch):
     """Qwen3 (q/k norm) in float32: CUDA-graph decode steps with every fused kernel give the
-    tokens the eager engine gives with the layers' and the sampler's PyTorch code, for greedy
+    tokens the eager engine gives with the layers', the attention's and the sampler's PyTorch code, for greedy
     rows and for seeded temperature-only rows (drawn by the sampler's kernel)."""
     prompts = random_prompts([5 + i % 11 for i in range(12)], seed=9)
     params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=16, ignore_eos=True) for i in range(12)]
@@ -226,6 +227,9 @@ def test_qwen3_graphs_with_the_kernels_equal_the_reference_layers(model_dir, mon
         assert llm.engine.model_runner.num_graph_replays > 0
     for module in (norm, rotary, activation, sampler):
         monkeypatch.setattr(module, "fused_triton", None)
-    with LLM(model_dir("qwen3"), enforce_eager=True, **options) as llm:
+    for module in (linear, transformer):  # cuBLAS for the projections and the MLP of a few rows too
+        monkeypatch.setattr(module, "takes_gemv", lambda x: False)
+    # the PyTorch attention too: the Triton decode kernel applies q/k norms and RoPE itself
+    with LLM(model_dir("qwen3"), enforce_eager=True, attention_backend="torch", **options) as llm:
         reference = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
     assert fused == reference

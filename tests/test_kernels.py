@@ -277,6 +277,57 @@ def test_decode_launch_order(num_splits):
     assert torch.equal(out[~nonempty], torch.zeros_like(out[~nonempty]))
 
 
+@pytest.mark.parametrize("rope", [None, "rope", "norm+rope"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_stores_and_rotates_the_new_tokens(num_splits, dtype, rope):
+    """The final engine's decode kernel with `new_kv` writes each sequence's new K/V (its last
+    position) into the cache itself, before reading it; with `rope` it first applies the rotary
+    embedding (after Qwen3's q/k norms) to q and the new K, as the rotary layer would. The cache
+    ends up as rotary + store_kvcache leave it and the output is the reference's. A padding row
+    (context 0, slot -1) writes nothing; with splits, the counters the last split merges by are
+    reset for the next launch."""
+    from nanovllm_final.layers.norm import RMSNorm
+    from nanovllm_final.layers.rotary import RotaryEmbedding
+
+    tri, ref = _load("final", "attention_triton"), _load("final", "attention_torch")
+    heads, kv_heads, head_dim, block = 8, 2, 16, 4
+    case = _decode_case(block, heads, kv_heads, head_dim, seed=7, ctxs=[1, 5, 17, 40, 0, 33], dtype=dtype)
+    g = torch.Generator().manual_seed(1)
+    ctxs = case["context_lens"].tolist()
+    positions = torch.tensor([max(c - 1, 0) for c in ctxs])
+    rotary = RotaryEmbedding(head_dim, 64, 10000.0, None)
+    norms = [RMSNorm(head_dim, 1e-6) for _ in range(2)] if rope == "norm+rope" else [None, None]
+    for norm in norms:
+        if norm is not None:
+            norm.weight.data = (torch.rand(head_dim, generator=g) + 0.5).to(dtype)
+    # the step's inputs: q and the new K as the qkv projection gives them, slices of one tensor
+    qkv = torch.randn(len(ctxs), heads + 2 * kv_heads, head_dim, generator=g).to(dtype)
+    q, new_k, new_v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    q_rot, k_rot = rotary(positions, q, new_k, *norms) if rope else (q, new_k)  # the layers' PyTorch code
+    slots = torch.tensor([int(case["block_tables"][i, (c - 1) // block]) * block + (c - 1) % block if c else -1
+                          for i, c in enumerate(ctxs)])
+    k_full, v_full = case["k_cache"].clone(), case["v_cache"].clone()
+    ref.store_kvcache(k_rot.to(DEVICE), new_v.to(DEVICE), k_full, v_full, slots.to(DEVICE))
+    expected = ref.paged_attention(q_rot.to(DEVICE), k_full, v_full, *_prefill_args(case)[3:], 0.3)
+    for cache in (case["k_cache"], case["v_cache"]):  # the new token is not in the cache yet
+        cache.view(-1, kv_heads, head_dim)[slots[slots >= 0].to(DEVICE)] = float("nan") if dtype == torch.float32 else 7.0
+    extra = {"rope": rotary.to(DEVICE).kernel_args(positions.to(DEVICE), *[n and n.to(DEVICE) for n in norms])} if rope else {}
+    new_kv = (new_k.to(DEVICE), new_v.to(DEVICE), slots.to(DEVICE))
+    for _ in range(2):  # twice: the second launch finds the counters at zero again
+        out = tri.paged_decode_attention(q.to(DEVICE), *_decode_args(case)[1:], 0.3, num_splits=num_splits, BLOCK_N=16,
+                                         new_kv=new_kv, **extra)
+        torch.testing.assert_close(case["k_cache"], k_full, equal_nan=True, atol=1e-6, rtol=1e-6)
+        assert torch.equal(case["v_cache"].nan_to_num(), v_full.nan_to_num())
+        nonempty = case["context_lens"] > 0
+        torch.testing.assert_close(out[nonempty], expected[nonempty], atol=1e-3, rtol=1e-3)
+        assert torch.equal(out[~nonempty], torch.zeros_like(out[~nonempty]))
+    if rope:  # the rotation mattered
+        assert not torch.allclose(q_rot.float(), q.float(), atol=0.05)
+    if num_splits > 1:
+        assert not tri._split_counts(out.device, 1).any()
+
+
 @pytest.mark.parametrize("num_splits", [None, 1, 2, 8])
 def test_decode_default_tiles_and_splits(mods, num_splits):
     tri, ref = mods

@@ -163,6 +163,23 @@ def test_kernels_read_fp8_like_the_reference(tri, decode, kwargs):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_decode_kernel_stores_its_new_tokens_like_store_kvcache(tri, num_splits):
+    """The decode kernel writing each sequence's new (last) K/V itself quantizes them into the
+    same bytes as the store kernel, and attends to them."""
+    case = fp8_case(tri.store_kvcache, outliers=False)
+    k_full, v_full = case["k_cache"].clone(), case["v_cache"].clone()
+    ends = torch.tensor([sum(c for c, _ in SEQS[: i + 1]) - 1 for i in range(len(SEQS))])  # each sequence's last token
+    slots = case["slot_mapping"][ends.to(DEVICE)]
+    case["k_cache"].view(-1, KV_HEADS, HEAD_DIM)[slots] = 0  # not stored yet
+    case["v_cache"].view(-1, KV_HEADS, HEAD_DIM)[slots] = 0
+    new_kv = (case["k"][ends].to(DEVICE), case["v"][ends].to(DEVICE), slots)
+    got = _attention(tri, case, True, num_splits=num_splits, BLOCK_N=16, new_kv=new_kv)
+    assert torch.equal(case["k_cache"].view(torch.uint8), k_full.view(torch.uint8))
+    assert torch.equal(case["v_cache"].view(torch.uint8), v_full.view(torch.uint8))
+    torch.testing.assert_close(got, _attention(ref, case, True), atol=1e-5, rtol=1e-5)
+
+
 def test_fp8_reference_is_attention_on_rounded_values_and_close_to_full_precision():
     """fp8 attention equals full-precision attention on the e4m3-rounded K/V (x / scale rounded,
     times scale), and stays within a bound of attention on the exact K/V. The bound: e4m3 keeps

@@ -159,6 +159,57 @@ def test_small_batches_take_the_gemv_path(monkeypatch):
         assert bool(calls) == grouped
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 3, 4])
+def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype, monkeypatch):
+    """A dense layer's few rows on the same kernels (one expert of weight 1): `gemv` is F.linear,
+    `dense_mlp` a SwiGLU MLP's gate/up, SiLU-and-multiply and down, with a K of several tiles
+    and a ragged last one (72 = 2 * 32 + 8) and an output width not a multiple of the columns."""
+    if not HAS_CUDA:
+        monkeypatch.setitem(fused_moe.GEMV_TILES, "BLOCK_K", 32)
+        monkeypatch.setitem(fused_moe.DENSE_GEMV_TILES, "BLOCK_K", 32)
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, 72, generator=g).to(dtype)
+    w = (torch.randn(45, 72, generator=g) * 0.2).to(dtype)
+    out = fused_moe.gemv(x.to(DEVICE), w.to(DEVICE)).cpu()
+    assert out.shape == (tokens, 45) and out.dtype == dtype
+    torch.testing.assert_close(out, torch.nn.functional.linear(x.float(), w.float()).to(dtype), **tol(dtype))
+    gate_up, down = (torch.randn(2 * 24, 72, generator=g) * 0.2).to(dtype), (torch.randn(72, 24, generator=g) * 0.2).to(dtype)
+    h = torch.nn.functional.linear(x, gate_up)  # (tokens, 2 * 24) = [gate | up]
+    expected = torch.nn.functional.linear(torch.nn.functional.silu(h[:, :24]) * h[:, 24:], down)
+    out = fused_moe.dense_mlp(x.to(DEVICE), gate_up.to(DEVICE), down.to(DEVICE)).cpu()
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, expected, **tol(dtype))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the layers use the kernels on CUDA only")
+def test_dense_layers_dispatch_few_rows_to_the_kernels(monkeypatch):
+    """On CUDA, Linear and the dense MLP take the matrix-vector kernels up to GEMV_ROWS rows and
+    cuBLAS beyond; both give the PyTorch result."""
+    from types import SimpleNamespace
+
+    from nanovllm_final.layers.linear import Linear
+    from nanovllm_final.models.transformer import MLP
+
+    calls = []
+    for name in ("gemv", "dense_mlp"):
+        real = getattr(fused_moe, name)
+        monkeypatch.setattr(fused_moe, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    g = torch.Generator().manual_seed(0)
+    linear = Linear(256, 96).to(torch.bfloat16).cuda()
+    mlp = MLP(SimpleNamespace(hidden_size=256, intermediate_size=384)).to(torch.bfloat16).cuda()  # the fields MLP reads
+    for p in (*linear.parameters(), *mlp.parameters()):
+        p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    for rows in (1, fused_moe.GEMV_ROWS, fused_moe.GEMV_ROWS + 1):
+        calls.clear()
+        x = torch.randn(rows, 256, generator=g).to(torch.bfloat16).cuda()
+        torch.testing.assert_close(linear(x), torch.nn.functional.linear(x, linear.weight), **tol(torch.bfloat16))
+        gate, up = torch.nn.functional.linear(x, mlp.gate_up_proj.weight).chunk(2, dim=-1)
+        expected = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, mlp.down_proj.weight)
+        torch.testing.assert_close(mlp(x), expected, **tol(torch.bfloat16))
+        assert calls == (["gemv", "dense_mlp"] if rows <= fused_moe.GEMV_ROWS else [])
+
+
 def test_no_tokens():
     experts, x, weights, ids = make_case(0, 4, 2, 32, 16, torch.float32)
     assert fused(experts, x, weights, ids).shape == (0, 32)

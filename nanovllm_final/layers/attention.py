@@ -2,17 +2,22 @@
 
 A backend is a module: attention_torch.py (the PyTorch reference), attention_triton.py
 (ours) or attention_flash.py (the flash-attn package). Each has the same three functions,
-which the Attention layer calls, and says three things of itself (`name`; `capturable`: can
+which the Attention layer calls, and says four things of itself (`name`; `capturable`: can
 a decode step be captured in a CUDA graph, i.e. do its launches read no device values;
-`capturable_prefill`: can a step with prompt tokens, at padded token and sequence counts)::
+`capturable_prefill`: can a step with prompt tokens, at padded token and sequence counts;
+`fuses_rope`: does its decode take q and k unrotated, with `rope`)::
 
     store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)   token t's k/v into slot slot_mapping[t] (-1: skip)
     paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q, k_scale, v_scale)
-    paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order, k_scale, v_scale)
+    paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order, k_scale, v_scale, new_kv[, rope])
 
     q: (tokens, heads, head_dim), k/v: (tokens, kv_heads, head_dim) of the new tokens
     k_cache, v_cache: (num_blocks, block_size, kv_heads, head_dim); slot = block * block_size + offset
     order: None, or (seqs,) int32, the sequences by decreasing context: a launch order only
+    new_kv: None, or (k, v, slot_mapping) of the step's new tokens, stored before attending
+        (store_kvcache's job; the Triton decode kernel does it itself, saving a launch)
+    rope: only where fuses_rope: (positions, cos, sin, q_norm weight, k_norm weight, eps) of
+        RotaryEmbedding.kernel_args; q and new_kv's k then come unrotated (and unnormalised)
     k_scale, v_scale: keyword arguments, None unless the cache is float8 e4m3 (kv_cache_dtype="fp8"):
         then (kv_heads,) float32 device tensors; the store writes clamp(x / scale, +-448) rounded to
         e4m3, attention computes with stored * scale (the reference dequantizes its gathered K/V;
@@ -30,6 +35,7 @@ import torch
 from torch import nn
 
 from .context import get_context
+from .rotary import RotaryEmbedding
 
 BACKENDS = {"torch": ".attention_torch", "triton": ".attention_triton", "flash_attn": ".attention_flash"}
 
@@ -60,9 +66,9 @@ def make_backend(name: str, device: torch.device, block_size: int, dtype: torch.
 class Attention(nn.Module):
     """Causal self-attention over a paged KV cache.
 
-    The cache is a pool of blocks shared by all sequences. A step writes the new tokens'
-    K/V into their slots (`slot_mapping`), then each sequence's queries attend to its
-    first `context_lens[i]` cached tokens, found through its block table. An fp8 cache
+    The cache is a pool of blocks shared by all sequences. A step rotates the new tokens' q
+    and k, writes their K/V into their slots (`slot_mapping`), then each sequence's queries
+    attend to its first `context_lens[i]` cached tokens, found through its block table. An fp8 cache
     comes with the layer's scales `k_scale`, `v_scale` (see the backend API above)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
@@ -72,15 +78,24 @@ class Attention(nn.Module):
         self.k_scale = self.v_scale = None  # (kv_heads,) float32 for an fp8 cache, set by the runner
         self.backend: ModuleType | None = None  # set by the runner
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim) of the new tokens only
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                rotary: RotaryEmbedding, q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> torch.Tensor:
+        # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim) of the new tokens only,
+        # as the qkv projection gives them: `rotary` (after Qwen3's q_norm, k_norm) is applied here
         ctx = get_context()
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
-        self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, **scales)
-        if ctx.is_decode:
+        if ctx.is_decode:  # one new token per sequence: the decode attention stores it too
+            extra = {}
+            if self.backend.fuses_rope:  # and rotates q and k in the same launch
+                extra["rope"] = rotary.kernel_args(positions, q_norm, k_norm)
+            else:
+                q, k = rotary(positions, q, k, q_norm, k_norm)
             return self.backend.paged_decode_attention(
-                q, self.k_cache, self.v_cache, ctx.context_lens, ctx.block_tables, self.scale, ctx.decode_order, **scales
+                q, self.k_cache, self.v_cache, ctx.context_lens, ctx.block_tables, self.scale, ctx.decode_order,
+                new_kv=(k, v, ctx.slot_mapping), **scales, **extra,
             )  # (seqs, heads, head_dim)
+        q, k = rotary(positions, q, k, q_norm, k_norm)
+        self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, **scales)
         return self.backend.paged_prefill_attention(
             q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, self.scale, ctx.max_seqlen_q, **scales
         )  # (tokens, heads, head_dim)

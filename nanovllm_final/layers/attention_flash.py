@@ -9,11 +9,12 @@ import torch
 import torch.nn.functional as F
 from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
-from .attention_triton import store_kvcache  # noqa: F401  (re-exported: the backend's store)
+from .attention_triton import store_kvcache  # the backend's store (flash-attn has none)
 
 name = "flash_attn"
 capturable = True
 capturable_prefill = False  # the prefill reads the longest context on the host: steps with prompts run eagerly
+fuses_rope = False  # the rotary layer rotates q and k before the attention
 
 
 def _no_fp8(k_cache: torch.Tensor, k_scale) -> None:
@@ -31,9 +32,13 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     )  # (tokens, heads, head_dim); causal aligns queries to the end of each context
 
 
-def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None, k_scale=None, v_scale=None):
+def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None, k_scale=None, v_scale=None,
+                           new_kv=None):
     # `order` is our kernel's launch order; flash-attn schedules its own work
     _no_fp8(k_cache, k_scale)
+    if new_kv is not None:
+        k, v, slot_mapping = new_kv
+        store_kvcache(k, v, k_cache, v_cache, slot_mapping)
     out = flash_attn_with_kvcache(
         q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context_lens, block_table=block_tables, softmax_scale=scale, causal=True
     )  # (seqs, 1, heads, head_dim)

@@ -27,6 +27,7 @@ import torch
 name = "torch"
 capturable = False  # it reads sizes on the host (.tolist())
 capturable_prefill = False  # nor can its prefill
+fuses_rope = False  # the rotary layer rotates q and k before the attention
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 
@@ -129,7 +130,11 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, k_scale, v_scale)
 
 
-def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None, k_scale=None, v_scale=None):
+def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None, k_scale=None, v_scale=None,
+                           new_kv=None):
     # `order` is a launch order for GPU kernels: nothing to schedule in a loop over sequences
+    if new_kv is not None:
+        k, v, slot_mapping = new_kv
+        store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     cu_seqlens_q = torch.arange(len(context_lens) + 1, dtype=torch.int32)  # one query per sequence
     return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, k_scale, v_scale)

@@ -17,8 +17,9 @@ Kernels
                              so a step with prompts can be captured in a CUDA graph too.
 * ``paged_decode_attention`` one program per (sequence, kv head[, split]): all query heads
                              of the GQA group share each K/V tile that is loaded. Optional
-                             split-K over the context plus a small reduce kernel, so that a
-                             few long sequences still fill the GPU.
+                             split-K over the context, merged by the last split to finish, so
+                             that a few long sequences still fill the GPU; it can also store the
+                             new tokens' K/V itself (``new_kv``): a decode step is one launch.
 
 Conventions: tensors' last dim must be contiguous; every accumulation is fp32; fp32, fp16
 and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads it and
@@ -36,9 +37,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .fused_triton import rope_rows
+
 name = "triton"
 capturable = True  # no launch reads a device value
 capturable_prefill = True  # nor does the prefill launch: steps with prompts can be captured too
+fuses_rope = True  # the decode kernel applies the rotary embedding (and q/k norms) itself
 
 # exp(x) == exp2(x * log2(e)): exp2 is the cheaper instruction on GPUs, so the kernels
 # fold log2(e) into the softmax scale once and use exp2 everywhere.
@@ -81,6 +85,12 @@ def _round_to_e4m3(x):
 
 
 @triton.jit
+def _to_e4m3(x, scale):
+    """What an fp8 cache stores of x: clamp(x / scale, +-448) rounded to e4m3 (still fp32)."""
+    return _round_to_e4m3(tl.clamp(x.to(tl.float32) / scale, -FP8_MAX, FP8_MAX))
+
+
+@triton.jit
 def _store_kvcache_kernel(
     key_ptr, value_ptr,          # (N, KVH, D), strides below, last dim contiguous
     k_cache_ptr, v_cache_ptr,    # contiguous (num_blocks * block_size, KVH, D) slots
@@ -102,10 +112,8 @@ def _store_kvcache_kernel(
     v = tl.load(value_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
     if FP8:
         h_mask = offs_h < KVH
-        k_scale = tl.load(k_scale_ptr + offs_h, mask=h_mask, other=1.0)  # [BLOCK_H]
-        v_scale = tl.load(v_scale_ptr + offs_h, mask=h_mask, other=1.0)
-        k = _round_to_e4m3(tl.clamp(k.to(tl.float32) / k_scale[:, None], -FP8_MAX, FP8_MAX))
-        v = _round_to_e4m3(tl.clamp(v.to(tl.float32) / v_scale[:, None], -FP8_MAX, FP8_MAX))
+        k = _to_e4m3(k, tl.load(k_scale_ptr + offs_h, mask=h_mask, other=1.0)[:, None])  # scales [BLOCK_H, 1]
+        v = _to_e4m3(v, tl.load(v_scale_ptr + offs_h, mask=h_mask, other=1.0)[:, None])
     dst = slot * (KVH * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -351,10 +359,15 @@ def paged_prefill_attention(
 #
 # Split-K ("flash decoding"): with few sequences there are too few (sequence, kv head)
 # programs to fill the GPU, so each context is cut into num_splits partitions handled by
-# separate programs, each writing a partial result + its log-sum-exp, merged by a small
-# reduce kernel. num_splits depends only on the batch shape; each sequence's partition
-# size is computed *inside* the kernels from its own context_len, so every split has work
-# whatever the block table width, and the launch needs no device sync (CUDA-graph safe).
+# separate programs, each writing a partial result + its log-sum-exp. The last of a
+# (sequence, kv head)'s splits to finish merges them (it counts the finished splits with an
+# atomic), so split-K costs no second launch. num_splits depends only on the batch shape;
+# each sequence's partition size is computed *inside* the kernel from its own context_len,
+# so every split has work whatever the block table width, and the launch needs no device
+# sync (CUDA-graph safe).
+#
+# The new token's K/V (`new_kv`): the program that holds a sequence's last key writes them
+# into the cache before its loop reads them back, so a decode step needs no store launch.
 
 
 @triton.jit
@@ -364,21 +377,77 @@ def _split_size(context_len, num_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _store_new_kv(
+    new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, seq, kv_head, k_s, v_s, offs_h, offs_d, d_mask,
+    pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
+    stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, FP8: tl.constexpr,
+):
+    """Sequence seq's new K/V of one kv head into cache slot `slot`, as store_kvcache writes
+    them; with ROPE, K is rotated (after its norm) first, as the rotary layer would. Rows are
+    [BLOCK_H, BLOCK_D] tiles of which only row 0 is real, the shape rope_rows works on."""
+    row_ok = offs_h < 1
+    mask = row_ok[:, None] & d_mask[None, :]
+    k_row = seq.to(tl.int64) * stride_nk + kv_head * stride_nkh + offs_h * 0  # [BLOCK_H], all the same row
+    if ROPE:
+        k = rope_rows(new_k_ptr, k_row, row_ok, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM)
+    else:
+        k = tl.load(new_k_ptr + k_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    v_row = seq.to(tl.int64) * stride_nv + kv_head * stride_nvh + offs_h * 0
+    v = tl.load(new_v_ptr + v_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    if FP8:
+        k, v = _to_e4m3(k, k_s), _to_e4m3(v, v_s)
+    dst = (slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs + kv_head * stride_ch + offs_h[:, None] * 0 + offs_d[None, :]
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, offs_d, mask, h_mask,
+                  HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The GROUP heads' outputs from their num_valid partial softmaxes: each split weighs by its
+    share of the probability mass (softmax of the log-sum-exps), merged online. first_row
+    [BLOCK_H]: each head's row of split 0. Loads bypass L1 (.cg): other programs wrote them."""
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # the largest lse so far
+    w = tl.zeros([BLOCK_H], tl.float32)  # sum of exp2(lse - m)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for split in range(0, num_valid):
+        row = first_row + split  # [BLOCK_H]
+        lse = tl.load(part_lse_ptr + row, mask=h_mask, other=0.0, cache_modifier=".cg")  # [BLOCK_H]
+        part = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0,
+                       cache_modifier=".cg")  # [BLOCK_H, BLOCK_D]
+        m_new = tl.maximum(m, lse)
+        alpha, beta = tl.exp2(m - m_new), tl.exp2(lse - m_new)
+        acc = acc * alpha[:, None] + part * beta[:, None]
+        w = w * alpha + beta
+        m = m_new
+    return acc / w[:, None]
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr,
-    out_ptr,                                   # (S, H, D) final output (when not SPLIT)
-    part_out_ptr, part_lse_ptr,                # (S, H, num_splits, D), (S, H, num_splits) fp32
+    out_ptr,                                   # (S, H, D) output
+    part_out_ptr, part_lse_ptr,                # (S, H, num_splits, D), (S, H, num_splits) fp32 (when SPLIT)
+    counts_ptr,                                # (S * KVH,) int32 zeros: finished splits (when SPLIT), reset by the merge
+    new_k_ptr, new_v_ptr, slot_ptr,            # (S, KVH, D) x2 and (S,): the new tokens' K/V and slots (when STORE)
+    pos_ptr, cos_ptr, sin_ptr, q_w_ptr, k_w_ptr,  # (S,), (positions, D) x2, (D,) x2: RoPE and q/k norms (when ROPE)
     context_lens_ptr, block_tables_ptr,
     order_ptr,                                 # (S,) int32: the sequences in launch order (when ORDERED)
     k_scale_ptr, v_scale_ptr,                  # (KVH,) fp32, read when FP8
     qk_scale,                                  # softmax scale * log2(e)
+    eps,                                       # the q/k norms' epsilon
     stride_qs, stride_qh, stride_os, stride_oh,
     stride_cb, stride_cs, stride_ch,
-    stride_bt,
+    stride_nk, stride_nkh, stride_nv, stride_nvh,
+    stride_cos, stride_bt,
     num_splits,
-    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_HEADS: tl.constexpr, KVH: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     SPLIT: tl.constexpr,                       # False: one split, write `out` directly
+    STORE: tl.constexpr,                       # write the new tokens' K/V first
+    ROPE: tl.constexpr,                        # q and new K come unrotated: rotate them (HAS_NORM: norms first)
+    HAS_NORM: tl.constexpr,
     ORDERED: tl.constexpr,                     # program i handles sequence order[i]
     BLOCK_H: tl.constexpr,                     # GROUP padded to a power of two >= 16
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -393,17 +462,6 @@ def _paged_decode_kernel(
         seq = tl.program_id(1)
     split = tl.program_id(2)
 
-    context_len = tl.load(context_lens_ptr + seq)
-    if SPLIT:
-        partition = _split_size(context_len, num_splits, BLOCK_N)
-        kv_start = split * partition
-        if kv_start >= context_len:  # short sequence: nothing left for this split
-            return
-        kv_end = tl.minimum(context_len, kv_start + partition)
-    else:
-        kv_start = 0
-        kv_end = context_len
-
     # The GROUP query heads that share this kv head are the rows of one matrix, so each
     # K/V tile is loaded once for the whole group (padding rows are masked).
     offs_h = tl.arange(0, BLOCK_H)  # [BLOCK_H]
@@ -411,15 +469,49 @@ def _paged_decode_kernel(
     h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_h  # [BLOCK_H] query heads
-    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=h_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+    out_mask = h_mask[:, None] & d_mask[None, :]
+    out_ptrs = out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
+
+    context_len = tl.load(context_lens_ptr + seq)
+    if SPLIT:
+        partition = _split_size(context_len, num_splits, BLOCK_N)
+        num_valid = tl.cdiv(context_len, partition)  # splits that see at least one key
+        kv_start = split * partition
+        if kv_start >= context_len:  # short sequence: nothing left for this split
+            if context_len == 0 and split == 0:  # a padding row: zeros, as one split gives
+                tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty), mask=out_mask)
+            return
+        kv_end = tl.minimum(context_len, kv_start + partition)
+    else:
+        kv_start = 0
+        kv_end = context_len
+
+    k_s, v_s = _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8)
+    pos = 0
+    if ROPE:
+        pos = tl.load(pos_ptr + seq).to(tl.int64)
+    if STORE:
+        if kv_end == context_len and context_len > 0:  # this program holds the last key: the new token's
+            slot = tl.load(slot_ptr + seq).to(tl.int64)
+            if slot >= 0:  # -1: a token not to store
+                _store_new_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, seq, kv_head, k_s, v_s, offs_h,
+                              offs_d, d_mask, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
+                              stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
+                              HEAD_DIM, PAGE_SIZE, ROPE, HAS_NORM, FP8)
+            tl.debug_barrier()  # every thread's store is done before any thread reads the tile back
+
+    q_row = q_ptr + seq.to(tl.int64) * stride_qs
+    if ROPE:
+        q = rope_rows(q_row, heads * stride_qh, h_mask, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d,
+                      HEAD_DIM, HAS_NORM).to(q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
+    else:
+        q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=out_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
 
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    k_s, v_s = _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8)
     qk_scale = qk_scale * k_s  # q . (k * k_s) == (q . k) * k_s
     # The single query is the last position, so every key < context_len is visible: the
     # only mask needed is the end of the context (or of this split).
@@ -436,50 +528,23 @@ def _paged_decode_kernel(
     # l_i == 0 only for an empty context (e.g. a padding row): output zeros, not NaN.
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc * (v_s / l_safe)[:, None]  # [BLOCK_H, BLOCK_D]: sum p * (v * v_s) / l
-    out_mask = h_mask[:, None] & d_mask[None, :]
     if SPLIT:
-        # Partial result of this split + its log-sum-exp (base 2), merged by the reduce kernel.
-        row = (seq.to(tl.int64) * NUM_HEADS + heads) * num_splits + split  # [BLOCK_H]
-        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
-        tl.store(part_lse_ptr + row, m_i + tl.log2(l_safe), mask=h_mask)
+        if num_valid > 1:
+            # Partial result of this split + its log-sum-exp (base 2); the last split to finish merges.
+            first_row = (seq.to(tl.int64) * NUM_HEADS + heads) * num_splits  # [BLOCK_H]: split 0's rows
+            tl.store(part_out_ptr + (first_row + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
+            tl.store(part_lse_ptr + first_row + split, m_i + tl.log2(l_safe), mask=h_mask)
+            tl.debug_barrier()  # all of this program's partials are written before it counts itself
+            count_ptr = counts_ptr + seq * KVH + kv_head
+            if tl.atomic_add(count_ptr, 1, sem="acq_rel") == num_valid - 1:  # the others are done
+                out = _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, offs_d,
+                                    out_mask, h_mask, HEAD_DIM, BLOCK_H, BLOCK_D)
+                tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
+        else:  # the whole context in one split: its result is the output
+            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        tl.store(out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
-
-
-@triton.jit
-def _paged_decode_reduce_kernel(
-    out_ptr, part_out_ptr, part_lse_ptr, context_lens_ptr,
-    stride_os, stride_oh,
-    num_splits,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,                     # the decode kernel's BLOCK_N
-    BLOCK_S: tl.constexpr,                     # num_splits padded to a power of two
-    BLOCK_D: tl.constexpr,
-):
-    """Merge the partial softmaxes of one (sequence, query head) over its splits."""
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    context_len = tl.load(context_lens_ptr + seq)
-    # splits that saw at least one key (the others returned early and wrote nothing)
-    num_valid = tl.cdiv(context_len, _split_size(context_len, num_splits, BLOCK_N))
-
-    offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S]
-    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
-    s_mask = offs_s < num_valid
-    d_mask = offs_d < HEAD_DIM
-    row = (seq.to(tl.int64) * NUM_HEADS + head) * num_splits + offs_s  # [BLOCK_S]
-    lse = tl.load(part_lse_ptr + row, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
-    part = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
-                   mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
-
-    # Each split's weight is its share of the total probability mass: softmax of the lse.
-    lse_max = tl.where(num_valid > 0, tl.max(lse, axis=0), 0.0)  # no -inf - -inf (NaN)
-    w = tl.where(s_mask, tl.exp2(lse - lse_max), 0.0)  # [BLOCK_S]
-    w_sum = tl.sum(w, axis=0)
-    out = tl.sum(part * w[:, None], axis=0) / tl.where(w_sum > 0, w_sum, 1.0)  # [BLOCK_D]
-    tl.store(out_ptr + seq.to(tl.int64) * stride_os + head * stride_oh + offs_d,
-             out.to(out_ptr.dtype.element_ty), mask=d_mask)
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -491,6 +556,18 @@ def _num_sms(device: torch.device) -> int:
 @functools.cache
 def _sms_of(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+_COUNTS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _split_counts(device: torch.device, n: int) -> torch.Tensor:
+    """>= n int32 zeros that outlive the launch: the split counters (the merge resets each to 0).
+    One growing buffer per device; none is ever freed, as a CUDA graph may have captured it."""
+    buffers = _COUNTS.setdefault(device, [])
+    if not buffers or buffers[-1].numel() < n:
+        buffers.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return buffers[-1]
 
 
 def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: torch.device,
@@ -518,11 +595,18 @@ def paged_decode_attention(
     *,
     k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
     v_scale: torch.Tensor | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # (k, v, slot_mapping) of the new tokens
+    rope: tuple | None = None,  # (positions, cos, sin, q_norm weight or None, k_norm weight or None, eps)
 ) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
     """Attention of each sequence's single query (position context_len - 1) over its cache.
 
     One program per (sequence, kv head[, split]) handles all query heads of the GQA group.
     The launch reads no device values (graph-capturable); a context_len of 0 gives zeros.
+    With `new_kv`, each sequence's new K/V is first written into its slot (store_kvcache's
+    job, done here by the program that reads that key). With `rope` as well, q and the new K
+    come as the qkv projection gives them: the kernel applies Qwen3's q/k norms (when their
+    weights are given) and the rotary embedding itself, as the rotary layer would, so that the
+    whole of a decode step's attention is one launch.
     `order` changes only which programs start first: in a batch of mixed lengths, longest
     first keeps the last wave of programs short (the runner passes it, step_input.py).
     """
@@ -542,31 +626,41 @@ def paged_decode_attention(
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        counts = _split_counts(q.device, num_seqs * kv_heads)
     else:
         part_out = part_lse = out  # unused placeholders
-    block_d = _block_d(head_dim)
+        counts = context_lens
+    if new_kv is not None:
+        new_k, new_v, slot_mapping = new_kv  # (seqs, kv_heads, head_dim) x2, (seqs,)
+        assert new_k.shape == new_v.shape == (num_seqs, kv_heads, head_dim) and slot_mapping.shape == (num_seqs,)
+        assert new_k.stride(-1) == 1 and new_v.stride(-1) == 1
+    else:
+        new_k = new_v = slot_mapping = q  # unread
+    if rope is not None:
+        assert new_kv is not None, "rope rotates the new K as it stores it: it needs new_kv"
+        positions, cos, sin, q_w, k_w, eps = rope  # (seqs,), (positions, head_dim) x2, (head_dim,) x2 or None
+        assert positions.shape == (num_seqs,) and cos.shape[1] == head_dim and cos.is_contiguous() and sin.is_contiguous()
+        assert (q_w is None) == (k_w is None)
+    else:
+        positions, cos, sin, q_w, k_w, eps = q, q, q, None, None, 0.0  # unread
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
     _paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse,
+        q, k_cache, v_cache, out, part_out, part_lse, counts,
+        new_k, new_v, slot_mapping,
+        positions, cos, sin, q_w if q_w is not None else q, k_w if k_w is not None else q,
         context_lens, block_tables, order if order is not None else context_lens,
         k_scale, v_scale,
-        scale * LOG2E,
+        scale * LOG2E, eps,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
+        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
+        cos.stride(0), block_tables.stride(0),
         num_splits,
-        NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        SPLIT=num_splits > 1, ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
+        NUM_HEADS=num_heads, KVH=kv_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        SPLIT=num_splits > 1, STORE=new_kv is not None, ROPE=rope is not None, HAS_NORM=q_w is not None,
+        ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
         BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=BLOCK_N, BLOCK_D=block_d, FP8=fp8,
+        BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), FP8=fp8,
         num_warps=num_warps, num_stages=num_stages,
     )
-    if num_splits > 1:
-        _paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            out, part_out, part_lse, context_lens,
-            out.stride(0), out.stride(1),
-            num_splits,
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-        )
     return out

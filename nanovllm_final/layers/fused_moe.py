@@ -10,7 +10,7 @@ expert. Then one launch multiplies every block by its expert's gate and up weigh
 applies SiLU(gate) * up on the tile, and one launch multiplies by the down weights and
 scales each row by its routing weight; the top_k rows of a token are summed at the end.
 A few tokens (SMALL_PAIRS) take two matrix-vector kernels instead, the second of which sums
-each token's top_k outputs itself.
+each token's top_k outputs itself; they serve a dense layer's few rows too (dense_mlp, gemv).
 
 Nothing reaches the host: the sort, the padding and all grids are sized from the shapes
 (tokens, top_k, experts) alone, and blocks past the rows in use return at once, so a decode
@@ -230,10 +230,20 @@ def _down_kernel(
 # expert's weights straight from the routing ids; the down product takes all top_k pairs of a
 # token in one program and writes the token's weighted sum. Two launches, where the grouped
 # path costs eight (the ids' cast and four launches to group, two GEMMs, the sum).
+# The same kernels serve dense layers at a decode batch of a few rows (ROUTED=False: one
+# expert that every token picks with weight 1): `dense_mlp` is a whole SwiGLU MLP in two
+# launches, `gemv` any projection without a bias, where cuBLAS picks kernels far from the
+# memory bound at one row.
 SMALL_PAIRS = 64  # at most this many pairs take the matrix-vector path (faster up to 8 tokens of top-8 on an H200)
+GEMV_ROWS = 2  # dense layers: at most this many rows (each program reads the weights for one row); on an
+# H200 faster than cuBLAS at 1 and 2 rows, slower at 4 (results/dense_gemv_decode_latency_qwen3-0.6b_h200.json)
 # BLOCK_N, BLOCK_K: gate/up's columns and K tile per program; DOWN_BLOCK_N, DOWN_BLOCK_K the down
 # kernel's (fewer columns, as each of its programs reads the rows of top_k experts); num_warps both.
 GEMV_TILES = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "DOWN_BLOCK_N": 2, "DOWN_BLOCK_K": 256}
+# gemv's tiles (a dense projection: one weight matrix): on an H200 the fastest batch-1 decode step
+# of Qwen3-30B-A3B's shape among 2x1024, 4x1024, 4x2048 and 8x512 (columns x K), and faster than
+# 4x1024 for Qwen3-0.6B's
+DENSE_GEMV_TILES = {"BLOCK_N": 2, "BLOCK_K": 1024, "num_warps": 4}
 
 
 @triton.jit
@@ -241,12 +251,15 @@ def _gate_up_gemv_kernel(
     x_ptr, w_ptr, ids_ptr, out_ptr,
     stride_xt, stride_we, stride_wn,  # x: (T, K); w: (E, 2N, K); last dims contiguous
     N, K,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """out[pair, n-block] = silu(gate[e] @ x[token]) * (up[e] @ x[token]) for one pair."""
+    """out[pair, n-block] = silu(gate[e] @ x[token]) * (up[e] @ x[token]) for one pair
+    (ROUTED=False: expert 0, a dense MLP's weights)."""
     pair = tl.program_id(0)
     token = (pair // TOP_K).to(tl.int64)
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    expert = 0
+    if ROUTED:
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -272,17 +285,22 @@ def _down_gemv_sum_kernel(
     h_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr,
     stride_we, stride_wn,  # h: (pairs, K) contiguous; w: (E, N, K), last dim contiguous; out: (T, N) contiguous
     N, K,
-    TOP_K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr, ROUTED: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """out[token, n-block] = sum over the token's top_k slots of routing_weight * (down[e] @ h[pair]).
     Each pair's product is rounded to the output dtype, scaled and rounded again, as a
-    (pairs, N) buffer would hold it; the sum is float32, rounded once."""
+    (pairs, N) buffer would hold it; the sum is float32, rounded once. ROUTED=False: one slot,
+    expert 0 with weight 1, i.e. out = h @ w[0]^T rounded once, as F.linear."""
     token = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S] slots
     s_ok = offs_s < TOP_K
     pairs = token * TOP_K + offs_s  # [BLOCK_S]
-    experts = tl.load(ids_ptr + pairs, mask=s_ok, other=0).to(tl.int64)  # [BLOCK_S]
-    routing = tl.load(weights_ptr + pairs, mask=s_ok, other=0.0).to(tl.float32)  # [BLOCK_S]; 0 past TOP_K
+    if ROUTED:
+        experts = tl.load(ids_ptr + pairs, mask=s_ok, other=0).to(tl.int64)  # [BLOCK_S]
+        routing = tl.load(weights_ptr + pairs, mask=s_ok, other=0.0).to(tl.float32)  # [BLOCK_S]; 0 past TOP_K
+    else:
+        experts = tl.zeros([BLOCK_S], dtype=tl.int64)
+        routing = tl.where(s_ok, 1.0, 0.0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -304,19 +322,47 @@ def _down_gemv_sum_kernel(
 
 
 def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.Tensor:
-    """The matrix-vector path of fused_experts: (tokens, hidden), each token's top_k outputs summed."""
+    """The matrix-vector path of fused_experts: (tokens, hidden), each token's top_k outputs summed.
+    weights, expert_ids None: a dense MLP, gate_up (1, 2 * inter, hidden) and down (1, hidden, inter)."""
     tokens, hidden = x.shape
-    inter, top_k = down.shape[2], expert_ids.shape[1]
+    inter = down.shape[2]
+    routed = expert_ids is not None
+    top_k = expert_ids.shape[1] if routed else 1
     tiles = dict(tiles)
     down_block_n, down_block_k = tiles.pop("DOWN_BLOCK_N"), tiles.pop("DOWN_BLOCK_K")
-    ids = expert_ids.contiguous()
+    ids = expert_ids.contiguous() if routed else x  # unread when dense
+    weights = weights.contiguous() if routed else x
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
     _gate_up_gemv_kernel[(tokens * top_k, triton.cdiv(inter, tiles["BLOCK_N"]))](
-        x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden, TOP_K=top_k, **tiles)
+        x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden, TOP_K=top_k, ROUTED=routed, **tiles)
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)  # (tokens, hidden)
     _down_gemv_sum_kernel[(tokens, triton.cdiv(hidden, down_block_n))](
-        h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter,
-        TOP_K=top_k, BLOCK_S=triton.next_power_of_2(top_k), **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k})
+        h, down, ids, weights, out, down.stride(0), down.stride(1), hidden, inter,
+        TOP_K=top_k, ROUTED=routed, BLOCK_S=triton.next_power_of_2(top_k),
+        **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k})
+    return out
+
+
+def dense_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """A SwiGLU MLP for a few rows (at most GEMV_ROWS) in two launches: x (T, hidden), gate_up
+    (2 * inter, hidden) = [gate | up] rows, down (hidden, inter) -> down @ (silu(gate @ x) * (up @ x)), (T, hidden)."""
+    assert x.stride(-1) == 1 and gate_up.is_contiguous() and down.is_contiguous()
+    return _experts_gemv(x, gate_up[None], down[None], None, None, GEMV_TILES)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w^T for a few rows (at most GEMV_ROWS), rounded once as F.linear: x (T, K) contiguous,
+    w (N, K) with a contiguous last dim -> (T, N). The down kernel with one expert of weight 1,
+    on DENSE_GEMV_TILES."""
+    tokens, k = x.shape
+    n = w.shape[0]
+    assert x.is_contiguous() and w.stride(-1) == 1 and w.shape[1] == k
+    out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)  # (T, N)
+    if tokens:
+        tiles = DENSE_GEMV_TILES
+        _down_gemv_sum_kernel[(tokens, triton.cdiv(n, tiles["BLOCK_N"]))](
+            x, w, x, x, out, 0, w.stride(0), n, k, TOP_K=1, ROUTED=False, BLOCK_S=1,
+            BLOCK_N=tiles["BLOCK_N"], BLOCK_K=tiles["BLOCK_K"], num_warps=tiles["num_warps"])
     return out
 
 

@@ -97,52 +97,56 @@ def rms_norm(
 
 
 @triton.jit
-def _rotate_rows(src_ptr, dst_ptr, w_ptr, stride_t, stride_h, t, c, s, eps, offs_h, offs_d, mask,
-                 H: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
-    """Rotate the H heads of token t: halves x1, x2 -> (x1 c - x2 s, x2 c + x1 s). With
-    HAS_NORM, x is first w * x / rms(x) over each head (rounded as RMSNorm's reference)."""
-    base = src_ptr + t * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
-    x1 = tl.load(base, mask=mask, other=0.0)  # [BLOCK_H, BLOCK_HALF]
-    x2 = tl.load(base + HALF, mask=mask, other=0.0)
-    dtype = x1.dtype
-    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+def rope_rows(x_ptr, row_offs, rows_ok, pos, cos_ptr, sin_ptr, stride_cos, w_ptr, eps,
+              offs_d, D: tl.constexpr, HAS_NORM: tl.constexpr):
+    """Rows of head_dim D at x_ptr + row_offs (a [ROWS] tensor; rows_ok masks them), rotated
+    for position `pos`: [ROWS, BLOCK_D] float32 holding values of x's dtype (0 past D). Each
+    lane d reads x[d] and its rotate-half partner x[d +- D/2]: out = x c + sign x' s, sign
+    -1 in the first half. With HAS_NORM, x is first w * x / rms(x) per row (Qwen3's q_norm,
+    k_norm). Every product and the sum are rounded to x's dtype where the reference rounds."""
+    half = D // 2
+    d_ok = offs_d < D
+    partner = tl.where(offs_d < half, offs_d + half, offs_d - half)  # [BLOCK_D]
+    mask = rows_ok[:, None] & d_ok[None, :]
+    x = tl.load(x_ptr + row_offs[:, None] + offs_d[None, :], mask=mask, other=0.0)  # [ROWS, BLOCK_D]
+    dtype = x.dtype
+    x = x.to(tl.float32)
+    xs = tl.load(x_ptr + row_offs[:, None] + partner[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_NORM:  # the norm's output is the rotation's input: rounded to dtype, as between two layers
-        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]  # [BLOCK_H, 1]
-        d_mask = offs_d < HALF
-        w1 = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_HALF]
-        w2 = tl.load(w_ptr + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-        x1 = _rounded(w1 * _rounded(x1 * rstd, dtype), dtype)
-        x2 = _rounded(w2 * _rounded(x2 * rstd, dtype), dtype)
-    # every product and the sum are rounded to the input dtype, as the reference does
-    o1 = (_rounded(x1 * c, dtype) - _rounded(x2 * s, dtype)).to(dtype)
-    o2 = (_rounded(x2 * c, dtype) + _rounded(x1 * s, dtype)).to(dtype)
-    out = dst_ptr + (t * H + offs_h[:, None]) * (2 * HALF) + offs_d[None, :]
-    tl.store(out, o1, mask=mask)
-    tl.store(out + HALF, o2, mask=mask)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]  # [ROWS, 1]
+        w = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_D]
+        ws = tl.load(w_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        x = _rounded(w * _rounded(x * rstd, dtype), dtype)
+        xs = _rounded(ws * _rounded(xs * rstd, dtype), dtype)
+    # cos/sin tables are (positions, D) with both halves equal; rounded to the inputs' dtype
+    # like the reference's `.to(q.dtype)`
+    c = _rounded(tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32), dtype)[None, :]
+    s = _rounded(tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32), dtype)[None, :]
+    sign = tl.where(offs_d < half, -1.0, 1.0)[None, :]
+    return _rounded(_rounded(x * c, dtype) + sign * _rounded(xs * s, dtype), dtype)
 
 
 @triton.jit
 def _rotary_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr, q_w_ptr, k_w_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, eps,
-    QH: tl.constexpr, KH: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
-    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    QH: tl.constexpr, KH: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
+    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(0).to(tl.int64)  # one token: its q heads, then its k heads
     pos = tl.load(pos_ptr + t).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
-    d_mask = offs_d < HALF
-    # cos/sin tables are (positions, 2 * HALF) with both halves equal; round them to the
-    # inputs' dtype like the reference's `.to(q.dtype)`
-    dtype = q_ptr.dtype.element_ty
-    c = _rounded(tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype)[None, :]
-    s = _rounded(tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype)[None, :]
-    offs_qh = tl.arange(0, BLOCK_QH)
-    _rotate_rows(q_ptr, q_out_ptr, q_w_ptr, stride_qt, stride_qh, t, c, s, eps, offs_qh, offs_d,
-                 (offs_qh[:, None] < QH) & d_mask[None, :], QH, HALF, HAS_NORM)
+    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    d_ok = offs_d < D
+    offs_qh = tl.arange(0, BLOCK_QH)  # [BLOCK_QH]
+    q = rope_rows(q_ptr + t * stride_qt, offs_qh * stride_qh, offs_qh < QH, pos, cos_ptr, sin_ptr, stride_cos,
+                  q_w_ptr, eps, offs_d, D, HAS_NORM)
+    tl.store(q_out_ptr + (t * QH + offs_qh[:, None]) * D + offs_d[None, :], q.to(q_out_ptr.dtype.element_ty),
+             mask=(offs_qh[:, None] < QH) & d_ok[None, :])
     offs_kh = tl.arange(0, BLOCK_KH)
-    _rotate_rows(k_ptr, k_out_ptr, k_w_ptr, stride_kt, stride_kh, t, c, s, eps, offs_kh, offs_d,
-                 (offs_kh[:, None] < KH) & d_mask[None, :], KH, HALF, HAS_NORM)
+    k = rope_rows(k_ptr + t * stride_kt, offs_kh * stride_kh, offs_kh < KH, pos, cos_ptr, sin_ptr, stride_cos,
+                  k_w_ptr, eps, offs_d, D, HAS_NORM)
+    tl.store(k_out_ptr + (t * KH + offs_kh[:, None]) * D + offs_d[None, :], k.to(k_out_ptr.dtype.element_ty),
+             mask=(offs_kh[:, None] < KH) & d_ok[None, :])
 
 
 def rotary(
@@ -164,13 +168,13 @@ def rotary(
     assert norm_weights is None or q_w.shape == k_w.shape == (head_dim,)
     q_out, k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if tokens > 0:
-        half = head_dim // 2
+        block_qh = triton.next_power_of_2(q_heads)
         _rotary_kernel[(tokens,)](
             q, k, q_out, k_out, positions, cos, sin, q_w, k_w,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), eps,
-            QH=q_heads, KH=k_heads, HALF=half, HAS_NORM=norm_weights is not None,
-            BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
-            BLOCK_HALF=triton.next_power_of_2(half), num_warps=_warps(triton.next_power_of_2(q_heads) * half),
+            QH=q_heads, KH=k_heads, D=head_dim, HAS_NORM=norm_weights is not None,
+            BLOCK_QH=block_qh, BLOCK_KH=triton.next_power_of_2(k_heads),
+            BLOCK_D=triton.next_power_of_2(head_dim), num_warps=_warps(block_qh * head_dim // 2),
         )
     return q_out, k_out
 

@@ -3,6 +3,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, divide, get_tp_rank, get_tp_size
+from .fused import fused_moe, takes_gemv
 
 
 class Linear(nn.Module):
@@ -50,7 +51,14 @@ class Linear(nn.Module):
         raise ValueError(f"{type(self).__name__} is not a fused layer (got shard {shard_id!r})")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x W^T (+ bias): on CUDA, a few rows without a bias take the matrix-vector kernel
+        (fused_moe.gemv: cuBLAS's kernels for one row are far from the memory bound), else F.linear."""
+        if bias is None and takes_gemv(x):
+            return fused_moe.gemv(x, self.weight)
+        return F.linear(x, self.weight, bias)
 
 
 class ColumnParallelLinear(Linear):
@@ -69,9 +77,13 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
+            return self.matmul(x, self.bias)
         bias = self.bias if self.tp_rank == 0 else None  # added once, not once per rank
-        return all_reduce(F.linear(x, self.weight, bias))  # (tokens, out), the same on every rank
+        return self.reduce(self.matmul(x, bias))
+
+    def reduce(self, y: torch.Tensor) -> torch.Tensor:
+        """The ranks' partial outputs summed: (tokens, out), the same on every rank."""
+        return all_reduce(y) if self.tp_size > 1 else y
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

@@ -54,6 +54,15 @@ class RotaryEmbedding(nn.Module):
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
+    def kernel_args(self, positions: torch.Tensor, q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> tuple:
+        """What a kernel that rotates q and k itself needs (attention.py's `rope`): positions,
+        the cos and sin tables, the norms' weights (None without them) and epsilon."""
+        if q_norm is None:
+            return positions, self.cos, self.sin, None, None, 0.0
+        assert q_norm.eps == k_norm.eps
+        return positions, self.cos, self.sin, q_norm.weight, k_norm.weight, q_norm.eps
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)  # (tokens, heads, head_dim/2) each
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin

@@ -14,6 +14,7 @@ from ..config import ModelConfig
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from ..layers.fused import fused_moe, takes_gemv
 from ..layers.linear import Linear, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from ..layers.moe import Experts, route
 from ..layers.norm import RMSNorm
@@ -38,8 +39,8 @@ class SelfAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)  # (tokens, heads / tp, head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # (tokens, kv_heads / tp, head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)  # Qwen3: per-head RMSNorm first
-        o = self.attn(q, k, v)  # (tokens, heads / tp, head_dim)
+        # RoPE (Qwen3: after a per-head RMSNorm of q and k), the cache store and the attention
+        o = self.attn(positions, q, k, v, self.rotary_emb, self.q_norm, self.k_norm)  # (tokens, heads / tp, head_dim)
         return self.o_proj(o.flatten(1))  # (tokens, hidden), summed over the ranks
 
 
@@ -52,6 +53,9 @@ class MLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if takes_gemv(x):
+            # a few rows (a small decode batch): the MoE's matrix-vector kernels with one expert, two launches
+            return self.down_proj.reduce(fused_moe.dense_mlp(x, self.gate_up_proj.weight, self.down_proj.weight))
         return self.down_proj(self.act(self.gate_up_proj(x)))  # (tokens, intermediate / tp) -> (tokens, hidden)
 
 
