@@ -21,7 +21,8 @@
 #   final-kernels  final's fused kernels, prefill attention tile choices -> final_kernels_TAG.json
 #   decode-attention  final's paged decode attention on the workload's context mix -> decode_attention_qwen3-0.6b_TAG.json
 #   latency        decode-step latency with and without CUDA graphs, 06 and final
-#                  -> decode_latency_qwen3-0.6b_{06,final}_TAG.json
+#                  -> decode_latency_qwen3-0.6b_{06,final}_TAG.json; the final engine's graph steps with
+#                  the dense matrix-vector path up to 0, 2 and 4 rows -> dense_gemv_decode_latency_qwen3-0.6b_TAG.json
 #   throughput     nano-vllm's workload for each engine and shape, temperature only
 #                  -> nanovllm_SHAPE_ENGINE_TAG.json
 #   checkpoint     the checkpoint's sampling defaults: stage 06 then final in one process, final with an fp8 KV
@@ -98,7 +99,9 @@ for part in "${parts[@]}"; do
       for e in 06 final; do
         step "$PY" -m benchmarks.decode_latency --engine $e --shape qwen3-0.6b --batches 1 8 64 256 \
           --out "$OUT/decode_latency_qwen3-0.6b_${e}_$TAG.json"
-      done ;;
+      done
+      step "$PY" -m benchmarks.decode_latency --engine final --shape qwen3-0.6b --gemv-rows 0 2 4 --batches 1 2 4 \
+        --out "$OUT/dense_gemv_decode_latency_qwen3-0.6b_$TAG.json" ;;
     throughput)
       for shape in $SHAPES; do
         for e in $ENGINES; do

@@ -264,9 +264,7 @@ FILES = [
     ("kernel_bench_*.json", f"{SUITE} kernels", "paged decode and prefill attention kernels against torch's SDPA"),
     ("final_kernels_*.json", f"{SUITE} final-kernels", "the final engine's fused kernels against the layers' PyTorch code; prefill attention tile choices against torch's varlen_attn"),
     ("decode_latency_*.json", f"{SUITE} latency", "median decode-step latency with and without CUDA graphs, 32-token prompts, per batch size"),
-    ("dense_gemv_decode_latency_qwen3-0.6b_h200.json",
-     "python -m benchmarks.decode_latency --engine final --shape qwen3-0.6b --gemv-rows 0 2 4 --batches 1 2 4 "
-     "--out benchmarks/results/dense_gemv_decode_latency_qwen3-0.6b_h200.json",
+    ("dense_gemv_decode_latency_*.json", f"{SUITE} latency",
      "median graph decode-step latency per batch size with the dense layers' matrix-vector path up to 0 (cuBLAS only), 2 and 4 rows"),
     ("host_overhead_cpu.json", "python -m benchmarks.host_overhead --engine 03 --engine 04 --engine 05 --out benchmarks/results/host_overhead_cpu.json",
      "each stage's engine loop with a stub model on one CPU core: the host's time per step"),
@@ -304,6 +302,9 @@ NOTES = {  # facts about a record that its fields do not say
     "nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json": GEMV_TILES_4,
     "nanovllm_qwen3-30b-a3b_final_h200.json": FUSED_ROUTER,
     "gpu_tests_final_h200.log": FUSED_ROUTER + " (its tests went with it)",
+    "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_unfused-decode_h200.json":
+        "made before the decode attention kernel applied RoPE and stored the new K/V itself, and before "
+        "the dense matrix-vector path: the same engine as the fp8 record's",
     "variants/nanovllm_qwen3-30b-a3b_final_prefill-specialized_h200.json": SPECIALIZED,
     "variants/serve_qwen3-0.6b_c256_prefill-specialized_h200.json": SPECIALIZED,
     "variants/nanovllm-short_qwen3-0.6b_03_04_05_05_04_03_h200.json":

@@ -163,6 +163,19 @@ def test_kernels_read_fp8_like_the_reference(tri, decode, kwargs):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("decode", [False, True], ids=["prefill", "decode"])
+def test_kernels_under_bfloat16_match_the_reference_on_fp8(tri, decode):
+    """Under bf16 the kernels widen an fp8 cache's tiles to fp16 (and q with them: _widen_to),
+    not to bf16: still close to the reference, which dequantizes to bf16 and computes in float32.
+    (Under the interpreter, bf16 tiles would not even be: it computes bf16 dots wrongly.)"""
+    case = fp8_case(ref.store_kvcache, outliers=False)
+    case["q"] = case["q"].to(torch.bfloat16)
+    kwargs = dict(num_splits=2, BLOCK_N=16) if decode else dict(BLOCK_M=16, BLOCK_N=16)
+    got, want = _attention(tri, case, decode, **kwargs), _attention(ref, case, decode)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_decode_kernel_stores_its_new_tokens_like_store_kvcache(tri, num_splits):
     """The decode kernel writing each sequence's new (last) K/V itself quantizes them into the

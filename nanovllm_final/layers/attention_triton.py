@@ -26,7 +26,8 @@ and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads
 masks). To debug on a CPU, set ``TRITON_INTERPRET=1`` before importing triton.
 
 An fp8 cache (``kv_cache_dtype="fp8"``; attention.py states the contract): the store
-kernel quantizes; prefill and decode widen each tile in registers (``_load_kv_tile``) and
+kernel quantizes; prefill and decode widen each tile in registers (``_load_kv_tile``; to fp16
+under bf16, ``_widen_to``) and
 apply the scales once per row (``_kv_scales``: K's in the softmax scale, V's on the output);
 the scales are read by pointer, so a captured graph stays valid.
 """
@@ -156,8 +157,8 @@ def _load_kv_tile(
     stride_cb, stride_cs, stride_ch, PAGE_SIZE: tl.constexpr, DTYPE: tl.constexpr,
 ):
     """Rows offs_n (key positions of one sequence) of one kv head: [BLOCK_N, BLOCK_D], in
-    DTYPE (q's). An fp8 cache's tile (x / scale in e4m3) is widened in registers, exactly:
-    every e4m3 value is a bf16, fp16 and fp32 value. Its scale, one per kv head, is the
+    DTYPE (q's, after _widen_to). An fp8 cache's tile (x / scale in e4m3) is widened in
+    registers, exactly: every e4m3 value is an fp16 and fp32 value. Its scale, one per kv head, is the
     caller's (_kv_scales): K's folds into the softmax scale, V's into the output, one
     multiply per row instead of one per element."""
     # Logical position p -> (physical block, offset in block). PAGE_SIZE is a constexpr
@@ -166,6 +167,18 @@ def _load_kv_tile(
     row = block_ids.to(tl.int64) * stride_cb + (offs_n % PAGE_SIZE) * stride_cs + kv_head * stride_ch
     ptrs = cache_ptr + row[:, None] + offs_d[None, :]
     return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0).to(DTYPE)
+
+
+@triton.jit
+def _widen_to(q, FP8: tl.constexpr):
+    """q in the dtype the K/V tiles are widened to: with an fp8 cache and bf16 q, fp16, as e4m3
+    widens to fp16 in one packed instruction per two values and to bf16 only through fp16, one
+    instruction more per value (every e4m3 value, and every bf16 value of q's range, is exact in
+    fp16); otherwise q's own dtype."""
+    if FP8 and q.dtype == tl.bfloat16:
+        return q.to(tl.float16)
+    else:
+        return q
 
 
 @triton.jit
@@ -263,6 +276,7 @@ def _paged_prefill_kernel(
     q_rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    q = _widen_to(q, FP8)
 
     # Online softmax state, fp32 (base-2 logits).
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max
@@ -506,6 +520,7 @@ def _paged_decode_kernel(
                       HEAD_DIM, HAS_NORM).to(q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
     else:
         q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=out_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
+    q = _widen_to(q, FP8)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
