@@ -76,8 +76,6 @@ class RowParallelLinear(Linear):
     tp_dim = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp_size == 1:
-            return self.matmul(x, self.bias)
         bias = self.bias if self.tp_rank == 0 else None  # added once, not once per rank
         return self.reduce(self.matmul(x, bias))
 

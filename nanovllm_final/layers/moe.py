@@ -2,9 +2,9 @@
 SwiGLU MLPs and adds up their outputs, weighted by the router's probabilities.
 
 On CUDA the router is one Triton kernel and the experts run as two grouped GEMMs, or two
-matrix-vector kernels for a few tokens (fused_moe.py); route_torch and the loop over the experts below are the reference and the
-CPU path. Tensor parallelism splits every expert like a dense MLP, along its intermediate
-dimension, and sums the ranks' outputs once per layer."""
+matrix-vector kernels for a few tokens (fused_moe.py); route_torch and the loop over the
+experts below are the reference and the CPU path. Tensor parallelism splits every expert
+like a dense MLP, along its intermediate dimension, and sums the ranks' outputs once per layer."""
 
 import torch
 import torch.nn.functional as F

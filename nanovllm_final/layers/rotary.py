@@ -53,7 +53,6 @@ class RotaryEmbedding(nn.Module):
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
-
     def kernel_args(self, positions: torch.Tensor, q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> tuple:
         """What a kernel that rotates q and k itself needs (attention.py's `rope`): positions,
         the cos and sin tables, the norms' weights (None without them) and epsilon."""
