@@ -1,16 +1,19 @@
 """The final engine's paged decode attention on the context mix of a real run (CUDA only).
 
     python benchmarks/decode_attention_bench.py --out benchmarks/results/decode_attention_qwen3-0.6b_h200.json
+    python benchmarks/decode_attention_bench.py --kv-cache-dtype fp8 --out benchmarks/results/decode_attention_fp8-kv_qwen3-0.6b_h200.json
 
 nano-vllm's workload starts 256 requests together (prompts and outputs of 100-1024 tokens);
 after s decode steps, the requests still running hold prompt + s tokens each. For a few
 such snapshots this times the decode kernel (GPU time of CUDA-graph replays) for each tile
 configuration, in batch order and longest-context-first (the order the engine launches),
-and split-K factors at the default tile, and reports the bandwidth it reaches: the K/V bytes
-the batch must read over the time.
+and split-K factors at 64 keys, 4 warps and 3 stages (a bf16 cache's default), and reports
+the bandwidth it reaches: the K/V bytes the batch must read over the time. With --kv-cache-dtype fp8 the cache holds e4m3 values
+with one scale per kv head (half the bytes of bf16), as the engine's fp8 cache does.
 Qwen3-0.6B's attention shape: 16 query heads, 8 kv heads, head_dim 128, blocks of 16.
 """
 
+import functools
 import json
 import sys
 import time
@@ -25,10 +28,11 @@ from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E40
 from nanovllm_final.workloads import nanovllm  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 128, 16
-# (BLOCK_N, num_warps, num_stages) of the decode kernel; the first is the default
-TILES = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (32, 4, 3), (32, 2, 3), (128, 4, 2), (128, 8, 3), (64, 8, 3), (16, 2, 3)]
+# (BLOCK_N, num_warps, num_stages) of the decode kernel; the first is a bf16 cache's default
+TILES = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 4, 1), (64, 2, 2), (32, 4, 3), (32, 2, 3), (128, 4, 2), (128, 4, 3),
+         (128, 4, 1), (128, 2, 2), (128, 8, 3), (256, 4, 2), (256, 8, 2), (64, 8, 3), (16, 2, 3)]
 STEPS = (1, 300, 600, 750, 900, 1000)  # decode steps into the run
-SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # split-K factors tried at the default tile, longest first
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # split-K factors tried at the first tile, longest first
 
 
 def snapshot(step: int, seed: int = 0) -> list[int]:
@@ -37,12 +41,12 @@ def snapshot(step: int, seed: int = 0) -> list[int]:
     return [len(p) + step for p, sp in zip(prompts, params) if sp["max_tokens"] > step]
 
 
-def paged_batch(contexts: list[int], dtype: torch.dtype):
+def paged_batch(contexts: list[int], dtype: torch.dtype, cache_dtype: torch.dtype):
     """A random paged cache with each sequence's blocks at shuffled places."""
     blocks = [-(-c // BLOCK) for c in contexts]
     total, width = sum(blocks), max(blocks)
-    k_cache = torch.randn(total, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device="cuda")
-    v_cache = torch.randn_like(k_cache)
+    k_cache = torch.randn(total, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device="cuda").to(cache_dtype)
+    v_cache = torch.randn(total, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device="cuda").to(cache_dtype)
     perm = torch.randperm(total, device="cuda").to(torch.int32)
     tables = torch.full((len(contexts), width), -1, dtype=torch.int32, device="cuda")
     start = 0
@@ -55,23 +59,31 @@ def paged_batch(contexts: list[int], dtype: torch.dtype):
 
 
 def main() -> None:
-    args = gpu_bench_args(__doc__)
+    args = gpu_bench_args(__doc__, add_arguments=lambda p: p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"),
+                                                                           default="auto"))
     torch.manual_seed(0)
     dtype, scale = torch.bfloat16, HEAD_DIM ** -0.5
-    record = {"benchmark": "decode_attention", "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
+    fp8 = args.kv_cache_dtype == "fp8"
+    cache_dtype = torch.float8_e4m3fn if fp8 else dtype
+    # an fp8 cache's dequantization scales, one per kv head (the values are drawn in e4m3's range)
+    scales = {"k_scale": torch.full((KV_HEADS,), 0.5, device="cuda"),
+              "v_scale": torch.full((KV_HEADS,), 0.25, device="cuda")} if fp8 else {}
+    kernel = functools.partial(attention_triton.paged_decode_attention, **scales)
+    record = {"benchmark": "decode_attention", "kv_cache_dtype": args.kv_cache_dtype,
+              "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
               "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block_size": BLOCK},
               "command": " ".join(["python", *sys.argv]), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "snapshots": []}
     for step in STEPS:
         contexts = snapshot(step)
-        q, kc, vc, lens, tables = paged_batch(contexts, dtype)
+        q, kc, vc, lens, tables = paged_batch(contexts, dtype, cache_dtype)
         order = torch.argsort(lens, descending=True, stable=True).to(torch.int32)
         kv_bytes = sum(contexts) * KV_HEADS * HEAD_DIM * 2 * kc.element_size()  # K and V, every layer reads
-        expected = attention_torch.paged_decode_attention(q, kc, vc, lens, tables, scale).float()
+        expected = attention_torch.paged_decode_attention(q, kc, vc, lens, tables, scale, **scales).float()
         row = {"step": step, "batch": len(contexts), "mean_context": sum(contexts) / len(contexts),
                "max_context": max(contexts), "kv_bytes": kv_bytes, "tiles": {}}
         for bn, w, s in TILES:
             for name, o in (("batch_order", None), ("longest_first", order)):
-                fn = lambda: attention_triton.paged_decode_attention(q, kc, vc, lens, tables, scale, o, BLOCK_N=bn, num_warps=w, num_stages=s)  # noqa: E731
+                fn = lambda: kernel(q, kc, vc, lens, tables, scale, o, BLOCK_N=bn, num_warps=w, num_stages=s)  # noqa: E731
                 key = f"{bn}w{w}s{s}/{name}"
                 try:
                     ms = graph_time_ms(fn, args.reps)
@@ -81,7 +93,7 @@ def main() -> None:
                     continue
                 row["tiles"][key] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9, "max_err": err}
         for n in SPLITS:
-            fn = lambda: attention_triton.paged_decode_attention(q, kc, vc, lens, tables, scale, order, num_splits=n)  # noqa: E731
+            fn = lambda: kernel(q, kc, vc, lens, tables, scale, order, num_splits=n, num_warps=4, num_stages=3)  # noqa: E731
             ms = graph_time_ms(fn, args.reps)
             row["tiles"][f"splits{n}/longest_first"] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9,
                                                         "max_err": (fn().float() - expected).abs().max().item()}

@@ -15,11 +15,15 @@
 #
 # parts (one GPU unless named; the records' names use the tag):
 #   tests          GPU kernel tests and tests/test_gpu.py for every engine -> gpu_tests_TAG.log
-#   final-tests    the final engine's GPU tests: fp8 cache, fused and MoE kernels, launch order, test_gpu.py -> gpu_tests_final_TAG.log
+#   final-tests    the final engine's GPU tests: CUDA graphs, fp8 cache, fused, MoE and attention kernels, test_gpu.py
+#                  -> gpu_tests_final_TAG.log
 #   tp-tests       tests/test_gpu_tp.py, stage 07 and final (2 GPUs) -> tp_gpu_tests_{07,final}_TAGx2.log
 #   kernels        attention kernels against torch -> kernel_bench_TAG.json
 #   final-kernels  final's fused kernels, prefill attention tile choices -> final_kernels_TAG.json
-#   decode-attention  final's paged decode attention on the workload's context mix -> decode_attention_qwen3-0.6b_TAG.json
+#   gemv           the dense projections of a decode step at one and two rows: the matrix-vector kernels' tiles
+#                  against cuBLAS -> gemv_tiles_TAG.json
+#   decode-attention  final's paged decode attention on the workload's context mix, bf16 and fp8 caches
+#                  -> decode_attention_qwen3-0.6b_TAG.json, decode_attention_fp8-kv_qwen3-0.6b_TAG.json
 #   latency        decode-step latency with and without CUDA graphs, 06 and final
 #                  -> decode_latency_qwen3-0.6b_{06,final}_TAG.json; the final engine's graph steps with
 #                  the dense matrix-vector path up to 0, 2 and 4 rows -> dense_gemv_decode_latency_qwen3-0.6b_TAG.json
@@ -85,16 +89,20 @@ for part in "${parts[@]}"; do
     tests)
       logged "$OUT/gpu_tests_$TAG.log" "${PYTEST[@]}" tests/test_kernels.py tests/test_gpu.py ;;
     final-tests)
-      logged "$OUT/gpu_tests_final_$TAG.log" "${PYTEST[@]}" tests/test_kv_fp8.py tests/test_fused_kernels.py tests/test_moe_kernels.py \
-        tests/test_kernels.py::test_decode_launch_order tests/test_gpu.py -k "not (test_gpu and not final)" ;;
+      logged "$OUT/gpu_tests_final_$TAG.log" "${PYTEST[@]}" tests/test_final_cuda_graphs.py tests/test_kv_fp8.py tests/test_fused_kernels.py \
+        tests/test_moe_kernels.py tests/test_moe.py::test_final_on_cuda_fused_experts_in_cuda_graphs tests/test_kernels.py \
+        tests/test_gpu.py -k "not (test_gpu and not final)" ;;
     tp-tests)
       for e in 07 final; do logged "$OUT/tp_gpu_tests_${e}_${TAG}x2.log" "${PYTEST[@]}" -s tests/test_gpu_tp.py -k "$e"; done ;;
     kernels)
       step "$PY" benchmarks/kernel_bench.py --out "$OUT/kernel_bench_$TAG.json" ;;
     final-kernels)
       step "$PY" benchmarks/final_kernels_bench.py --out "$OUT/final_kernels_$TAG.json" ;;
+    gemv)
+      step "$PY" -m benchmarks.gemv_bench --out "$OUT/gemv_tiles_$TAG.json" ;;
     decode-attention)
-      step "$PY" benchmarks/decode_attention_bench.py --out "$OUT/decode_attention_qwen3-0.6b_$TAG.json" ;;
+      step "$PY" benchmarks/decode_attention_bench.py --out "$OUT/decode_attention_qwen3-0.6b_$TAG.json"
+      step "$PY" benchmarks/decode_attention_bench.py --kv-cache-dtype fp8 --out "$OUT/decode_attention_fp8-kv_qwen3-0.6b_$TAG.json" ;;
     latency)
       for e in 06 final; do
         step "$PY" -m benchmarks.decode_latency --engine $e --shape qwen3-0.6b --batches 1 8 64 256 \

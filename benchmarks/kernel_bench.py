@@ -26,11 +26,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, for `import stages`
 
 
-def gpu_bench_args(doc: str, reps: int = 20) -> argparse.Namespace:
-    """A GPU benchmark's command line: --reps and --out; without CUDA, exit with a message."""
+def gpu_bench_args(doc: str, reps: int = 20, add_arguments=None) -> argparse.Namespace:
+    """A GPU benchmark's command line: --reps, --out and what add_arguments(parser) adds;
+    without CUDA, exit with a message."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=reps)
     parser.add_argument("--out")
+    if add_arguments is not None:
+        add_arguments(parser)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.exit(2, "error: needs a CUDA GPU\n")

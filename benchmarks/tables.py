@@ -273,8 +273,10 @@ FILES = [
     ("tp_message_cost_*.json", f"{SUITE} tp-message", "host cost of the per-step message rank 0 sends each worker"),
     ("tp_speedup_*.json", "python -m benchmarks.tp_speedup --out benchmarks/results/tp_speedup_h200x2.json",
      "TP=2 against TP=1 per model shape, from the tp_*_tp1/tp2 records (the last step of the suite's tp part)"),
-    ("decode_attention_*.json", f"{SUITE} decode-attention", "the final engine's paged decode attention on a real run's context mix: "
-     "tiles, launch order (batch order, longest first) and split-K factors, with the bandwidth reached"),
+    ("decode_attention_*.json", f"{SUITE} decode-attention", "the final engine's paged decode attention on a real run's context mix "
+     "(bf16 cache, or fp8 where the name says so): tiles, launch order (batch order, longest first) and split-K factors, with the bandwidth reached"),
+    ("gemv_tiles_*.json", f"{SUITE} gemv", "a decode step's dense projections at one and two rows, with as many distinct weights as the "
+     "model has layers: the matrix-vector kernels for each tile choice against cuBLAS"),
     ("kv_cache_quality_cpu.json", "python -m benchmarks.kv_cache_quality --out benchmarks/results/kv_cache_quality_cpu.json",
      "kv_cache_dtype='fp8' against 'auto': greedy agreement, teacher-forced mean abs Δ logprob, KV blocks per GiB "
      "(course model, the qwen3-0.6b shape with 4 layers)"),
@@ -295,16 +297,19 @@ SPECIALIZED = ("made while the Triton prefill kernel was still specialized on th
 GEMV_TILES_4 = "made with the dense layers' matrix-vector tiles at 4×1024 (columns × K), since 2×1024"
 FUSED_ROUTER = ("made with the router's matrix-vector product and its routing in one launch for a step of at most two "
                 "tokens, since back to two launches, and with the dense layers' matrix-vector tiles at 4×1024, since 2×1024")
+NORMS_IN_GEMV = ("made with a variant of the one- and two-row decode path that computed each RMSNorm inside the "
+                 "matrix-vector kernel after it, on faster tiles; since back to the recorded batch-1 steps' path")
 NOTES = {  # facts about a record that its fields do not say
     "decode_latency_qwen3-0.6b_final_h200.json": GEMV_TILES_4,
-    "decode_latency_qwen3-30b-a3b_final_h200.json": GEMV_TILES_4 + "; with the dense matrix-vector path up to 4 rows, since 2",
     "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,
     "nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json": GEMV_TILES_4,
     "nanovllm_qwen3-30b-a3b_final_h200.json": FUSED_ROUTER,
-    "gpu_tests_final_h200.log": FUSED_ROUTER + " (its tests went with it)",
+    "gpu_tests_final_h200.log": NORMS_IN_GEMV + " (its tests went with it)",
+    "nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_h200.json": NORMS_IN_GEMV + ": the steps of at most two sequences, "
+        "11 of its 1,032",
     "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_unfused-decode_h200.json":
         "made before the decode attention kernel applied RoPE and stored the new K/V itself, and before "
-        "the dense matrix-vector path: the same engine as the fp8 record's",
+        "the dense matrix-vector path",
     "variants/nanovllm_qwen3-30b-a3b_final_prefill-specialized_h200.json": SPECIALIZED,
     "variants/serve_qwen3-0.6b_c256_prefill-specialized_h200.json": SPECIALIZED,
     "variants/nanovllm-short_qwen3-0.6b_03_04_05_05_04_03_h200.json":

@@ -166,8 +166,9 @@ def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype, monkeypatch):
     `dense_mlp` a SwiGLU MLP's gate/up, SiLU-and-multiply and down, with a K of several tiles
     and a ragged last one (72 = 2 * 32 + 8) and an output width not a multiple of the columns."""
     if not HAS_CUDA:
-        monkeypatch.setitem(fused_moe.GEMV_TILES, "BLOCK_K", 32)
+        monkeypatch.setitem(fused_moe.DENSE_GATE_UP_TILES, "BLOCK_K", 32)
         monkeypatch.setitem(fused_moe.DENSE_GEMV_TILES, "BLOCK_K", 32)
+        monkeypatch.setitem(fused_moe.DENSE_DOWN_TILES, "BLOCK_K", 16)
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, 72, generator=g).to(dtype)
     w = (torch.randn(45, 72, generator=g) * 0.2).to(dtype)
@@ -194,7 +195,7 @@ def test_dense_layers_dispatch_few_rows_to_the_kernels(monkeypatch):
     calls = []
     for name in ("gemv", "dense_mlp"):
         real = getattr(fused_moe, name)
-        monkeypatch.setattr(fused_moe, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+        monkeypatch.setattr(fused_moe, name, lambda *a, real=real, name=name, **kw: calls.append(name) or real(*a, **kw))
     g = torch.Generator().manual_seed(0)
     linear = Linear(256, 96).to(torch.bfloat16).cuda()
     mlp = MLP(SimpleNamespace(hidden_size=256, intermediate_size=384)).to(torch.bfloat16).cuda()  # the fields MLP reads
@@ -207,7 +208,7 @@ def test_dense_layers_dispatch_few_rows_to_the_kernels(monkeypatch):
         gate, up = torch.nn.functional.linear(x, mlp.gate_up_proj.weight).chunk(2, dim=-1)
         expected = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, mlp.down_proj.weight)
         torch.testing.assert_close(mlp(x), expected, **tol(torch.bfloat16))
-        assert calls == (["gemv", "dense_mlp"] if rows <= fused_moe.GEMV_ROWS else [])
+        assert calls == (["gemv", "dense_mlp", "gemv"] if rows <= fused_moe.GEMV_ROWS else [])  # dense_mlp's down: gemv
 
 
 def test_no_tokens():

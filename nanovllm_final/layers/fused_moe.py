@@ -240,10 +240,14 @@ GEMV_ROWS = 2  # dense layers: at most this many rows (each program reads the we
 # BLOCK_N, BLOCK_K: gate/up's columns and K tile per program; DOWN_BLOCK_N, DOWN_BLOCK_K the down
 # kernel's (fewer columns, as each of its programs reads the rows of top_k experts); num_warps both.
 GEMV_TILES = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "DOWN_BLOCK_N": 2, "DOWN_BLOCK_K": 256}
-# gemv's tiles (a dense projection: one weight matrix): on an H200 the fastest batch-1 decode step
-# of Qwen3-30B-A3B's shape among 2x1024, 4x1024, 4x2048 and 8x512 (columns x K), and faster than
-# 4x1024 for Qwen3-0.6B's
+# The dense path's tiles (columns x K, warps): gemv's for a projection (one weight matrix), dense_mlp's
+# for its gate/up (dense_gate_up) and its down. These are the tiles of the recorded one-row decode steps
+# (results/decode_latency_*_final_h200.json); benchmarks/gemv_bench.py times each projection alone
+# for every tile choice (results/gemv_tiles_h200.json), where 2x1024 with 2 warps for gemv, 1x1024 with
+# 2 warps for gate/up and 2x4096 with 4 warps for down are faster, projection by projection, than these.
 DENSE_GEMV_TILES = {"BLOCK_N": 2, "BLOCK_K": 1024, "num_warps": 4}
+DENSE_GATE_UP_TILES = {"BLOCK_N": GEMV_TILES["BLOCK_N"], "BLOCK_K": GEMV_TILES["BLOCK_K"], "num_warps": GEMV_TILES["num_warps"]}
+DENSE_DOWN_TILES = {"BLOCK_N": GEMV_TILES["DOWN_BLOCK_N"], "BLOCK_K": GEMV_TILES["DOWN_BLOCK_K"], "num_warps": GEMV_TILES["num_warps"]}
 
 
 @triton.jit
@@ -322,47 +326,57 @@ def _down_gemv_sum_kernel(
 
 
 def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.Tensor:
-    """The matrix-vector path of fused_experts: (tokens, hidden), each token's top_k outputs summed.
-    weights, expert_ids None: a dense MLP, gate_up (1, 2 * inter, hidden) and down (1, hidden, inter)."""
+    """The matrix-vector path of fused_experts: (tokens, hidden), each token's top_k outputs summed."""
     tokens, hidden = x.shape
-    inter = down.shape[2]
-    routed = expert_ids is not None
-    top_k = expert_ids.shape[1] if routed else 1
+    top_k = expert_ids.shape[1]
     tiles = dict(tiles)
     down_block_n, down_block_k = tiles.pop("DOWN_BLOCK_N"), tiles.pop("DOWN_BLOCK_K")
-    ids = expert_ids.contiguous() if routed else x  # unread when dense
-    weights = weights.contiguous() if routed else x
+    ids = expert_ids.contiguous()
+    inter = down.shape[2]
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
     _gate_up_gemv_kernel[(tokens * top_k, triton.cdiv(inter, tiles["BLOCK_N"]))](
-        x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden, TOP_K=top_k, ROUTED=routed, **tiles)
+        x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden,
+        TOP_K=top_k, ROUTED=True, **tiles)
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)  # (tokens, hidden)
     _down_gemv_sum_kernel[(tokens, triton.cdiv(hidden, down_block_n))](
-        h, down, ids, weights, out, down.stride(0), down.stride(1), hidden, inter,
-        TOP_K=top_k, ROUTED=routed, BLOCK_S=triton.next_power_of_2(top_k),
+        h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter,
+        TOP_K=top_k, ROUTED=True, BLOCK_S=triton.next_power_of_2(top_k),
         **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k})
     return out
 
 
+def dense_gate_up(x: torch.Tensor, gate_up: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
+    """silu(gate @ x) * (up @ x) for a few rows (at most GEMV_ROWS) in one launch: x (T, hidden),
+    gate_up (2 * inter, hidden) = [gate | up] rows -> (T, inter). tiles: DENSE_GATE_UP_TILES by default."""
+    assert x.is_contiguous() and gate_up.is_contiguous()
+    tiles = tiles or DENSE_GATE_UP_TILES
+    tokens, k = x.shape
+    inter = gate_up.shape[0] // 2
+    h = torch.empty(tokens, inter, dtype=x.dtype, device=x.device)  # (T, inter)
+    if tokens:
+        _gate_up_gemv_kernel[(tokens, triton.cdiv(inter, tiles["BLOCK_N"]))](
+            x, gate_up, x, h, x.stride(0), 0, gate_up.stride(0), inter, k, TOP_K=1, ROUTED=False, **tiles)
+    return h
+
+
 def dense_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """A SwiGLU MLP for a few rows (at most GEMV_ROWS) in two launches: x (T, hidden), gate_up
-    (2 * inter, hidden) = [gate | up] rows, down (hidden, inter) -> down @ (silu(gate @ x) * (up @ x)), (T, hidden)."""
-    assert x.stride(-1) == 1 and gate_up.is_contiguous() and down.is_contiguous()
-    return _experts_gemv(x, gate_up[None], down[None], None, None, GEMV_TILES)
+    (2 * inter, hidden), down (hidden, inter) -> down @ (silu(gate @ x) * (up @ x)), (T, hidden)."""
+    return gemv(dense_gate_up(x, gate_up), down, DENSE_DOWN_TILES)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def gemv(x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
     """x @ w^T for a few rows (at most GEMV_ROWS), rounded once as F.linear: x (T, K) contiguous,
-    w (N, K) with a contiguous last dim -> (T, N). The down kernel with one expert of weight 1,
-    on DENSE_GEMV_TILES."""
+    w (N, K) with a contiguous last dim -> (T, N). The down kernel with one expert of weight 1;
+    tiles (BLOCK_N, BLOCK_K, num_warps): DENSE_GEMV_TILES by default."""
     tokens, k = x.shape
     n = w.shape[0]
     assert x.is_contiguous() and w.stride(-1) == 1 and w.shape[1] == k
     out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)  # (T, N)
     if tokens:
-        tiles = DENSE_GEMV_TILES
+        tiles = tiles or DENSE_GEMV_TILES
         _down_gemv_sum_kernel[(tokens, triton.cdiv(n, tiles["BLOCK_N"]))](
-            x, w, x, x, out, 0, w.stride(0), n, k, TOP_K=1, ROUTED=False, BLOCK_S=1,
-            BLOCK_N=tiles["BLOCK_N"], BLOCK_K=tiles["BLOCK_K"], num_warps=tiles["num_warps"])
+            x, w, x, x, out, 0, w.stride(0), n, k, TOP_K=1, ROUTED=False, BLOCK_S=1, **tiles)
     return out
 
 
