@@ -392,26 +392,27 @@ def _split_size(context_len, num_splits, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _store_new_kv(
-    new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, seq, kv_head, k_s, v_s, offs_h, offs_d, d_mask,
+    new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, seq, kv_head, k_s, v_s, offs_d, d_mask,
     pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
     stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, FP8: tl.constexpr,
 ):
     """Sequence seq's new K/V of one kv head into cache slot `slot`, as store_kvcache writes
     them; with ROPE, K is rotated (after its norm) first, as the rotary layer would. Rows are
-    [BLOCK_H, BLOCK_D] tiles of which only row 0 is real, the shape rope_rows works on."""
-    row_ok = offs_h < 1
+    [1, BLOCK_D] tiles, the shape rope_rows works on."""
+    zero = tl.zeros([1], tl.int64)  # [1]: the one row's offset
+    row_ok = zero == 0
     mask = row_ok[:, None] & d_mask[None, :]
-    k_row = seq.to(tl.int64) * stride_nk + kv_head * stride_nkh + offs_h * 0  # [BLOCK_H], all the same row
+    k_row = seq.to(tl.int64) * stride_nk + kv_head * stride_nkh + zero  # [1]
     if ROPE:
         k = rope_rows(new_k_ptr, k_row, row_ok, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM)
     else:
         k = tl.load(new_k_ptr + k_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    v_row = seq.to(tl.int64) * stride_nv + kv_head * stride_nvh + offs_h * 0
+    v_row = seq.to(tl.int64) * stride_nv + kv_head * stride_nvh + zero
     v = tl.load(new_v_ptr + v_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
     if FP8:
         k, v = _to_e4m3(k, k_s), _to_e4m3(v, v_s)
-    dst = (slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs + kv_head * stride_ch + offs_h[:, None] * 0 + offs_d[None, :]
+    dst = (slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs + kv_head * stride_ch + zero[:, None] + offs_d[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -463,7 +464,8 @@ def _paged_decode_kernel(
     ROPE: tl.constexpr,                        # q and new K come unrotated: rotate them (HAS_NORM: norms first)
     HAS_NORM: tl.constexpr,
     ORDERED: tl.constexpr,                     # program i handles sequence order[i]
-    BLOCK_H: tl.constexpr,                     # GROUP padded to a power of two >= 16
+    BLOCK_G: tl.constexpr,                     # GROUP padded to a power of two
+    BLOCK_H: tl.constexpr,                     # and to at least 16 (tl.dot's least M)
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
 ):
@@ -508,16 +510,21 @@ def _paged_decode_kernel(
         if kv_end == context_len and context_len > 0:  # this program holds the last key: the new token's
             slot = tl.load(slot_ptr + seq).to(tl.int64)
             if slot >= 0:  # -1: a token not to store
-                _store_new_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, seq, kv_head, k_s, v_s, offs_h,
-                              offs_d, d_mask, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
+                _store_new_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, seq, kv_head, k_s, v_s, offs_d,
+                              d_mask, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
                               stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
                               HEAD_DIM, PAGE_SIZE, ROPE, HAS_NORM, FP8)
             tl.debug_barrier()  # every thread's store is done before any thread reads the tile back
 
     q_row = q_ptr + seq.to(tl.int64) * stride_qs
     if ROPE:
-        q = rope_rows(q_row, heads * stride_qh, h_mask, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d,
-                      HEAD_DIM, HAS_NORM).to(q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
+        # The rotation works element by element, so it runs on the GROUP real rows only (BLOCK_G of
+        # them), which are then spread over the BLOCK_H rows that tl.dot needs.
+        offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
+        q = rope_rows(q_row, (kv_head * GROUP + offs_g) * stride_qh, offs_g < GROUP, pos, cos_ptr, sin_ptr, stride_cos,
+                      q_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM)  # [BLOCK_G, BLOCK_D]
+        q = tl.reshape(tl.broadcast_to(q[None, :, :], (BLOCK_H // BLOCK_G, BLOCK_G, BLOCK_D)), (BLOCK_H, BLOCK_D))
+        q = tl.where(h_mask[:, None], q, 0.0).to(q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
     else:
         q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=out_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
     q = _widen_to(q, FP8)
@@ -682,7 +689,7 @@ def paged_decode_attention(
         NUM_HEADS=num_heads, KVH=kv_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         SPLIT=num_splits > 1, STORE=new_kv is not None, ROPE=rope is not None, HAS_NORM=q_w is not None,
         ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_G=triton.next_power_of_2(group), BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), FP8=fp8,
         num_warps=num_warps or warps, num_stages=num_stages or stages,
     )

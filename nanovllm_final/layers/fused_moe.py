@@ -240,16 +240,15 @@ GEMV_ROWS = 2  # dense layers: at most this many rows (each program reads the we
 # BLOCK_N, BLOCK_K: gate/up's columns and K tile per program; DOWN_BLOCK_N, DOWN_BLOCK_K the down
 # kernel's (fewer columns, as each of its programs reads the rows of top_k experts); num_warps both.
 GEMV_TILES = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "DOWN_BLOCK_N": 2, "DOWN_BLOCK_K": 256}
-# The dense path's tiles (columns x K, warps): gemv's for a projection (one weight matrix), those of the
-# recorded Qwen3-30B-A3B batch-1 step (results/decode_latency_qwen3-30b-a3b_final_h200.json); dense_mlp's
-# for its gate/up (dense_gate_up) and its down, GEMV_TILES' as in the recorded Qwen3-0.6B steps.
-# benchmarks/gemv_bench.py times each projection alone for every tile choice (results/gemv_tiles_h200.json):
-# there 2x1024 with 2 warps takes less time than gemv's tiles for a layer's qkv, o and (dense) down
-# together, at one and two rows on both shapes measured, and 1x1024 with 2 warps less than gate/up's
-# (down's 2x256 is not among its choices).
-DENSE_GEMV_TILES = {"BLOCK_N": 2, "BLOCK_K": 1024, "num_warps": 4}
-DENSE_GATE_UP_TILES = {"BLOCK_N": GEMV_TILES["BLOCK_N"], "BLOCK_K": GEMV_TILES["BLOCK_K"], "num_warps": GEMV_TILES["num_warps"]}
-DENSE_DOWN_TILES = {"BLOCK_N": GEMV_TILES["DOWN_BLOCK_N"], "BLOCK_K": GEMV_TILES["DOWN_BLOCK_K"], "num_warps": GEMV_TILES["num_warps"]}
+# The dense path's tiles (columns x K, warps), one per projection kind: gemv's for qkv and o, dense_mlp's
+# for its gate/up (dense_gate_up) and its down. benchmarks/gemv_bench.py times each projection alone for
+# every tile choice (results/gemv_tiles_h200.json): on an H200, 2x1024 with 2 warps is the fastest for qkv
+# at one and two rows on both shapes measured, 1x1024 with 2 warps for gate/up, 2x4096 with 4 warps for
+# down (one K tile: a program reads whole rows); the Qwen3-0.6B batch-1 step with them is
+# results/decode_latency_qwen3-0.6b_final_h200.json.
+DENSE_GEMV_TILES = {"BLOCK_N": 2, "BLOCK_K": 1024, "num_warps": 2}
+DENSE_GATE_UP_TILES = {"BLOCK_N": 1, "BLOCK_K": 1024, "num_warps": 2}
+DENSE_DOWN_TILES = {"BLOCK_N": 2, "BLOCK_K": 4096, "num_warps": 4}
 
 
 @triton.jit
