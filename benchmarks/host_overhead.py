@@ -3,11 +3,18 @@ manager, input preparation and stats, with the model and the sampler replaced by
 that return zeros at once (CPU tensors).
 
     python -m benchmarks.host_overhead --engine 03 --engine 04 --engine 05
+    python -m benchmarks.host_overhead --engine final --out benchmarks/results/host_overhead_final_cpu.json
 
 Runs the nanovllm workload (256 sequences by default) through `engine.step()` and prints
 the mean host milliseconds per prefill and per decode step. On a GPU these milliseconds are
 spent while the GPU waits (the engines of stages 03-07 synchronise every step), so they add
-to the step time of an eager engine one for one."""
+to the step time of an eager engine one for one.
+
+The final engine overlaps them with the device's work instead (overlap scheduling), so they
+bound its step time from below: a step takes at least its host milliseconds. It runs as an
+LLM on a tiny random-weight model whose runner's `execute` and sampler are stubs (logits of
+64 zeros, token 0 for every row), so what is timed is the rest of generate: scheduling, the
+step's input arrays, the sampling batch, resolving tokens, stop checks, outputs."""
 
 import argparse
 import json
@@ -54,8 +61,34 @@ def build_engine(module, num_blocks: int, block_size: int):
     return engine
 
 
+def measure_final(module, num_seqs: int, max_output_len: int, num_blocks: int) -> dict:
+    """The final engine's generate over the workload with the device's work stubbed out."""
+    from tools.tiny_model import cached_model
+
+    path = cached_model("tiny-qwen3-4k", arch="qwen3", shape="tiny", max_position_embeddings=4096)
+    prompts, params = workloads.make_workload("nanovllm", vocab_size=512, max_token_id=500, num_seqs=num_seqs,
+                                              max_output_len=max_output_len)
+    llm = module.LLM(str(path), device="cpu", max_num_seqs=num_seqs, max_model_len=4096, num_kvcache_blocks=num_blocks)
+    runner = llm._engine().model_runner
+    runner.execute = lambda step, carried=None: torch.zeros(len(step.sample_rows), 64)  # (rows, vocab) logits
+    runner.sampler = lambda logits, temperatures, **kwargs: torch.zeros(len(logits), dtype=torch.long)
+    start = time.perf_counter()
+    llm.generate(prompts, [module.SamplingParams(**p) for p in params], use_tqdm=False)
+    seconds = time.perf_counter() - start
+    kinds = {"prefill": [s["seconds"] for s in llm.stats if s["is_prefill"]],
+             "decode": [s["seconds"] for s in llm.stats if not s["is_prefill"]]}
+    steps = len(llm.stats)
+    llm.shutdown()
+    return {"engine": "final", "steps": steps, "seconds": seconds,
+            **{f"{k}_steps": len(v) for k, v in kinds.items()},
+            **{f"{k}_ms_mean": statistics.fmean(v) * 1e3 for k, v in kinds.items() if v},
+            **{f"{k}_ms_median": statistics.median(v) * 1e3 for k, v in kinds.items() if v}}
+
+
 def measure(name: str, num_seqs: int, max_output_len: int, num_blocks: int) -> dict:
     label, module = resolve_engine(name)
+    if label == "final":
+        return measure_final(module, num_seqs, max_output_len, num_blocks)
     __import__(f"{module.__name__}.engine.llm_engine")
     seq_mod = sys.modules[f"{module.__name__}.engine.sequence"]
     prompts, params = workloads.make_workload("nanovllm", vocab_size=151936, num_seqs=num_seqs, max_output_len=max_output_len)
@@ -70,7 +103,8 @@ def measure(name: str, num_seqs: int, max_output_len: int, num_blocks: int) -> d
              "decode": [s["seconds"] for s in engine.stats if not s["is_prefill"]]}
     return {"engine": label, "steps": len(engine.stats), "seconds": seconds,
             **{f"{k}_steps": len(v) for k, v in kinds.items()},
-            **{f"{k}_ms_mean": statistics.fmean(v) * 1e3 for k, v in kinds.items() if v}}
+            **{f"{k}_ms_mean": statistics.fmean(v) * 1e3 for k, v in kinds.items() if v},
+            **{f"{k}_ms_median": statistics.median(v) * 1e3 for k, v in kinds.items() if v}}
 
 
 def main() -> None:

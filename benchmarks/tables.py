@@ -268,6 +268,9 @@ FILES = [
      "median graph decode-step latency per batch size with the dense layers' matrix-vector path up to 0 (cuBLAS only), 2 and 4 rows"),
     ("host_overhead_cpu.json", "python -m benchmarks.host_overhead --engine 03 --engine 04 --engine 05 --out benchmarks/results/host_overhead_cpu.json",
      "each stage's engine loop with a stub model on one CPU core: the host's time per step"),
+    ("host_overhead_final_cpu.json", "python -m benchmarks.host_overhead --engine final --repeat 5 --out benchmarks/results/host_overhead_final_cpu.json",
+     "the final engine's generate with the device's work stubbed (a tiny model's runner and sampler): the host's time per step, "
+     "which an overlapped step cannot go below"),
     ("tp_message_cost_cpu.json", "python -m benchmarks.tp_message_cost --out benchmarks/results/tp_message_cost_cpu.json",
      "host cost of the per-step message rank 0 sends each worker"),
     ("tp_message_cost_*.json", f"{SUITE} tp-message", "host cost of the per-step message rank 0 sends each worker"),
@@ -294,19 +297,22 @@ RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py recor
 ]
 SPECIALIZED = ("made while the Triton prefill kernel was still specialized on the step's sequence count and block-table width: "
                "eager steps waited for compiles of variants the graph capture had not met; the kernel is no longer specialized")
-GEMV_TILES_4 = "made with the dense layers' matrix-vector tiles at 4×1024 (columns × K), since 2×1024"
+GEMV_TILES_4 = ("made with the dense layers' matrix-vector tiles at 4×1024 (columns × K) for every projection, "
+                "since one per projection kind (fused_moe.DENSE_GEMV_TILES, DENSE_GATE_UP_TILES, DENSE_DOWN_TILES)")
 FUSED_ROUTER = ("made with the router's matrix-vector product and its routing in one launch for a step of at most two "
-                "tokens, since back to two launches, and with the dense layers' matrix-vector tiles at 4×1024, since 2×1024")
-NORMS_IN_GEMV = ("made with a variant of the one- and two-row decode path that computed each RMSNorm inside the "
-                 "matrix-vector kernel after it, on faster tiles; since back to the recorded batch-1 steps' path")
+                "tokens, since back to two launches, and with the dense layers' matrix-vector tiles at 4×1024, since one per "
+                "projection kind")
+SLOW_HOST = ("made on a machine whose host was slower: there the 0.6B shape's eager batch-1 decode step took 22 ms "
+             "(benchmarks.decode_latency), against 11 ms on the machine of decode_latency_qwen3-0.6b_final_h200.json; "
+             "a step of the final engine takes at least the host's work for it (host_overhead_final_cpu.json)")
 NOTES = {  # facts about a record that its fields do not say
-    "decode_latency_qwen3-0.6b_final_h200.json": GEMV_TILES_4,
     "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,
-    "nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json": GEMV_TILES_4,
     "nanovllm_qwen3-30b-a3b_final_h200.json": FUSED_ROUTER,
-    "gpu_tests_final_h200.log": NORMS_IN_GEMV + " (its tests went with it)",
-    "nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_h200.json": NORMS_IN_GEMV + ": the steps of at most two sequences, "
-        "11 of its 1,032",
+    "nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json": SLOW_HOST,
+    "nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_h200.json": SLOW_HOST,
+    "nanovllm_llama-3.2-1b_final_h200.json": SLOW_HOST,
+    "nanovllm_qwen3-8b_final_h200.json": SLOW_HOST,
+    "decode_latency_qwen3-30b-a3b_final_h200.json": SLOW_HOST,
     "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_unfused-decode_h200.json":
         "made before the decode attention kernel applied RoPE and stored the new K/V itself, and before "
         "the dense matrix-vector path",

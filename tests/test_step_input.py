@@ -28,3 +28,32 @@ def test_a_prefill_step_has_its_order_too():
     """Every field is an array (the workers' message): a prefill step's order, unused, as well."""
     step = build_step_input([_seq(6, 0), _seq(3, 2)], BLOCK)
     assert not step.is_decode and step.decode_order.tolist() == [0, 1]
+
+
+def _same(a, b) -> bool:
+    return all((getattr(a, f) == getattr(b, f)).all() if hasattr(getattr(a, f), "shape") else getattr(a, f) == getattr(b, f)
+               for f in a.__dataclass_fields__)
+
+
+def test_block_tables_kept_from_step_to_step_equal_fresh_ones():
+    """The engine's BlockTables writes only the rows that grew when a step runs the sequences of
+    the step before, and writes a new list whole: every step's arrays are those of a fresh build,
+    also after the longest sequence grew (a wider array) and after the list changed."""
+    from nanovllm_final.engine.step_input import BlockTables
+
+    tables = BlockTables()
+    seqs = [_seq(n, n - 1) for n in (5, 12, 3)]
+    history = []
+    for step in range(12):
+        if step == 6:  # one ends, another joins: a new list
+            seqs = seqs[1:] + [_seq(7, 6)]
+        for seq in seqs:  # one more token each; a new block when the last one is full
+            seq.token_ids.append(0)
+            seq.num_cached_tokens = len(seq) - 1
+            if len(seq.block_table) * BLOCK < len(seq):
+                seq.block_table.append(100 + 10 * step + len(seq.block_table))
+        got = build_step_input(seqs, BLOCK, None, tables)
+        assert _same(got, build_step_input(seqs, BLOCK))
+        history.append((got.block_tables, got.block_tables.copy()))
+    assert history[0][0].shape[1] < history[5][0].shape[1]  # it widened
+    assert all((kept == at_the_time).all() for kept, at_the_time in history)  # later steps wrote elsewhere

@@ -110,12 +110,14 @@ class BlockManager:
         holding a pending token waits for it). Only blocks whose K/V are computed, or queued
         on the device before any later step that could read them, can be found."""
         full = min(num_tokens, seq.num_known_tokens) // self.block_size
+        if full <= seq.num_hashed_blocks:  # most calls: nothing new
+            return
         for i in range(seq.num_hashed_blocks, full):
             block = self.blocks[seq.block_table[i]]
             if block.hash == -1:
                 prefix_hash = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
                 self._register(block, seq.token_ids[i * self.block_size : (i + 1) * self.block_size], prefix_hash)
-        seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
+        seq.num_hashed_blocks = full
 
     def deallocate(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):

@@ -18,7 +18,7 @@ from .request import Request, validate_request
 from .sampling import PendingSample, build_sampling_batch, sample
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .step_input import StepInput, build_step_input
+from .step_input import BlockTables, StepInput, build_step_input
 from .workers import WorkerError, WorkerGroup
 
 logger = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ class LLMEngine:
         self.pending: list[RequestOutput] = []  # outputs not handed out yet (the step returns them)
         self.overlap = config.overlap_scheduling
         self.in_flight: InFlight | None = None
+        self.block_tables = BlockTables()  # the steps' block-table arrays, each built from the one before
         self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
         self.error: str | None = None  # why the engine stopped, if it did
         self._ids = itertools.count()
@@ -197,17 +198,19 @@ class LLMEngine:
         if not seqs:
             return None
         try:
-            step = build_step_input(seqs, self.config.kvcache_block_size, prev.pending_rows() if prev is not None else None)
+            step = build_step_input(seqs, self.config.kvcache_block_size, prev.pending_rows() if prev is not None else None,
+                                    self.block_tables)
             execute = functools.partial(self.model_runner.execute, carried=prev.sample.token_ids if prev is not None and prev.sample is not None else None)
             logits = execute(step) if self.workers is None else self.workers.call("execute", execute, step)
             sampling = [seq for seq in seqs if seq.samples_this_step]
-            pending = sample(self.model_runner.sampler, logits, build_sampling_batch(sampling, self.eos_token_ids)) if sampling else None
+            batch = build_sampling_batch(sampling, self.eos_token_ids) if sampling else None
+            pending = sample(self.model_runner.sampler, logits, batch) if sampling else None
         except Exception as err:
             self._fail(seqs, err)
             return None
         self.scheduler.launched(seqs)
         record = self.metrics.step_record(step, len(seqs), self.block_manager.num_hit_tokens - hits_before)
-        needs_tokens = any(seq.params.has_penalties for seq in sampling)
+        needs_tokens = batch is not None and batch.penalties is not None  # penalties count the output
         return InFlight(step, seqs, sampling, pending, record, start, needs_tokens)
 
     def _complete(self, done: InFlight, finished_only: bool) -> None:
@@ -232,15 +235,15 @@ class LLMEngine:
                 if reason is not None:
                     self.scheduler.finish(seq, reason)
                 news[request.request_id] = request
-            outputs = [request.output() for request in news.values() if request.finished or not finished_only]
+            finished = [request for request in news.values() if request.finished]
+            outputs = [request.output() for request in (finished if finished_only else news.values())]
         except Exception as err:
             self._fail(done.seqs, err)
             return
         self.pending += outputs
-        for request in news.values():
-            if request.finished:
-                del self.requests[request.request_id]
-                self.metrics.on_finish(request)
+        for request in finished:
+            del self.requests[request.request_id]
+            self.metrics.on_finish(request)
         end = time.perf_counter()
         self.metrics.on_step(done.record, end - max(done.launched_at, self.last_done or 0.0))
         self.last_done = end

@@ -46,10 +46,40 @@ def fed_ids(seq: Sequence, start: int, end: int):
     return chain(seq.token_ids[start:end], repeat(0, end - seq.num_known_tokens))
 
 
-def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[int, int] | None = None) -> StepInput:
+class BlockTables:
+    """The steps' (seqs, max_blocks) block-table arrays, each built from the one before: a
+    step that runs the same sequences as the step before (most decode steps) writes only the
+    rows of the sequences that got a block since. While a sequence runs its block table only
+    grows; a preempted or finished one leaves the list, and a new list is written whole."""
+
+    def __init__(self):
+        self.seq_ids: list[int] = []
+        self.lens = np.zeros(0, np.int64)  # (seqs,) each row's blocks
+        self.array = np.zeros((0, 0), np.int32)  # (seqs, width), padded with -1
+
+    def build(self, seqs: list[Sequence]) -> np.ndarray:
+        seq_ids = [s.seq_id for s in seqs]
+        lens = np.fromiter((len(s.block_table) for s in seqs), np.int64, len(seqs))  # (seqs,)
+        width = int(lens.max())
+        if seq_ids != self.seq_ids or (lens < self.lens).any():
+            self.array = np.full((len(seqs), width), -1, np.int32)
+            old, rows = np.zeros_like(lens), range(len(seqs))
+        else:
+            if width > self.array.shape[1]:
+                self.array = np.pad(self.array, ((0, 0), (0, width - self.array.shape[1])), constant_values=-1)
+            old, rows = self.lens, np.flatnonzero(lens > self.lens).tolist()
+        for i in rows:
+            self.array[i, old[i] : lens[i]] = seqs[i].block_table[old[i] : lens[i]]
+        self.seq_ids, self.lens = seq_ids, lens
+        return self.array.copy()  # the step's own: the next step writes into self.array
+
+
+def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[int, int] | None = None,
+                     block_tables: BlockTables | None = None) -> StepInput:
     """Each sequence feeds `num_scheduled_tokens` tokens from `num_cached_tokens` on; the
     per-token arrays are computed with numpy, not a Python loop over tokens. `pending_rows`:
-    the step in flight's output row of each sequence it samples for (seq_id -> row)."""
+    the step in flight's output row of each sequence it samples for (seq_id -> row).
+    `block_tables`: the engine's, kept from step to step (a fresh one when None)."""
     starts = np.fromiter((s.num_cached_tokens for s in seqs), np.int64, len(seqs))  # (seqs,)
     counts = np.fromiter((s.num_scheduled_tokens for s in seqs), np.int64, len(seqs))  # (seqs,)
     ends = starts + counts
@@ -57,23 +87,25 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
     np.cumsum(counts, out=cu[1:])
     seq_of_token = np.repeat(np.arange(len(seqs)), counts)  # (tokens,)
     positions = np.arange(cu[-1]) - cu[seq_of_token] + starts[seq_of_token]  # (tokens,)
-    max_blocks = max(len(s.block_table) for s in seqs)
-    block_tables = np.full((len(seqs), max_blocks), -1, np.int32)
-    for i, s in enumerate(seqs):
-        block_tables[i, : len(s.block_table)] = s.block_table
-    slots = block_tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
-    input_ids = np.fromiter(chain.from_iterable(fed_ids(s, a, b) for s, a, b in zip(seqs, starts.tolist(), ends.tolist())), np.int64, int(cu[-1]))
-    samples = np.fromiter((s.samples_this_step for s in seqs), bool, len(seqs))
-    pending = [i for i, s in enumerate(seqs) if s.num_pending]
+    tables = (block_tables or BlockTables()).build(seqs)  # (seqs, max_blocks)
+    slots = tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
     max_seqlen_q = int(counts.max())
     is_decode = max_seqlen_q == 1
+    if is_decode:  # one token each: the one at `start` (a pending one is 0 here)
+        input_ids = np.fromiter((s.token_ids[a] if a < len(s.token_ids) else 0 for s, a in zip(seqs, starts.tolist())),
+                                np.int64, len(seqs))
+    else:
+        input_ids = np.fromiter(chain.from_iterable(fed_ids(s, a, b) for s, a, b in zip(seqs, starts.tolist(), ends.tolist())),
+                                np.int64, int(cu[-1]))
+    samples = np.fromiter((s.samples_this_step for s in seqs), bool, len(seqs))
+    pending = [i for i, s in enumerate(seqs) if s.num_pending]
     return StepInput(
         input_ids=input_ids,
         positions=positions,
         slot_mapping=slots,
         cu_seqlens_q=cu.astype(np.int32),
         context_lens=ends.astype(np.int32),
-        block_tables=block_tables,
+        block_tables=tables,
         sample_rows=(cu[1:] - 1)[samples],  # the last fed token of each sequence that samples
         carry_index=cu[1:][pending] - 1,
         carry_rows=np.array([pending_rows[seqs[i].seq_id] for i in pending], np.int64),
