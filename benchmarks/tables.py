@@ -303,8 +303,9 @@ FUSED_ROUTER = ("made with the router's matrix-vector product and its routing in
                 "tokens, since back to two launches, and with the dense layers' matrix-vector tiles at 4×1024, since one per "
                 "projection kind")
 SLOW_HOST = ("made on a machine whose host was slower: there the 0.6B shape's eager batch-1 decode step took 22 ms "
-             "(benchmarks.decode_latency), against 11 ms on the machine of decode_latency_qwen3-0.6b_final_h200.json; "
-             "a step of the final engine takes at least the host's work for it (host_overhead_final_cpu.json)")
+             "(variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json), against 11 ms on the machine of "
+             "decode_latency_qwen3-0.6b_final_h200.json; a step of the final engine takes at least the host's work for it "
+             "(host_overhead_final_cpu.json)")
 NOTES = {  # facts about a record that its fields do not say
     "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,
     "nanovllm_qwen3-30b-a3b_final_h200.json": FUSED_ROUTER,
@@ -313,6 +314,8 @@ NOTES = {  # facts about a record that its fields do not say
     "nanovllm_llama-3.2-1b_final_h200.json": SLOW_HOST,
     "nanovllm_qwen3-8b_final_h200.json": SLOW_HOST,
     "decode_latency_qwen3-30b-a3b_final_h200.json": SLOW_HOST,
+    "variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json":
+        "the code and command of decode_latency_qwen3-0.6b_final_h200.json on the slower host of the records noted so",
     "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_unfused-decode_h200.json":
         "made before the decode attention kernel applied RoPE and stored the new K/V itself, and before "
         "the dense matrix-vector path",

@@ -68,6 +68,7 @@ class BlockTables:
             if width > self.array.shape[1]:
                 self.array = np.pad(self.array, ((0, 0), (0, width - self.array.shape[1])), constant_values=-1)
             old, rows = self.lens, np.flatnonzero(lens > self.lens).tolist()
+        self.seq_ids = []  # until every row is written: a build that raised leaves the next one to start over
         for i in rows:
             self.array[i, old[i] : lens[i]] = seqs[i].block_table[old[i] : lens[i]]
         self.seq_ids, self.lens = seq_ids, lens
