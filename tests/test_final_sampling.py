@@ -293,3 +293,35 @@ def test_half_precision_logits_draw_what_their_float32_copy_draws():
     temperatures[0] = 0  # a greedy row: its argmax needs greedy_rows
     sampler = Sampler(seed=0, device=torch.device("cpu"))
     assert sampler(logits, temperatures, seeds=seeds, positions=positions)[0] == logits[0].argmax()
+
+
+def test_sampling_columns_kept_from_step_to_step_equal_fresh_ones():
+    """The engine's SamplingColumns recomputes the rows' parameter columns only when the rows
+    change; every step's batch equals one built afresh: the positions and min_tokens masks of
+    that step, the columns of its rows (seeds, penalties, logprobs too)."""
+    import numpy as np
+
+    from nanovllm_final.engine.sampling import SamplingColumns, build_sampling_batch
+    from nanovllm_final.engine.sequence import Sequence
+
+    kinds = [SamplingParams(temperature=0.7, top_k=5, seed=3, max_tokens=20),
+             SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[9], max_tokens=20),
+             SamplingParams(temperature=1.0, top_p=0.8, repetition_penalty=1.2, logprobs=2, max_tokens=20)]
+    seqs = [Sequence([1, 2, 3], p.resolve({})) for p in kinds]
+    columns = SamplingColumns()
+    for step in range(6):
+        if step == 3:  # a row ends: the columns follow the new rows
+            seqs = seqs[1:] + [Sequence([4, 5], kinds[0].resolve({}))]
+        got, fresh = build_sampling_batch(seqs, [0], columns), build_sampling_batch(seqs, [0])
+        for field in fresh.__dataclass_fields__:
+            a, b = getattr(got, field), getattr(fresh, field)
+            if isinstance(b, dict):
+                assert a.keys() == b.keys()
+                assert all(a[k] == b[k] if isinstance(b[k], list) else np.array_equal(a[k], b[k]) for k in b)
+            elif isinstance(b, tuple):
+                assert all(np.array_equal(x, y) for x, y in zip(a, b))
+            else:
+                assert np.array_equal(a, b) if b is not None else a is None, field
+        assert (got.suppress is not None) == (step < 3)  # the min_tokens row, until it leaves
+        for seq in seqs:
+            seq.append_token(7)

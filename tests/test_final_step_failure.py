@@ -28,11 +28,11 @@ def poison_sampling(monkeypatch):
     state = {"after": 0, "raised": 0}
     real = llm_engine.build_sampling_batch
 
-    def build(seqs, eos_token_ids):
+    def build(seqs, eos_token_ids, columns=None):
         if any(s.params.seed == POISON and s.num_completion_tokens >= state["after"] for s in seqs):
             state["raised"] += 1
             raise OverflowError("Python int too large to convert to C long")
-        return real(seqs, eos_token_ids)
+        return real(seqs, eos_token_ids, columns)
 
     monkeypatch.setattr(llm_engine, "build_sampling_batch", build)
     return state

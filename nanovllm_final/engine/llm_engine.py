@@ -15,7 +15,7 @@ from .block_manager import BlockManager
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .request import Request, validate_request
-from .sampling import PendingSample, build_sampling_batch, sample
+from .sampling import PendingSample, SamplingColumns, build_sampling_batch, sample
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_input import BlockTables, StepInput, build_step_input
@@ -87,6 +87,7 @@ class LLMEngine:
         self.overlap = config.overlap_scheduling
         self.in_flight: InFlight | None = None
         self.block_tables = BlockTables()  # the steps' block-table arrays, each built from the one before
+        self.sampling_columns = SamplingColumns()  # the sampling rows' parameter columns, kept while the rows stay
         self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
         self.error: str | None = None  # why the engine stopped, if it did
         self._ids = itertools.count()
@@ -203,7 +204,7 @@ class LLMEngine:
             execute = functools.partial(self.model_runner.execute, carried=prev.sample.token_ids if prev is not None and prev.sample is not None else None)
             logits = execute(step) if self.workers is None else self.workers.call("execute", execute, step)
             sampling = [seq for seq in seqs if seq.samples_this_step]
-            batch = build_sampling_batch(sampling, self.eos_token_ids) if sampling else None
+            batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns) if sampling else None
             pending = sample(self.model_runner.sampler, logits, batch) if sampling else None
         except Exception as err:
             self._fail(seqs, err)

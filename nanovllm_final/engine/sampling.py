@@ -41,39 +41,74 @@ def completion_seed(seed: int, index: int) -> int:
     return (seed + index * 0x9E3779B97F4A7C15) % 2**63
 
 
-def build_sampling_batch(seqs: list[Sequence], eos_token_ids: list[int]) -> SamplingBatch:
-    """`seqs`: the sequences that sample this step, in row order."""
+def param_columns(seqs: list[Sequence]) -> dict:
+    """What the rows' sampling parameters alone decide: their columns (None for a knob no row
+    turns), the penalty weights, whether any row has min_tokens, the most logprobs asked."""
     params = [s.params for s in seqs]
 
     def column(name: str, dtype, off) -> np.ndarray | None:
         values = np.array([getattr(p, name) for p in params], dtype)
         return None if (values == off).all() else values
 
+    asked = [p.logprobs for p in params if p.logprobs is not None]
+    return {
+        "temperatures": np.array([p.temperature for p in params], np.float32),
+        "top_k": column("top_k", np.int64, 0),
+        "top_p": column("top_p", np.float32, 1.0),
+        "min_p": column("min_p", np.float32, 0.0),
+        "seeds": np.array([-1 if p.seed is None else completion_seed(p.seed, s.index) for s, p in zip(seqs, params)], np.int64)
+        if any(p.seed is not None for p in params) else None,
+        "penalties": None if not any(p.has_penalties for p in params) else {
+            "repetition": np.array([p.repetition_penalty for p in params], np.float32),
+            "presence": np.array([p.presence_penalty for p in params], np.float32),
+            "frequency": np.array([p.frequency_penalty for p in params], np.float32),
+        },
+        "min_tokens": any(p.min_tokens for p in params),
+        "num_logprobs": max(asked) if asked else None,
+    }
+
+
+class SamplingColumns:
+    """param_columns of the rows, kept while a step samples the same sequences as the step
+    before (most decode steps); a sequence's parameters never change."""
+
+    def __init__(self):
+        self.seq_ids: list[int] = []
+        self.columns: dict = {}
+
+    def get(self, seqs: list[Sequence]) -> dict:
+        seq_ids = [s.seq_id for s in seqs]
+        if seq_ids != self.seq_ids:
+            self.columns, self.seq_ids = param_columns(seqs), seq_ids
+        return self.columns
+
+
+def build_sampling_batch(seqs: list[Sequence], eos_token_ids: list[int], columns: SamplingColumns | None = None) -> SamplingBatch:
+    """`seqs`: the sequences that sample this step, in row order. `columns`: the engine's, kept
+    from step to step (computed afresh when None)."""
+    cols = columns.get(seqs) if columns is not None else param_columns(seqs)
     suppress_rows, suppress_ids = [], []
-    for row, (seq, p) in enumerate(zip(seqs, params)):
+    for row, seq in enumerate(seqs if cols["min_tokens"] else ()):
+        p = seq.params
         if seq.num_completion_tokens < p.min_tokens:  # EOS and stop ids may not end it yet
             ids = ([] if p.ignore_eos else eos_token_ids) + p.stop_token_ids
             suppress_rows += [row] * len(ids)
             suppress_ids += ids
-    penalized = any(p.has_penalties for p in params)
-    asked = [p.logprobs for p in params if p.logprobs is not None]
+    penalties = cols["penalties"]
     return SamplingBatch(
-        temperatures=np.array([p.temperature for p in params], np.float32),
-        top_k=column("top_k", np.int64, 0),
-        top_p=column("top_p", np.float32, 1.0),
-        min_p=column("min_p", np.float32, 0.0),
-        seeds=np.array([-1 if p.seed is None else completion_seed(p.seed, s.index) for s, p in zip(seqs, params)], np.int64)
-        if any(p.seed is not None for p in params) else None,
-        positions=np.array([s.num_completion_tokens for s in seqs], np.int64),
-        penalties=None if not penalized else {
-            "repetition": np.array([p.repetition_penalty for p in params], np.float32),
-            "presence": np.array([p.presence_penalty for p in params], np.float32),
-            "frequency": np.array([p.frequency_penalty for p in params], np.float32),
+        temperatures=cols["temperatures"],
+        top_k=cols["top_k"],
+        top_p=cols["top_p"],
+        min_p=cols["min_p"],
+        seeds=cols["seeds"],
+        positions=np.fromiter((s.num_completion_tokens for s in seqs), np.int64, len(seqs)),
+        penalties=None if penalties is None else {
+            **penalties,
             "prompt_ids": [s.token_ids[: s.num_prompt_tokens] for s in seqs],
             "output_ids": [s.completion_token_ids for s in seqs],
         },
         suppress=(np.array(suppress_rows, np.int64), np.array(suppress_ids, np.int64)) if suppress_rows else None,
-        num_logprobs=max(asked) if asked else None,
+        num_logprobs=cols["num_logprobs"],
     )
 
 
