@@ -297,8 +297,8 @@ RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py recor
 ]
 SPECIALIZED = ("made while the Triton prefill kernel was still specialized on the step's sequence count and block-table width: "
                "eager steps waited for compiles of variants the graph capture had not met; the kernel is no longer specialized")
-GEMV_TILES_4 = ("made with the dense layers' matrix-vector tiles at 4×1024 (columns × K) for every projection, "
-                "since one per projection kind (fused_moe.DENSE_GEMV_TILES, DENSE_GATE_UP_TILES, DENSE_DOWN_TILES)")
+GEMV_TILES_4 = ("made with the dense layers' matrix-vector tiles at 4×1024 (columns × K) for qkv, o and gate/up "
+                "and 2×256 for down, since one per projection kind (fused_moe.DENSE_GEMV_TILES, DENSE_GATE_UP_TILES, DENSE_DOWN_TILES)")
 FUSED_ROUTER = ("made with the router's matrix-vector product and its routing in one launch for a step of at most two "
                 "tokens, since back to two launches, and with the dense layers' matrix-vector tiles at 4×1024, since one per "
                 "projection kind")

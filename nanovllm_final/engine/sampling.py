@@ -88,12 +88,13 @@ def build_sampling_batch(seqs: list[Sequence], eos_token_ids: list[int], columns
     from step to step (computed afresh when None)."""
     cols = columns.get(seqs) if columns is not None else param_columns(seqs)
     suppress_rows, suppress_ids = [], []
-    for row, seq in enumerate(seqs if cols["min_tokens"] else ()):
-        p = seq.params
-        if seq.num_completion_tokens < p.min_tokens:  # EOS and stop ids may not end it yet
-            ids = ([] if p.ignore_eos else eos_token_ids) + p.stop_token_ids
-            suppress_rows += [row] * len(ids)
-            suppress_ids += ids
+    if cols["min_tokens"]:
+        for row, seq in enumerate(seqs):
+            p = seq.params
+            if seq.num_completion_tokens < p.min_tokens:  # EOS and stop ids may not end it yet
+                ids = ([] if p.ignore_eos else eos_token_ids) + p.stop_token_ids
+                suppress_rows += [row] * len(ids)
+                suppress_ids += ids
     penalties = cols["penalties"]
     return SamplingBatch(
         temperatures=cols["temperatures"],

@@ -88,7 +88,7 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
     np.cumsum(counts, out=cu[1:])
     seq_of_token = np.repeat(np.arange(len(seqs)), counts)  # (tokens,)
     positions = np.arange(cu[-1]) - cu[seq_of_token] + starts[seq_of_token]  # (tokens,)
-    tables = (block_tables or BlockTables()).build(seqs)  # (seqs, max_blocks)
+    tables = (block_tables if block_tables is not None else BlockTables()).build(seqs)  # (seqs, max_blocks)
     slots = tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
     max_seqlen_q = int(counts.max())
     is_decode = max_seqlen_q == 1
