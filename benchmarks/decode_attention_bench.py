@@ -7,7 +7,7 @@ nano-vllm's workload starts 256 requests together (prompts and outputs of 100-10
 after s decode steps, the requests still running hold prompt + s tokens each. For a few
 such snapshots this times the decode kernel (GPU time of CUDA-graph replays) for each tile
 configuration, in batch order and longest-context-first (the order the engine launches),
-and split-K factors at 64 keys, 4 warps and 3 stages (a bf16 cache's default), and reports
+and split-K factors at 64 keys, 4 warps and 3 stages, and reports
 the bandwidth it reaches: the K/V bytes the batch must read over the time. With --kv-cache-dtype fp8 the cache holds e4m3 values
 with one scale per kv head (half the bytes of bf16), as the engine's fp8 cache does.
 Qwen3-0.6B's attention shape: 16 query heads, 8 kv heads, head_dim 128, blocks of 16.
@@ -28,7 +28,7 @@ from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E40
 from nanovllm_final.workloads import nanovllm  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 128, 16
-# (BLOCK_N, num_warps, num_stages) of the decode kernel; the first is a bf16 cache's default
+# (BLOCK_N, num_warps, num_stages) of the decode kernel
 TILES = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 4, 1), (64, 2, 2), (32, 4, 3), (32, 2, 3), (128, 4, 2), (128, 4, 3),
          (128, 4, 1), (128, 2, 2), (128, 8, 3), (256, 4, 2), (256, 8, 2), (64, 8, 3), (16, 2, 3)]
 STEPS = (1, 300, 600, 750, 900, 1000)  # decode steps into the run

@@ -278,6 +278,9 @@ FILES = [
      "TP=2 against TP=1 per model shape, from the tp_*_tp1/tp2 records (the last step of the suite's tp part)"),
     ("decode_attention_*.json", f"{SUITE} decode-attention", "the final engine's paged decode attention on a real run's context mix "
      "(bf16 cache, or fp8 where the name says so): tiles, launch order (batch order, longest first) and split-K factors, with the bandwidth reached"),
+    ("decode_tiles_*.json", f"{SUITE} decode-attention", "the final engine's decode kernel as a decode step calls it (the new "
+     "K/V stored, q/k norms and RoPE applied) on a real run's context mix, per tile choice, checked against the PyTorch path: "
+     "what attention_triton.decode_tiles picks by (bf16 cache, or fp8 where the name says so; Qwen3-0.6B's or Llama-3.2-1B's heads)"),
     ("gemv_tiles_*.json", f"{SUITE} gemv", "a decode step's dense projections at one and two rows, with as many distinct weights as the "
      "model has layers: the matrix-vector kernels for each tile choice against cuBLAS"),
     ("kv_cache_quality_cpu.json", "python -m benchmarks.kv_cache_quality --out benchmarks/results/kv_cache_quality_cpu.json",
@@ -306,7 +309,10 @@ SLOW_HOST = ("made on a machine whose host was slower: there the 0.6B shape's ea
              "(variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json), against 11 ms on the machine of "
              "decode_latency_qwen3-0.6b_final_h200.json; a step of the final engine takes at least the host's work for it "
              "(host_overhead_final_cpu.json)")
+MASKED_LOADS = "made while the decode kernel masked its K/V loads at the end of a context (it now reads the last key again there)"
 NOTES = {  # facts about a record that its fields do not say
+    "decode_attention_qwen3-0.6b_h200.json": MASKED_LOADS,
+    "decode_attention_fp8-kv_qwen3-0.6b_h200.json": MASKED_LOADS,
     "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,
     "nanovllm_qwen3-30b-a3b_final_h200.json": FUSED_ROUTER,
     "nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json": SLOW_HOST,

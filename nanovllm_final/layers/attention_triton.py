@@ -155,18 +155,29 @@ def store_kvcache(
 def _load_kv_tile(
     cache_ptr, block_table_row_ptr, offs_n, n_mask, kv_head, offs_d, d_mask,
     stride_cb, stride_cs, stride_ch, PAGE_SIZE: tl.constexpr, DTYPE: tl.constexpr,
+    MASK_N: tl.constexpr, MASK_D: tl.constexpr,
 ):
     """Rows offs_n (key positions of one sequence) of one kv head: [BLOCK_N, BLOCK_D], in
     DTYPE (q's, after _widen_to). An fp8 cache's tile (x / scale in e4m3) is widened in
     registers, exactly: every e4m3 value is an fp16 and fp32 value. Its scale, one per kv head, is the
     caller's (_kv_scales): K's folds into the softmax scale, V's into the output, one
-    multiply per row instead of one per element."""
+    multiply per row instead of one per element. MASK_N: rows outside n_mask read as 0 (without it,
+    every row must be a valid position); MASK_D: so do lanes outside d_mask (head_dim < BLOCK_D)."""
     # Logical position p -> (physical block, offset in block). PAGE_SIZE is a constexpr
     # so that powers of two compile to shifts/masks.
-    block_ids = tl.load(block_table_row_ptr + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+    if MASK_N:
+        block_ids = tl.load(block_table_row_ptr + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+    else:
+        block_ids = tl.load(block_table_row_ptr + offs_n // PAGE_SIZE)
     row = block_ids.to(tl.int64) * stride_cb + (offs_n % PAGE_SIZE) * stride_cs + kv_head * stride_ch
     ptrs = cache_ptr + row[:, None] + offs_d[None, :]
-    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0).to(DTYPE)
+    if MASK_N:
+        tile = tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    elif MASK_D:
+        tile = tl.load(ptrs, mask=d_mask[None, :], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile.to(DTYPE)
 
 
 @triton.jit
@@ -297,9 +308,9 @@ def _paged_prefill_kernel(
     for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)  # [BLOCK_N, BLOCK_D]
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, True, True)  # [BLOCK_N, BLOCK_D]
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)  # [BLOCK_N, BLOCK_D]
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, True, True)  # [BLOCK_N, BLOCK_D]
         m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, None, APPLY_MASK=False)
 
     # Phase 2: tiles on the diagonal: mask keys after each query (and past the context).
@@ -307,9 +318,9 @@ def _paged_prefill_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
         k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, True, True)
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, True, True)
         causal = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
         m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, causal, APPLY_MASK=True)
 
@@ -536,14 +547,17 @@ def _paged_decode_kernel(
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     qk_scale = qk_scale * k_s  # q . (k * k_s) == (q . k) * k_s
     # The single query is the last position, so every key < context_len is visible: the
-    # only mask needed is the end of the context (or of this split).
+    # only mask needed is the end of the context (or of this split). The loads need none: a
+    # tile's rows past the end read the last key again (always a valid slot), and the scores'
+    # mask gives them no weight: fewer instructions per tile than masked loads.
     for start_n in range(kv_start, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         n_mask = offs_n < kv_end
-        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)  # [BLOCK_N, BLOCK_D]
-        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype)  # [BLOCK_N, BLOCK_D]
+        rows = tl.minimum(offs_n, kv_end - 1)  # [BLOCK_N] valid positions
+        k = _load_kv_tile(k_cache_ptr, bt_row, rows, n_mask, kv_head, offs_d, d_mask,
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, False, HEAD_DIM < BLOCK_D)  # [BLOCK_N, BLOCK_D]
+        v = _load_kv_tile(v_cache_ptr, bt_row, rows, n_mask, kv_head, offs_d, d_mask,
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, False, HEAD_DIM < BLOCK_D)  # [BLOCK_N, BLOCK_D]
         m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :],
                                              APPLY_MASK=True)
 
@@ -602,11 +616,16 @@ def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: t
     return max(1, min(triton.cdiv(4 * sms, programs), triton.cdiv(max_context, BLOCK_N), max_splits))
 
 
-# (num_warps, num_stages) of the decode kernel by cache: bf16/fp16 (False) and fp8 (True). On an H200,
-# over the snapshots of nano-vllm's workload, 4 warps and 3 stages are the fastest for a bf16 cache,
-# and 2 warps, 2 stages for fp8, where they take 23 % less time than 4 and 3 do
-# (results/decode_attention_qwen3-0.6b_h200.json, decode_attention_fp8-kv_qwen3-0.6b_h200.json).
-DECODE_WARPS_STAGES = {False: (4, 3), True: (2, 2)}
+def decode_tiles(fp8: bool, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of the decode kernel, as the engine calls it (new K/V
+    stored, q/k norms and RoPE applied), the fastest on an H200 over the snapshots of nano-vllm's
+    workload (benchmarks/decode_tiles_bench.py; results/decode_tiles_*_h200.json): for a bf16
+    cache 2 warps and 3 stages at head_dim 128 (Qwen3), tiles of 128 keys at head_dim 64
+    (Llama-3.2-1B); for fp8, 2 warps and 2 stages (an fp8 tile costs more instructions than
+    bytes: fewer warps per program let more programs share an SM)."""
+    if fp8:
+        return 64, 2, 2
+    return (128, 4, 2) if head_dim <= 64 else (64, 2, 3)
 
 
 def paged_decode_attention(
@@ -618,8 +637,8 @@ def paged_decode_attention(
     scale: float,
     order: torch.Tensor | None = None,  # (num_seqs,) int32 permutation: the launch order of the sequences
     num_splits: int | None = None,  # split-K factor; None = default_num_splits(...)
-    BLOCK_N: int = 64,
-    num_warps: int | None = None,  # None: DECODE_WARPS_STAGES by the cache's dtype
+    BLOCK_N: int | None = None,  # keys per tile; this and the two below, None: decode_tiles(...)
+    num_warps: int | None = None,
     num_stages: int | None = None,
     *,
     k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
@@ -647,6 +666,9 @@ def paged_decode_attention(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_seqs == 0:
         return out
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    tiles = decode_tiles(fp8, head_dim)
+    BLOCK_N, num_warps, num_stages = BLOCK_N or tiles[0], num_warps or tiles[1], num_stages or tiles[2]
     if num_splits is None:
         max_context = block_tables.shape[1] * page_size  # upper bound on any context_len
         num_splits = default_num_splits(num_seqs, kv_heads, max_context, q.device, BLOCK_N)
@@ -673,7 +695,6 @@ def paged_decode_attention(
     else:
         positions, cos, sin, q_w, k_w, eps = q, q, q, None, None, 0.0  # unread
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
-    warps, stages = DECODE_WARPS_STAGES[fp8]
     _paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse, counts,
         new_k, new_v, slot_mapping,
@@ -691,6 +712,6 @@ def paged_decode_attention(
         ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
         BLOCK_G=triton.next_power_of_2(group), BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), FP8=fp8,
-        num_warps=num_warps or warps, num_stages=num_stages or stages,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out

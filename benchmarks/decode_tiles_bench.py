@@ -1,0 +1,128 @@
+"""The final engine's decode kernel as the engine calls it, per tile choice (CUDA only).
+
+    python benchmarks/decode_tiles_bench.py --shape qwen3-0.6b --out benchmarks/results/decode_tiles_qwen3-0.6b_h200.json
+    python benchmarks/decode_tiles_bench.py --shape qwen3-0.6b --kv-cache-dtype fp8 \\
+        --out benchmarks/results/decode_tiles_fp8-kv_qwen3-0.6b_h200.json
+    python benchmarks/decode_tiles_bench.py --shape llama-3.2-1b --out benchmarks/results/decode_tiles_llama-3.2-1b_h200.json
+
+decode_attention_bench.py times the kernel's attention alone; a decode step also hands it the
+new tokens' K/V to store and, for Qwen3, q and k before their norms and RoPE (`new_kv`,
+`rope`). This times that whole launch (GPU time of CUDA-graph replays) over the context
+snapshots of nano-vllm's workload, longest context first as the engine launches it, for each
+(BLOCK_N, num_warps, num_stages), checks each result against the PyTorch path (the rotary layer,
+the reference store and attention), and sums the snapshots' times: the sum is what
+`attention_triton.decode_tiles` picks by.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.decode_attention_bench import STEPS, snapshot  # noqa: E402
+from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms  # noqa: E402
+from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E402
+from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
+from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
+
+# heads, kv heads, head_dim, q/k norms (Qwen3), RoPE theta
+SHAPES = {"qwen3-0.6b": (16, 8, 128, True, 1e6), "llama-3.2-1b": (32, 8, 64, False, 5e5)}
+BLOCK = 16  # the engine's KV-cache block size
+TILES = [(64, 4, 3), (64, 2, 3), (64, 2, 2), (128, 4, 2), (128, 2, 2), (128, 4, 3), (32, 2, 2)]
+
+
+def decode_batch(contexts: list[int], heads: int, kv_heads: int, head_dim: int, cache_dtype: torch.dtype):
+    """A random paged cache (blocks at shuffled places), the step's q and new K/V, and each
+    sequence's new slot (its last position)."""
+    dtype, n = torch.bfloat16, len(contexts)
+    blocks = [-(-c // BLOCK) for c in contexts]
+    total = sum(blocks)
+    k_cache = torch.randn(total, BLOCK, kv_heads, head_dim, device="cuda").to(cache_dtype)
+    v_cache = torch.randn(total, BLOCK, kv_heads, head_dim, device="cuda").to(cache_dtype)
+    perm = torch.randperm(total, device="cuda").to(torch.int32)
+    tables = torch.full((n, max(blocks)), -1, dtype=torch.int32, device="cuda")
+    start = 0
+    for i, b in enumerate(blocks):
+        tables[i, :b] = perm[start:start + b]
+        start += b
+    lens = torch.tensor(contexts, dtype=torch.int32, device="cuda")
+    positions = (lens - 1).long()
+    slots = tables.gather(1, (positions // BLOCK)[:, None]).squeeze(1).long() * BLOCK + positions % BLOCK
+    q = torch.randn(n, heads, head_dim, dtype=dtype, device="cuda")
+    k = torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda")
+    v = torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda")
+    return q, k, v, k_cache, v_cache, lens, tables, positions, slots
+
+
+def main() -> None:
+    def add_arguments(parser):
+        parser.add_argument("--shape", choices=tuple(SHAPES), default="qwen3-0.6b")
+        parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+
+    args = gpu_bench_args(__doc__, reps=10, add_arguments=add_arguments)
+    torch.manual_seed(0)
+    heads, kv_heads, head_dim, qk_norm, theta = SHAPES[args.shape]
+    fp8 = args.kv_cache_dtype == "fp8"
+    cache_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    scales = {"k_scale": torch.full((kv_heads,), 0.5, device="cuda"),
+              "v_scale": torch.full((kv_heads,), 0.25, device="cuda")} if fp8 else {}
+    rotary = RotaryEmbedding(head_dim, 4096, theta, None).cuda()
+    norms = [None, None]
+    if qk_norm:
+        norms = [RMSNorm(head_dim, 1e-6).cuda().to(torch.bfloat16) for _ in range(2)]
+        for norm in norms:
+            norm.weight.data = 1 + 0.1 * torch.randn_like(norm.weight)
+    scale = head_dim ** -0.5
+    record = {"benchmark": "decode_tiles", "shape": args.shape, "kv_cache_dtype": args.kv_cache_dtype,
+              "attention_shape": {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "qk_norm": qk_norm,
+                                  "block_size": BLOCK},
+              "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "command": " ".join(["python", *sys.argv]), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "chosen": "{}w{}s{}".format(*attention_triton.decode_tiles(fp8, head_dim)), "snapshots": []}
+    for step in STEPS:
+        contexts = snapshot(step)
+        q, k, v, k_cache, v_cache, lens, tables, positions, slots = decode_batch(contexts, heads, kv_heads, head_dim, cache_dtype)
+        order = torch.argsort(lens, descending=True, stable=True).to(torch.int32)
+        rope = rotary.kernel_args(positions, *norms)
+        q_rot, k_rot = rotary(positions, q, k, *norms)  # the rotary layer: what the kernel must apply itself
+        expected = attention_torch.paged_decode_attention(q_rot, k_cache.clone(), v_cache.clone(), lens, tables, scale,
+                                                          new_kv=(k_rot, v, slots), **scales).float()
+        kv_bytes = sum(contexts) * kv_heads * head_dim * 2 * k_cache.element_size()  # K and V
+        row = {"step": step, "batch": len(contexts), "mean_context": sum(contexts) / len(contexts),
+               "max_context": max(contexts), "kv_bytes": kv_bytes, "tiles": {}}
+        for bn, w, s in TILES:
+            def fn():
+                return attention_triton.paged_decode_attention(q, k_cache, v_cache, lens, tables, scale, order, BLOCK_N=bn,
+                                                               num_warps=w, num_stages=s, new_kv=(k, v, slots), rope=rope,
+                                                               **scales)
+            key = f"{bn}w{w}s{s}"
+            try:
+                ms = graph_time_ms(fn, args.reps)
+            except Exception as exc:  # e.g. out of shared memory
+                row["tiles"][key] = {"error": repr(exc)[:160]}
+                continue
+            row["tiles"][key] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9,
+                                 "max_err": (fn().float() - expected).abs().max().item()}
+        record["snapshots"].append(row)
+        print(f"step {step:4d}: batch {row['batch']:3d}, mean ctx {row['mean_context']:6.0f}: "
+              + "  ".join(f"{key} {t['ms']:.4f}" for key, t in row["tiles"].items() if "ms" in t), flush=True)
+    sums = {}
+    for row in record["snapshots"]:
+        for key, t in row["tiles"].items():
+            if "ms" in t:
+                sums[key] = sums.get(key, 0.0) + t["ms"]
+    record["sum_ms"] = dict(sorted(sums.items(), key=lambda kv: kv[1]))
+    record["max_err"] = max(t.get("max_err", 0.0) for row in record["snapshots"] for t in row["tiles"].values())
+    for key, ms in record["sum_ms"].items():
+        print(f"    {key:10} {ms:.4f} ms summed" + ("   <- decode_tiles" if key == record["chosen"] else ""))
+    print(f"largest difference from the PyTorch path: {record['max_err']:.4g}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
