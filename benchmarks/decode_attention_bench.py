@@ -41,19 +41,20 @@ def snapshot(step: int, seed: int = 0) -> list[int]:
     return [len(p) + step for p, sp in zip(prompts, params) if sp["max_tokens"] > step]
 
 
-def paged_batch(contexts: list[int], dtype: torch.dtype, cache_dtype: torch.dtype):
-    """A random paged cache with each sequence's blocks at shuffled places."""
+def paged_batch(contexts: list[int], dtype: torch.dtype, cache_dtype: torch.dtype,
+                heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM):
+    """A random paged cache with each sequence's blocks at shuffled places, and one query per sequence."""
     blocks = [-(-c // BLOCK) for c in contexts]
     total, width = sum(blocks), max(blocks)
-    k_cache = torch.randn(total, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device="cuda").to(cache_dtype)
-    v_cache = torch.randn(total, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device="cuda").to(cache_dtype)
+    k_cache = torch.randn(total, BLOCK, kv_heads, head_dim, dtype=dtype, device="cuda").to(cache_dtype)
+    v_cache = torch.randn(total, BLOCK, kv_heads, head_dim, dtype=dtype, device="cuda").to(cache_dtype)
     perm = torch.randperm(total, device="cuda").to(torch.int32)
     tables = torch.full((len(contexts), width), -1, dtype=torch.int32, device="cuda")
     start = 0
     for i, n in enumerate(blocks):
         tables[i, :n] = perm[start:start + n]
         start += n
-    q = torch.randn(len(contexts), HEADS, HEAD_DIM, dtype=dtype, device="cuda")
+    q = torch.randn(len(contexts), heads, head_dim, dtype=dtype, device="cuda")
     lens = torch.tensor(contexts, dtype=torch.int32, device="cuda")
     return q, k_cache, v_cache, lens, tables
 

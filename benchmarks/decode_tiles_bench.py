@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.decode_attention_bench import STEPS, snapshot  # noqa: E402
+from benchmarks.decode_attention_bench import BLOCK, STEPS, paged_batch, snapshot  # noqa: E402
 from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms  # noqa: E402
 from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
@@ -31,30 +31,15 @@ from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
 
 # heads, kv heads, head_dim, q/k norms (Qwen3), RoPE theta
 SHAPES = {"qwen3-0.6b": (16, 8, 128, True, 1e6), "llama-3.2-1b": (32, 8, 64, False, 5e5)}
-BLOCK = 16  # the engine's KV-cache block size
 TILES = [(64, 4, 3), (64, 2, 3), (64, 2, 2), (128, 4, 2), (128, 2, 2), (128, 4, 3), (32, 2, 2)]
 
 
 def decode_batch(contexts: list[int], heads: int, kv_heads: int, head_dim: int, cache_dtype: torch.dtype):
-    """A random paged cache (blocks at shuffled places), the step's q and new K/V, and each
-    sequence's new slot (its last position)."""
-    dtype, n = torch.bfloat16, len(contexts)
-    blocks = [-(-c // BLOCK) for c in contexts]
-    total = sum(blocks)
-    k_cache = torch.randn(total, BLOCK, kv_heads, head_dim, device="cuda").to(cache_dtype)
-    v_cache = torch.randn(total, BLOCK, kv_heads, head_dim, device="cuda").to(cache_dtype)
-    perm = torch.randperm(total, device="cuda").to(torch.int32)
-    tables = torch.full((n, max(blocks)), -1, dtype=torch.int32, device="cuda")
-    start = 0
-    for i, b in enumerate(blocks):
-        tables[i, :b] = perm[start:start + b]
-        start += b
-    lens = torch.tensor(contexts, dtype=torch.int32, device="cuda")
+    """decode_attention_bench's paged batch, the step's new K/V, each sequence's position and new slot (its last)."""
+    q, k_cache, v_cache, lens, tables = paged_batch(contexts, torch.bfloat16, cache_dtype, heads, kv_heads, head_dim)
     positions = (lens - 1).long()
     slots = tables.gather(1, (positions // BLOCK)[:, None]).squeeze(1).long() * BLOCK + positions % BLOCK
-    q = torch.randn(n, heads, head_dim, dtype=dtype, device="cuda")
-    k = torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda")
-    v = torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda")
+    k, v = (torch.randn(len(contexts), kv_heads, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     return q, k, v, k_cache, v_cache, lens, tables, positions, slots
 
 

@@ -618,8 +618,8 @@ def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: t
 
 def decode_tiles(fp8: bool, head_dim: int) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) of the decode kernel, as the engine calls it (new K/V
-    stored, q/k norms and RoPE applied), the fastest on an H200 over the snapshots of nano-vllm's
-    workload (benchmarks/decode_tiles_bench.py; results/decode_tiles_*_h200.json): for a bf16
+    stored, q/k norms and RoPE applied), the fastest on an H200 (or within 0.2 % of it) over the
+    snapshots of nano-vllm's workload (benchmarks/decode_tiles_bench.py; results/decode_tiles_*_h200.json): for a bf16
     cache 2 warps and 3 stages at head_dim 128 (Qwen3), tiles of 128 keys at head_dim 64
     (Llama-3.2-1B); for fp8, 2 warps and 2 stages (an fp8 tile costs more instructions than
     bytes: fewer warps per program let more programs share an SM)."""
@@ -666,7 +666,7 @@ def paged_decode_attention(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_seqs == 0:
         return out
-    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
     tiles = decode_tiles(fp8, head_dim)
     BLOCK_N, num_warps, num_stages = BLOCK_N or tiles[0], num_warps or tiles[1], num_stages or tiles[2]
     if num_splits is None:
@@ -694,7 +694,6 @@ def paged_decode_attention(
         assert (q_w is None) == (k_w is None)
     else:
         positions, cos, sin, q_w, k_w, eps = q, q, q, None, None, 0.0  # unread
-    k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
     _paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse, counts,
         new_k, new_v, slot_mapping,
