@@ -11,7 +11,8 @@ new tokens' K/V to store and, for Qwen3, q and k before their norms and RoPE (`n
 snapshots of nano-vllm's workload, longest context first as the engine launches it, for each
 (BLOCK_N, num_warps, num_stages), checks each result against the PyTorch path (the rotary layer,
 the reference store and attention), and sums the snapshots' times: the sum is what
-`attention_triton.decode_tiles` picks by.
+`attention_triton.decode_tiles` picks by. At decode_tiles' tile it also times split-K factors
+and the number default_num_splits picks (the splits' sums beside the tiles').
 """
 
 import json
@@ -23,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.decode_attention_bench import BLOCK, STEPS, paged_batch, snapshot  # noqa: E402
+from benchmarks.decode_attention_bench import BLOCK, paged_batch, snapshot  # noqa: E402
 from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms  # noqa: E402
 from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
@@ -32,6 +33,8 @@ from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
 # heads, kv heads, head_dim, q/k norms (Qwen3), RoPE theta
 SHAPES = {"qwen3-0.6b": (16, 8, 128, True, 1e6), "llama-3.2-1b": (32, 8, 64, False, 5e5)}
 TILES = [(64, 4, 3), (64, 2, 3), (64, 2, 2), (128, 4, 2), (128, 2, 2), (128, 4, 3), (32, 2, 2)]
+STEPS = (1, 300, 600, 750, 850, 900, 950, 1000)  # decode steps into the run (snapshot)
+SPLITS = (1, 2, 3, 4, 6, 8)  # split-K factors tried at decode_tiles' tile
 
 
 def decode_batch(contexts: list[int], heads: int, kv_heads: int, head_dim: int, cache_dtype: torch.dtype):
@@ -92,18 +95,35 @@ def main() -> None:
                 continue
             row["tiles"][key] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9,
                                  "max_err": (fn().float() - expected).abs().max().item()}
+        row["default_num_splits"] = attention_triton.default_num_splits(
+            len(contexts), kv_heads, tables.shape[1] * BLOCK, q.device, attention_triton.decode_tiles(fp8, head_dim)[0],
+            attention_triton.decode_programs_per_sm(fp8))
+        row["splits"] = {}
+        for n in (*SPLITS, None):  # None: the default
+            def fn():
+                return attention_triton.paged_decode_attention(q, k_cache, v_cache, lens, tables, scale, order, num_splits=n,
+                                                               new_kv=(k, v, slots), rope=rope, **scales)
+            ms = graph_time_ms(fn, args.reps)
+            row["splits"]["default" if n is None else f"splits{n}"] = {
+                "ms": ms, "TB_per_s": kv_bytes / ms / 1e9, "max_err": (fn().float() - expected).abs().max().item()}
         record["snapshots"].append(row)
         print(f"step {step:4d}: batch {row['batch']:3d}, mean ctx {row['mean_context']:6.0f}: "
-              + "  ".join(f"{key} {t['ms']:.4f}" for key, t in row["tiles"].items() if "ms" in t), flush=True)
-    sums = {}
-    for row in record["snapshots"]:
-        for key, t in row["tiles"].items():
-            if "ms" in t:
-                sums[key] = sums.get(key, 0.0) + t["ms"]
-    record["sum_ms"] = dict(sorted(sums.items(), key=lambda kv: kv[1]))
-    record["max_err"] = max(t.get("max_err", 0.0) for row in record["snapshots"] for t in row["tiles"].values())
+              + "  ".join(f"{key} {t['ms']:.4f}" for key, t in row["tiles"].items() if "ms" in t)
+              + f"\n    {record['chosen']}, default splits {row['default_num_splits']}: "
+              + "  ".join(f"{key} {t['ms']:.4f}" for key, t in row["splits"].items()), flush=True)
+    for name in ("tiles", "splits"):
+        sums = {}
+        for row in record["snapshots"]:
+            for key, t in row[name].items():
+                if "ms" in t:
+                    sums[key] = sums.get(key, 0.0) + t["ms"]
+        record["sum_ms" if name == "tiles" else "splits_sum_ms"] = dict(sorted(sums.items(), key=lambda kv: kv[1]))
+    record["max_err"] = max(t.get("max_err", 0.0) for row in record["snapshots"]
+                            for t in (*row["tiles"].values(), *row["splits"].values()))
     for key, ms in record["sum_ms"].items():
         print(f"    {key:10} {ms:.4f} ms summed" + ("   <- decode_tiles" if key == record["chosen"] else ""))
+    for key, ms in record["splits_sum_ms"].items():
+        print(f"    {key:10} {ms:.4f} ms summed at {record['chosen']}")
     print(f"largest difference from the PyTorch path: {record['max_err']:.4g}")
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -10,7 +10,7 @@ import torch
 
 from common import random_prompts
 from nanovllm_final import LLM, SamplingParams
-from nanovllm_final.layers.sampler import Sampler, apply_penalties, mask_probs, seeded_exponential
+from nanovllm_final.layers.sampler import Sampler, apply_penalties, mask_probs, seeded_exponential, top_candidates
 
 
 @pytest.fixture(scope="module")
@@ -270,6 +270,41 @@ def test_candidates_path_draws_what_the_full_vocabulary_draws():
         assert (kept.gather(1, partial[:, None]) > 0).all()  # drawn among the tokens the masks keep
         draws.update(partial.tolist())
     assert len(draws) > 100  # not always the argmax
+
+
+@pytest.mark.parametrize("vocab", [151936, 128256, 4096, 1000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_candidates_are_the_top_k(vocab, dtype):
+    """top_candidates equals torch.topk: the same values, largest first, at ids that hold them,
+    no id twice; also with many ties (bf16 steps of 1/4), rows of -inf but a few, and a row
+    whose largest logits share one group (the grouped pass: Qwen3's and Llama's vocabularies)."""
+    g = torch.Generator().manual_seed(vocab)
+    rows = 6
+    logits = torch.randn(rows, vocab, generator=g) * 4
+    logits[1] = (logits[1] * 4).round() / 4  # coarse values: ties at the k-th
+    logits[2, 3:] = float("-inf")  # fewer finite logits than k
+    logits[3, 256:320] += 100  # the 64 largest in one or two groups
+    logits = logits.to(dtype)
+    for k in (1, 20, 50):
+        values, ids = top_candidates(logits, k)
+        assert values.shape == ids.shape == (rows, k)
+        assert torch.equal(values, logits.topk(k, dim=-1).values)
+        assert torch.equal(logits.gather(1, ids), values)
+        assert all(len(set(row)) == k for row in ids.tolist())
+
+
+def test_candidates_path_at_a_large_vocabulary_draws_what_the_full_vocabulary_draws():
+    """At Qwen3's vocabulary size the candidates come from top_candidates' grouped pass;
+    seeded rows draw exactly the tokens the whole-vocabulary masks draw."""
+    g = torch.Generator().manual_seed(7)
+    rows, vocab = 16, 151936
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    top_k = torch.randint(1, 40, (rows,), generator=g)
+    masks = dict(top_k=top_k, top_p=torch.rand(rows, generator=g).clamp(min=0.3),
+                 seeds=torch.randint(0, 2**40, (rows,), generator=g), positions=torch.randint(0, 999, (rows,), generator=g))
+    temperatures = torch.rand(rows, generator=g) + 0.5
+    sampler = Sampler(seed=0, device=torch.device("cpu"))
+    assert torch.equal(sampler(logits, temperatures, **masks), sampler(logits, temperatures, **masks, max_k=int(top_k.max())))
 
 
 def test_half_precision_logits_draw_what_their_float32_copy_draws():
