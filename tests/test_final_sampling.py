@@ -272,9 +272,10 @@ def test_candidates_path_draws_what_the_full_vocabulary_draws():
     assert len(draws) > 100  # not always the argmax
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("vocab", [151936, 128256, 4096, 1000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_top_candidates_are_the_top_k(vocab, dtype):
+def test_top_candidates_are_the_top_k(vocab, dtype, device):
     """top_candidates equals torch.topk: the same values, largest first, at ids that hold them,
     no id twice; also with many ties (bf16 steps of 1/4), rows of -inf but a few, and a row
     whose largest logits share one group (the grouped pass: Qwen3's and Llama's vocabularies)."""
@@ -284,7 +285,7 @@ def test_top_candidates_are_the_top_k(vocab, dtype):
     logits[1] = (logits[1] * 4).round() / 4  # coarse values: ties at the k-th
     logits[2, 3:] = float("-inf")  # fewer finite logits than k
     logits[3, 256:320] += 100  # the 64 largest in one or two groups
-    logits = logits.to(dtype)
+    logits = logits.to(dtype).to(device)
     for k in (1, 20, 50):
         values, ids = top_candidates(logits, k)
         assert values.shape == ids.shape == (rows, k)
