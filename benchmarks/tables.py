@@ -315,8 +315,6 @@ NOTES = {  # facts about a record that its fields do not say
     "decode_attention_fp8-kv_qwen3-0.6b_h200.json": MASKED_LOADS,
     "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,
     "nanovllm_qwen3-30b-a3b_final_h200.json": FUSED_ROUTER,
-    "nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json": SLOW_HOST,
-    "nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_h200.json": SLOW_HOST,
     "nanovllm_qwen3-8b_final_h200.json": SLOW_HOST,
     "decode_latency_qwen3-30b-a3b_final_h200.json": SLOW_HOST,
     "variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json":
