@@ -295,7 +295,7 @@ FILES = [
 ]
 RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
     ("tp_*", "tp"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),
-    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
+    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/*slower-host*", "throughput"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
     ("nanovllm_*", "throughput"),
 ]
 SPECIALIZED = ("made while the Triton prefill kernel was still specialized on the step's sequence count and block-table width: "
@@ -318,7 +318,10 @@ NOTES = {  # facts about a record that its fields do not say
     "nanovllm_qwen3-8b_final_h200.json": SLOW_HOST,
     "decode_latency_qwen3-30b-a3b_final_h200.json": SLOW_HOST,
     "variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json":
-        "the code and command of decode_latency_qwen3-0.6b_final_h200.json on the slower host of the records noted so",
+        "the command of decode_latency_qwen3-0.6b_final_h200.json on the slower host of the records noted so",
+    "variants/nanovllm_llama-3.2-1b_final_slower-host_h200.json":
+        "the command of nanovllm_llama-3.2-1b_final_h200.json on the slower host of the records noted so, the machine "
+        "of the Qwen3-8B record and of variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json",
     "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_unfused-decode_h200.json":
         "made before the decode attention kernel applied RoPE and stored the new K/V itself, and before "
         "the dense matrix-vector path",
