@@ -295,7 +295,7 @@ FILES = [
 ]
 RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
     ("tp_*", "tp"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),
-    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/*slower-host*", "throughput"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
+    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/nanovllm_*slower-host*", "throughput"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
     ("nanovllm_*", "throughput"),
 ]
 SPECIALIZED = ("made while the Triton prefill kernel was still specialized on the step's sequence count and block-table width: "
@@ -310,7 +310,11 @@ SLOW_HOST = ("made on a machine whose host was slower: there the 0.6B shape's ea
              "decode_latency_qwen3-0.6b_final_h200.json; a step of the final engine takes at least the host's work for it "
              "(host_overhead_final_cpu.json)")
 MASKED_LOADS = "made while the decode kernel masked its K/V loads at the end of a context (it now reads the last key again there)"
+EARLIER_TILES_BENCH = ("made before decode_tiles_bench.py timed split-K factors and the snapshots at 850 and 950 "
+                       "decode steps: its tile sums are over the other six snapshots")
 NOTES = {  # facts about a record that its fields do not say
+    "decode_tiles_qwen3-0.6b_h200.json": EARLIER_TILES_BENCH,
+    "decode_tiles_llama-3.2-1b_h200.json": EARLIER_TILES_BENCH,
     "decode_attention_qwen3-0.6b_h200.json": MASKED_LOADS,
     "decode_attention_fp8-kv_qwen3-0.6b_h200.json": MASKED_LOADS,
     "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,
