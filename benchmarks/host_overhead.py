@@ -4,6 +4,8 @@ that return zeros at once (CPU tensors).
 
     python -m benchmarks.host_overhead --engine 03 --engine 04 --engine 05
     python -m benchmarks.host_overhead --engine final --out benchmarks/results/host_overhead_final_cpu.json
+    python -m benchmarks.host_overhead --engine final --num-blocks 65536 --passes 2 \
+        --out benchmarks/results/host_overhead_prefix-hits_final_cpu.json
 
 Runs the nanovllm workload (256 sequences by default) through `engine.step()` and prints
 the mean host milliseconds per prefill and per decode step. On a GPU these milliseconds are
@@ -14,7 +16,9 @@ The final engine overlaps them with the device's work instead (overlap schedulin
 bound its step time from below: a step takes at least its host milliseconds. It runs as an
 LLM on a tiny random-weight model whose runner's `execute` and sampler are stubs (logits of
 64 zeros, token 0 for every row), so what is timed is the rest of generate: scheduling, the
-step's input arrays, the sampling batch, resolving tokens, stop checks, outputs."""
+step's input arrays, the sampling batch, resolving tokens, stop checks, outputs. With
+`--passes 2` the second generate finds every prompt's full blocks in the prefix cache, freed but
+not yet handed out again: what admitting prompts with cache hits costs on a large pool."""
 
 import argparse
 import json
@@ -61,8 +65,10 @@ def build_engine(module, num_blocks: int, block_size: int):
     return engine
 
 
-def measure_final(module, num_seqs: int, max_output_len: int, num_blocks: int) -> dict:
-    """The final engine's generate over the workload with the device's work stubbed out."""
+def measure_final(module, num_seqs: int, max_output_len: int, num_blocks: int, passes: int = 1) -> list[dict]:
+    """The final engine's generate over the workload with the device's work stubbed out, `passes`
+    times on one engine: from the second pass on, every prompt's full blocks are prefix-cache
+    hits on blocks that were freed (each hit takes its block out of the free list)."""
     from tools.tiny_model import cached_model
 
     path = cached_model("tiny-qwen3-4k", arch="qwen3", shape="tiny", max_position_embeddings=4096)
@@ -72,23 +78,28 @@ def measure_final(module, num_seqs: int, max_output_len: int, num_blocks: int) -
     runner = llm._engine().model_runner
     runner.execute = lambda step, carried=None: torch.zeros(len(step.sample_rows), 64)  # (rows, vocab) logits
     runner.sampler = lambda logits, temperatures, **kwargs: torch.zeros(len(logits), dtype=torch.long)
-    start = time.perf_counter()
-    llm.generate(prompts, [module.SamplingParams(**p) for p in params], use_tqdm=False)
-    seconds = time.perf_counter() - start
-    kinds = {"prefill": [s["seconds"] for s in llm.stats if s["is_prefill"]],
-             "decode": [s["seconds"] for s in llm.stats if not s["is_prefill"]]}
-    steps = len(llm.stats)
+    rows = []
+    for i in range(passes):
+        llm.stats.clear()
+        hits = llm._engine().block_manager.num_hit_tokens
+        start = time.perf_counter()
+        llm.generate(prompts, [module.SamplingParams(**p) for p in params], use_tqdm=False)
+        seconds = time.perf_counter() - start
+        kinds = {"prefill": [s["seconds"] for s in llm.stats if s["is_prefill"]],
+                 "decode": [s["seconds"] for s in llm.stats if not s["is_prefill"]]}
+        rows.append({"engine": "final", "pass": i + 1, "num_blocks": num_blocks, "steps": len(llm.stats), "seconds": seconds,
+                     "prefix_hit_tokens": llm._engine().block_manager.num_hit_tokens - hits,
+                     **{f"{k}_steps": len(v) for k, v in kinds.items()},
+                     **{f"{k}_ms_mean": statistics.fmean(v) * 1e3 for k, v in kinds.items() if v},
+                     **{f"{k}_ms_median": statistics.median(v) * 1e3 for k, v in kinds.items() if v}})
     llm.shutdown()
-    return {"engine": "final", "steps": steps, "seconds": seconds,
-            **{f"{k}_steps": len(v) for k, v in kinds.items()},
-            **{f"{k}_ms_mean": statistics.fmean(v) * 1e3 for k, v in kinds.items() if v},
-            **{f"{k}_ms_median": statistics.median(v) * 1e3 for k, v in kinds.items() if v}}
+    return rows
 
 
-def measure(name: str, num_seqs: int, max_output_len: int, num_blocks: int) -> dict:
+def measure(name: str, num_seqs: int, max_output_len: int, num_blocks: int, passes: int = 1) -> list[dict]:
     label, module = resolve_engine(name)
     if label == "final":
-        return measure_final(module, num_seqs, max_output_len, num_blocks)
+        return measure_final(module, num_seqs, max_output_len, num_blocks, passes)
     __import__(f"{module.__name__}.engine.llm_engine")
     seq_mod = sys.modules[f"{module.__name__}.engine.sequence"]
     prompts, params = workloads.make_workload("nanovllm", vocab_size=151936, num_seqs=num_seqs, max_output_len=max_output_len)
@@ -101,10 +112,10 @@ def measure(name: str, num_seqs: int, max_output_len: int, num_blocks: int) -> d
     seconds = time.perf_counter() - start
     kinds = {"prefill": [s["seconds"] for s in engine.stats if s["is_prefill"]],
              "decode": [s["seconds"] for s in engine.stats if not s["is_prefill"]]}
-    return {"engine": label, "steps": len(engine.stats), "seconds": seconds,
+    return [{"engine": label, "steps": len(engine.stats), "seconds": seconds,
             **{f"{k}_steps": len(v) for k, v in kinds.items()},
             **{f"{k}_ms_mean": statistics.fmean(v) * 1e3 for k, v in kinds.items() if v},
-            **{f"{k}_ms_median": statistics.median(v) * 1e3 for k, v in kinds.items() if v}}
+            **{f"{k}_ms_median": statistics.median(v) * 1e3 for k, v in kinds.items() if v}}]
 
 
 def main() -> None:
@@ -112,16 +123,19 @@ def main() -> None:
     parser.add_argument("--engine", action="append", required=True)
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--max-output-len", type=int, default=1024)
-    parser.add_argument("--num-blocks", type=int, default=10689, help="the H200 run's pool (0.6B shape)")
+    parser.add_argument("--num-blocks", type=int, default=10689, help="the KV pool (default: the blocks the 0.6B shape's H200 run uses; "
+                        "its whole pool is 65536)")
+    parser.add_argument("--passes", type=int, default=1, help="final engine: generate this many times on one engine "
+                        "(the later passes hit the prefix cache)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--out")
     args = parser.parse_args()
     rows = []
     for _ in range(args.repeat):
         for name in args.engine:
-            row = measure(name, args.num_seqs, args.max_output_len, args.num_blocks)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            for row in measure(name, args.num_seqs, args.max_output_len, args.num_blocks, args.passes):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
 

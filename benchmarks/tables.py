@@ -268,6 +268,10 @@ FILES = [
      "median graph decode-step latency per batch size with the dense layers' matrix-vector path up to 0 (cuBLAS only), 2 and 4 rows"),
     ("host_overhead_cpu.json", "python -m benchmarks.host_overhead --engine 03 --engine 04 --engine 05 --out benchmarks/results/host_overhead_cpu.json",
      "each stage's engine loop with a stub model on one CPU core: the host's time per step"),
+    ("host_overhead_prefix-hits_final_cpu.json", "python -m benchmarks.host_overhead --engine final --num-blocks 65536 --passes 2 "
+     "--repeat 2 --out benchmarks/results/host_overhead_prefix-hits_final_cpu.json",
+     "the final engine's generate with the device's work stubbed, twice on one engine with the 0.6B shape's whole H200 pool: "
+     "the second pass's prompts are prefix-cache hits on freed blocks"),
     ("host_overhead_final_cpu.json", "python -m benchmarks.host_overhead --engine final --repeat 5 --out benchmarks/results/host_overhead_final_cpu.json",
      "the final engine's generate with the device's work stubbed (a tiny model's runner and sampler): the host's time per step, "
      "which an overlapped step cannot go below"),
@@ -295,7 +299,7 @@ FILES = [
 ]
 RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
     ("tp_*", "tp"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),
-    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/nanovllm_*slower-host*", "throughput"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
+    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
     ("nanovllm_*", "throughput"),
 ]
 SPECIALIZED = ("made while the Triton prefill kernel was still specialized on the step's sequence count and block-table width: "
@@ -309,6 +313,9 @@ SLOW_HOST = ("made on a machine whose host was slower: there the 0.6B shape's ea
              "(variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json), against 11 ms on the machine of "
              "decode_latency_qwen3-0.6b_final_h200.json; a step of the final engine takes at least the host's work for it "
              "(host_overhead_final_cpu.json)")
+SLOW_HOST_2 = ("made on a machine whose host was slower: there the 0.6B shape's eager batch-1 decode step took 19 ms "
+               "(variants/decode_latency_qwen3-0.6b_final_slow-host-2_h200.json, measured just before), against 9.7 ms on the "
+               "machine of decode_latency_qwen3-0.6b_final_h200.json")
 MASKED_LOADS = "made while the decode kernel masked its K/V loads at the end of a context (it now reads the last key again there)"
 EARLIER_TILES_BENCH = ("made before decode_tiles_bench.py timed split-K factors and the snapshots at 850 and 950 "
                        "decode steps: its tile sums are over the other six snapshots")
@@ -320,12 +327,14 @@ NOTES = {  # facts about a record that its fields do not say
     "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,
     "nanovllm_qwen3-30b-a3b_final_h200.json": FUSED_ROUTER,
     "nanovllm_qwen3-8b_final_h200.json": SLOW_HOST,
+    "nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json": SLOW_HOST_2,
+    "nanovllm_llama-3.2-1b_final_h200.json": SLOW_HOST_2,
     "decode_latency_qwen3-30b-a3b_final_h200.json": SLOW_HOST,
     "variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json":
         "the command of decode_latency_qwen3-0.6b_final_h200.json on the slower host of the records noted so",
-    "variants/nanovllm_llama-3.2-1b_final_slower-host_h200.json":
-        "the command of nanovllm_llama-3.2-1b_final_h200.json on the slower host of the records noted so, the machine "
-        "of the Qwen3-8B record and of variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json",
+    "variants/decode_latency_qwen3-0.6b_final_slow-host-2_h200.json":
+        "the command of decode_latency_qwen3-0.6b_final_h200.json on the slow host of the records noted so, in the call "
+        "that made them, before them",
     "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_unfused-decode_h200.json":
         "made before the decode attention kernel applied RoPE and stored the new K/V itself, and before "
         "the dense matrix-vector path",

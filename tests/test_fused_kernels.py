@@ -168,6 +168,56 @@ def test_gumbel_argmax_draws_the_samplers_tokens(dtype, vocab):
     assert vocab <= 4096 or (out >= 4096).any()  # some rows draw from the second chunk
 
 
+@pytest.mark.parametrize("masks", ["top_k", "top_k+top_p", "top_k+top_p+min_p", "top_p+min_p"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_candidates_draw_draws_the_samplers_tokens(masks, dtype):
+    """The draw among the top-k candidates against the Sampler's PyTorch code for its max_k
+    path with the same (seeded) noise: the same token in every row, with tied candidates,
+    suppressed (-inf) tokens, top_p 1 and min_p 0 (off) rows and a k that is not a power of two."""
+    g = torch.Generator().manual_seed(len(masks))
+    rows, vocab, k = 32, 600, 20
+    logits = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
+    logits[::4] = torch.randint(-2, 3, (len(logits[::4]), vocab), generator=g).to(dtype)  # many tied candidates
+    logits[1, :500] = float("-inf")  # suppressed tokens: 100 finite ones left
+    logits[2, 20:] = float("-inf")  # exactly k finite candidates
+    temperatures = torch.rand(rows, generator=g) * 1.5 + 0.05
+    top_k = torch.randint(1, k + 1, (rows,), generator=g) if "top_k" in masks else None
+    top_p = torch.where(torch.rand(rows, generator=g) < 0.2, 1.0, torch.rand(rows, generator=g)) if "top_p" in masks else None
+    min_p = torch.where(torch.rand(rows, generator=g) < 0.2, 0.0, torch.rand(rows, generator=g) * 0.3) if "min_p" in masks else None
+    seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.randint(0, 999, (rows,), generator=g)
+    expected = Sampler(seed=0, device=torch.device("cpu"))(logits, temperatures, top_k, top_p, min_p, seeds=seeds,
+                                                           positions=positions, max_k=k, greedy_rows=False)
+    values, ids = sampler.top_candidates(logits, k)  # (rows, k): what the max_k path draws among
+    noise = seeded_exponential(seeds, positions, ids)  # what the Sampler draws for them
+    on = (lambda t: None if t is None else t.to(DEVICE))
+    out = fused_triton.candidates_draw(values.to(DEVICE), ids.to(DEVICE), noise.to(DEVICE), temperatures.to(DEVICE),
+                                       on(top_k), on(top_p), on(min_p))
+    assert out.dtype == torch.int64 and torch.equal(out.cpu(), expected)
+    assert len(set(out.tolist())) > rows // 2  # the draws differ from row to row
+    assert not torch.equal(out.cpu(), ids[:, 0])  # not just each row's most likely token
+
+
+def test_sampler_on_the_device_draws_the_cpu_samplers_tokens():
+    """The Sampler as the engine calls it with the checkpoint's masks (top-k 20, top-p 0.95), on
+    DEVICE (on CUDA: top_candidates' grouped pass and candidates_draw) and on the CPU: with
+    every row seeded, the same tokens; greedy rows (T = 0) take the argmax."""
+    g = torch.Generator().manual_seed(7)
+    rows, vocab = 16, 151936
+    logits = (torch.randn(rows, vocab, generator=g) * 2).to(torch.bfloat16)
+    temperatures = torch.tensor([0.6] * 12 + [0.0] * 4)
+    top_k, top_p = torch.full((rows,), 20), torch.full((rows,), 0.95)
+    seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.arange(rows)
+    args = (temperatures, top_k, top_p, None, seeds, positions)
+
+    def draw(device):
+        return Sampler(seed=0, device=torch.device(device))(logits.to(device), *(None if a is None else a.to(device) for a in args),
+                                                            max_k=20, greedy_rows=True).cpu()
+
+    expected = draw("cpu")
+    assert torch.equal(draw(DEVICE), expected)
+    assert torch.equal(expected[12:], logits[12:].argmax(-1))
+
+
 def test_empty_batch():
     x = torch.empty(0, 8, device=DEVICE)
     assert fused_triton.rms_norm(x, torch.ones(8, device=DEVICE), 1e-6).shape == (0, 8)

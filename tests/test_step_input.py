@@ -1,8 +1,11 @@
 """The final engine's step inputs (engine/step_input.py): the arrays built from the scheduled
-sequences, here the decode launch order."""
+sequences, here the decode launch order, and the one buffer they reach the device in."""
+
+import numpy as np
+import torch
 
 from nanovllm_final.engine.sequence import Sequence
-from nanovllm_final.engine.step_input import build_step_input
+from nanovllm_final.engine.step_input import build_step_input, pack, unpack
 from nanovllm_final.sampling_params import SamplingParams
 
 BLOCK = 4
@@ -57,3 +60,17 @@ def test_block_tables_kept_from_step_to_step_equal_fresh_ones():
         history.append((got.block_tables, got.block_tables.copy()))
     assert history[0][0].shape[1] < history[5][0].shape[1]  # it widened
     assert all((kept == at_the_time).all() for kept, at_the_time in history)  # later steps wrote elsewhere
+
+
+def test_packed_arrays_come_back_with_their_dtypes_shapes_and_values():
+    """upload's one copy: pack puts a step's arrays into one buffer, unpack views them again,
+    each at an aligned offset (views of other dtypes need it), empty and strided ones included."""
+    step = build_step_input([_seq(6, 0), _seq(3, 2), _seq(9, 4)], BLOCK)
+    arrays = list(step.arrays().values()) + [np.zeros(0, np.int64), np.arange(12, dtype=np.int32).reshape(3, 4)[:, ::2],
+                                             np.array([True, False, True]), np.full((2, 3), 0.5, np.float32)]
+    assert {"input_ids", "positions", "block_tables", "carry_rows", "decode_order"} <= set(step.arrays())
+    packed, offsets = pack(arrays)
+    assert all(start % 16 == 0 for start in offsets)
+    for array, tensor in zip(arrays, unpack(packed, arrays, offsets)):
+        assert tensor.dtype == torch.from_numpy(np.ascontiguousarray(array)).dtype and tuple(tensor.shape) == array.shape
+        assert np.array_equal(tensor.numpy(), array)

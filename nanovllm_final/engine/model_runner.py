@@ -15,7 +15,7 @@ from .block_manager import blocks_needed
 from .cuda_graphs import CUDAGraphs
 from .sampling import build_sampling_batch, sample
 from .sequence import Sequence
-from .step_input import StepInput, build_step_input, to_device
+from .step_input import StepInput, build_step_input, upload
 
 logger = logging.getLogger(__name__)
 
@@ -170,21 +170,19 @@ class ModelRunner:
 
     # ---- a step ----
 
-    def _tensor(self, array) -> torch.Tensor:
-        return to_device(array, self.device)
-
-    def input_ids(self, step: StepInput, carried: torch.Tensor | None) -> torch.Tensor:
-        """(tokens,) the step's token ids, with the tokens the step before sampled (`carried`,
-        still on rank 0's device) put in at `carry_index`; rank 0 sends them to the other ranks."""
-        input_ids = self._tensor(step.input_ids)
-        if len(step.carry_index):
+    def input_ids(self, t: dict[str, torch.Tensor], carried: torch.Tensor | None) -> torch.Tensor:
+        """(tokens,) the step's token ids (`t`: its arrays on the device), with the tokens the step
+        before sampled (`carried`, still on rank 0's device) put in at `carry_index`; rank 0 sends
+        them to the other ranks."""
+        input_ids = t["input_ids"]
+        if len(t["carry_index"]):
             if self.rank == 0:
-                carried = carried[self._tensor(step.carry_rows)]  # (carried,)
+                carried = carried[t["carry_rows"]]  # (carried,)
             else:
-                carried = torch.empty(len(step.carry_index), dtype=torch.int64, device=self.device)
+                carried = torch.empty(len(t["carry_index"]), dtype=torch.int64, device=self.device)
             if self.world_size > 1:
                 broadcast_from_first(carried)
-            input_ids[self._tensor(step.carry_index)] = carried
+            input_ids[t["carry_index"]] = carried
         return input_ids
 
     @torch.inference_mode()
@@ -192,19 +190,21 @@ class ModelRunner:
         """Run the model on the step's tokens; logits (rows, vocab) of the sampling rows on rank 0,
         None on the other ranks (and when no row samples). `carried`: on rank 0, the sampled ids
         of the step in flight (overlap scheduling), which feed this one."""
+        arrays = step.arrays()
+        t = dict(zip(arrays, upload(list(arrays.values()), self.device)))  # the step's arrays on the device, one copy
         context = Context(
-            cu_seqlens_q=self._tensor(step.cu_seqlens_q),
-            slot_mapping=self._tensor(step.slot_mapping),
-            context_lens=self._tensor(step.context_lens),
-            block_tables=self._tensor(step.block_tables),
+            cu_seqlens_q=t["cu_seqlens_q"],
+            slot_mapping=t["slot_mapping"],
+            context_lens=t["context_lens"],
+            block_tables=t["block_tables"],
             max_seqlen_q=step.max_seqlen_q,
             is_decode=step.is_decode,
-            decode_order=self._tensor(step.decode_order) if step.is_decode else None,  # only decode kernels read it
+            decode_order=t["decode_order"] if step.is_decode else None,  # only decode kernels read it
         )
-        hidden = self.forward(self.input_ids(step, carried), self._tensor(step.positions), context)  # (tokens, hidden)
+        hidden = self.forward(self.input_ids(t, carried), t["positions"], context)  # (tokens, hidden)
         if not len(step.sample_rows):
             return None
-        return self.model.compute_logits(hidden[self._tensor(step.sample_rows)])  # (rows, vocab) on rank 0
+        return self.model.compute_logits(hidden[t["sample_rows"]])  # (rows, vocab) on rank 0
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
         """A step replays the graph captured for the next size up (decode: sequences; with

@@ -15,7 +15,7 @@ import torch
 
 from ..layers.sampler import Sampler, apply_penalties, logprobs_of
 from .sequence import Sequence
-from .step_input import to_device
+from .step_input import to_device, upload
 
 
 @dataclass
@@ -160,12 +160,14 @@ def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> Pend
     if batch.all_greedy:
         token_ids = logits.argmax(dim=-1)  # (rows,)
     else:
-        optional = {name: None if getattr(batch, name) is None else to_device(getattr(batch, name), device) for name in ("top_k", "top_p", "min_p", "seeds")}
+        # the rows' columns on the device in one copy; positions are the seeded noise's input only
+        names = [name for name in ("top_k", "top_p", "min_p", "seeds") if getattr(batch, name) is not None]
+        names += ["positions"] * (batch.seeds is not None)
+        *columns, temperatures = upload([getattr(batch, name) for name in names] + [batch.temperatures], device)
+        optional = dict(zip(names, columns))
         # every row keeps at most its top_k: a partial sort of max(top_k) columns is enough (known on the host)
         max_k = int(batch.top_k.max()) if batch.top_k is not None and (batch.top_k > 0).all() else None
-        positions = None if batch.seeds is None else to_device(batch.positions, device)  # the seeded noise's input only
-        token_ids = sampler(logits, to_device(batch.temperatures, device), positions=positions, max_k=max_k,
-                            greedy_rows=bool((batch.temperatures == 0).any()), **optional)
+        token_ids = sampler(logits, temperatures, max_k=max_k, greedy_rows=bool((batch.temperatures == 0).any()), **optional)
     if batch.num_logprobs is None:
         return PendingSample(token_ids)
     return PendingSample(token_ids, logprobs_of(raw, token_ids, batch.num_logprobs))

@@ -1,6 +1,7 @@
 """One step's model inputs: plain arrays, built on rank 0 from the scheduled sequences and
 sent as they are to every tensor-parallel rank (no Sequence ever crosses a process)."""
 
+import functools
 from dataclasses import dataclass
 from itertools import chain, repeat
 
@@ -32,12 +33,52 @@ class StepInput:
     def num_tokens(self) -> int:
         return len(self.input_ids)
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every array field by name: what the runner puts on the device (in one upload)."""
+        return {name: value for name, value in vars(self).items() if isinstance(value, np.ndarray)}
+
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """On the device, copied from pinned memory so that the host does not wait for the copy
     (nor for the steps queued before it)."""
-    t = torch.from_numpy(array)
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+    return upload([array], device)[0]
+
+
+_ALIGN = 16  # bytes: every packed array starts at a multiple of any dtype's size
+
+
+def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """The arrays on the device (as they are on a CPU one), in one copy: packed into one
+    pinned host buffer, whose copy is queued without the host waiting for it (nor for the
+    steps queued before it), and viewed on the device with each array's dtype and shape. The
+    caching host allocator hands the buffer out again only once its copy has run."""
+    if device.type != "cuda":
+        return [torch.from_numpy(a) for a in arrays]
+    host, offsets = pack(arrays, pin=True)
+    return unpack(host.to(device, non_blocking=True), arrays, offsets)
+
+
+def pack(arrays: list[np.ndarray], pin: bool = False) -> tuple[torch.Tensor, list[int]]:
+    """(bytes, offsets): the arrays' bytes in one uint8 tensor, each at an aligned offset."""
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // _ALIGN) * _ALIGN
+    host = torch.empty(max(total, _ALIGN), dtype=torch.uint8, pin_memory=pin)
+    buffer = host.numpy()
+    for a, start in zip(arrays, offsets):
+        buffer[start : start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return host, offsets
+
+
+def unpack(packed: torch.Tensor, arrays: list[np.ndarray], offsets: list[int]) -> list[torch.Tensor]:
+    """Views of `packed` (pack's bytes, wherever they are) with the arrays' dtypes and shapes."""
+    return [packed[start : start + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape) for a, start in zip(arrays, offsets)]
+
+
+@functools.cache
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 def fed_ids(seq: Sequence, start: int, end: int):

@@ -2,9 +2,10 @@
 (after Qwen3's per-head q/k RMSNorm where the model has it), SiLU-and-multiply. One launch
 and one pass over memory each, where the PyTorch code in norm.py, rotary.py and
 activation.py (the reference, and the CPU path) takes 4 to 12 (24 for q/k norm and RoPE).
-And the sampler's temperature-only Gumbel-max draw (sampler.py): one pass over the logits
-and the noise, and a small combining launch, for three elementwise passes over the logits'
-shape, two argmaxes and a select.
+And the sampler's two draws (sampler.py): temperature-only Gumbel-max, one pass over the
+logits and the noise and a small combining launch, for three elementwise passes over the
+logits' shape, two argmaxes and a select; and the draw among each row's top-k candidates
+(softmax, top-k / top-p / min-p masks, Gumbel-max), one launch for about twenty.
 
 The layers call these on CUDA tensors only. Each kernel rounds to the input dtype at the
 same points as the PyTorch reference, so bf16 results match it up to the order of a
@@ -280,4 +281,73 @@ def gumbel_argmax(
         )
         _gumbel_argmax_combine_kernel[(rows,)](best, best_id, top, top_id, temperatures, out, chunks,
                                                BLOCK_C=triton.next_power_of_2(chunks), num_warps=1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The sampler's draw among each row's top-k candidates: temperature, softmax, the top-k /
+# top-p / min-p masks and Gumbel-max, in one launch (one program per row)
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _candidates_draw_kernel(
+    values_ptr, ids_ptr, noise_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
+    stride_v, stride_i, stride_n, K,
+    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)  # [BLOCK]: the candidates, most likely first
+    valid = offs < K
+    x = tl.load(values_ptr + row * stride_v + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    x = tl.div_rn(x, tl.maximum(tl.load(temp_ptr + row), 1e-5))  # sampler.by_temperature
+    e = tl.exp(x - tl.max(x, axis=0))  # 0 in the masked lanes
+    p = tl.div_rn(e, tl.sum(e, axis=0))  # softmax over the candidates
+    keep = valid
+    kept = p  # sampler.keep_sorted's sorted_p
+    if HAS_TOP_K:
+        k = tl.load(top_k_ptr + row)
+        keep = keep & (offs < tl.where(k > 0, k, K))
+        kept = tl.where(keep, p, 0.0)
+    if HAS_TOP_P:
+        top_p = tl.load(top_p_ptr + row)
+        before = tl.cumsum(kept, axis=0) - kept  # the mass of the more likely candidates
+        bound = tl.where(top_p >= 1, float("inf"), top_p * tl.sum(kept, axis=0))  # top_p 1: keep all
+        keep = keep & (before < bound)
+    if HAS_MIN_P:
+        keep = keep & (p >= tl.load(min_p_ptr + row) * tl.max(p, axis=0))
+    noise = tl.load(noise_ptr + row * stride_n + offs, mask=valid, other=1.0)
+    score = tl.div_rn(tl.where(keep, p, 0.0), noise)  # Gumbel-max: argmax(p / E)
+    _, choice = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(out_ptr + row, tl.load(ids_ptr + row * stride_i + choice).to(tl.int64))
+
+
+def candidates_draw(
+    values: torch.Tensor,  # (rows, k) each row's k largest logits, largest first, any float dtype
+    ids: torch.Tensor,  # (rows, k) int64: their token ids
+    noise: torch.Tensor,  # (rows, k) float32 Exp(1)
+    temperatures: torch.Tensor,  # (rows,) float32
+    top_k: torch.Tensor | None = None,  # (rows,) int, 1..k (0 = all k)
+    top_p: torch.Tensor | None = None,  # (rows,) float32, 1 = off
+    min_p: torch.Tensor | None = None,  # (rows,) float32, 0 = off
+) -> torch.Tensor:  # (rows,) int64 token ids
+    """The Sampler's draw over the candidates (its `max_k` path, greedy rows aside): softmax of
+    values / T, keep_sorted's top-k and top-p, min-p against the most likely, then the id of
+    argmax(p / noise), the first on a tie as torch.argmax's. One launch for the ~20 that the
+    PyTorch code takes."""
+    rows, k = values.shape
+    assert ids.shape == noise.shape == (rows, k) and noise.dtype == torch.float32 and temperatures.shape == (rows,)
+    assert values.stride(-1) == 1 and ids.stride(-1) == 1 and noise.stride(-1) == 1 and temperatures.dtype == torch.float32
+    out = torch.empty(rows, dtype=torch.int64, device=values.device)
+    if rows > 0:
+        unused = temperatures  # any pointer stands in for an absent mask (never read)
+        block = max(16, triton.next_power_of_2(k))
+        _candidates_draw_kernel[(rows,)](
+            values, ids, noise, temperatures.contiguous(),
+            unused if top_k is None else top_k.contiguous(), unused if top_p is None else top_p.contiguous(),
+            unused if min_p is None else min_p.contiguous(), out,
+            values.stride(0), ids.stride(0), noise.stride(0), k,
+            HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
+            BLOCK=block, num_warps=_warps(block),
+        )
     return out

@@ -150,35 +150,39 @@ class Sampler(nn.Module):
     ) -> torch.Tensor:  # (rows,) int64
         """With `max_k`, only the max_k largest logits of each row can be drawn, so the masks and
         the noise work on those candidates (a partial sort), not on the whole vocabulary. A seeded
-        row draws the same token either way: its noise is a function of the token id. Without
-        masks, on CUDA, one Triton pass draws (fused_triton.gumbel_argmax) the tokens the
-        PyTorch code below draws."""
+        row draws the same token either way: its noise is a function of the token id. On CUDA,
+        one Triton launch draws the tokens the PyTorch code below draws: among the candidates
+        (fused_triton.candidates_draw), or, without masks, over the vocabulary
+        (fused_triton.gumbel_argmax)."""
         vocab = logits.shape[-1]
+        fused = logits.is_cuda and fused_triton is not None
+        candidates = probs = None  # probs None: the draw needs no probabilities (temperature only, or fused)
         if max_k is not None and max_k < vocab:
             values, candidates = top_candidates(logits, max_k)  # (rows, max_k), largest first
-            probs = torch.softmax(by_temperature(values, temperatures), dim=-1)  # renormalised over the candidates
-            keep = keep_sorted(probs, top_k, top_p)
-            if min_p is not None:
-                keep &= probs >= min_p.unsqueeze(1) * probs[:, :1]
-            probs = probs.masked_fill(~keep, 0.0)
-        elif top_k is None and top_p is None and min_p is None:
-            candidates, probs = None, None  # temperature only: no probabilities needed (below)
-        else:
-            candidates = None  # every token of the vocabulary
+            if not fused:
+                probs = torch.softmax(by_temperature(values, temperatures), dim=-1)  # renormalised over the candidates
+                keep = keep_sorted(probs, top_k, top_p)
+                if min_p is not None:
+                    keep &= probs >= min_p.unsqueeze(1) * probs[:, :1]
+                probs = probs.masked_fill(~keep, 0.0)
+        elif top_k is not None or top_p is not None or min_p is not None:
             probs = mask_probs(torch.softmax(by_temperature(logits, temperatures), dim=-1), top_k, top_p, min_p)  # (rows, vocab)
-        shape = logits.shape if probs is None else probs.shape
+        shape = logits.shape if candidates is None else candidates.shape
         noise = torch.empty(shape, device=logits.device).exponential_(generator=self.generator)  # Exp(1)
         if seeds is not None:
             seeded = seeds >= 0  # (rows,)
             ids = candidates if candidates is not None else torch.arange(vocab, device=logits.device)
             noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, ids), noise)
-        if probs is None and logits.is_cuda and fused_triton is not None:
+        if candidates is not None and probs is None:
+            sampled = fused_triton.candidates_draw(values, candidates, noise, temperatures, top_k, top_p, min_p)
+        elif probs is None and fused:
             return fused_triton.gumbel_argmax(logits, noise, temperatures)  # the greedy rows' argmax too
-        if probs is None:  # argmax(p_i / E_i) = argmax(logit_i / T - log E_i): softmax's normaliser drops out
-            choice = (by_temperature(logits, temperatures) - noise.log_()).argmax(dim=-1)  # (rows,)
         else:
-            choice = (probs / noise).argmax(dim=-1)  # (rows,)
-        sampled = choice if candidates is None else candidates.gather(1, choice.unsqueeze(1)).squeeze(1)
+            if probs is None:  # argmax(p_i / E_i) = argmax(logit_i / T - log E_i): softmax's normaliser drops out
+                choice = (by_temperature(logits, temperatures) - noise.log_()).argmax(dim=-1)  # (rows,)
+            else:
+                choice = (probs / noise).argmax(dim=-1)  # (rows,)
+            sampled = choice if candidates is None else candidates.gather(1, choice.unsqueeze(1)).squeeze(1)
         if not greedy_rows:
             return sampled
         return torch.where(temperatures == 0, logits.argmax(dim=-1), sampled)
