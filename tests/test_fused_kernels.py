@@ -197,6 +197,7 @@ def test_candidates_draw_draws_the_samplers_tokens(masks, dtype):
     assert not torch.equal(out.cpu(), ids[:, 0])  # not just each row's most likely token
 
 
+@pytest.mark.skipif(DEVICE == "cpu", reason="compares the Sampler's CUDA path with its CPU one")
 def test_sampler_on_the_device_draws_the_cpu_samplers_tokens():
     """The Sampler as the engine calls it with the checkpoint's masks (top-k 20, top-p 0.95), on
     DEVICE (on CUDA: top_candidates' grouped pass and candidates_draw) and on the CPU: with
