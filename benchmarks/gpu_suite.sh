@@ -21,6 +21,8 @@
 #   tp-tests       tests/test_gpu_tp.py, stage 07 and final (2 GPUs) -> tp_gpu_tests_{07,final}_TAGx2.log
 #   kernels        attention kernels against torch -> kernel_bench_TAG.json
 #   final-kernels  final's fused kernels, prefill attention tile choices -> final_kernels_TAG.json
+#   sampler        the sampler's top-k candidates pass, PyTorch ops against the fused kernels
+#                  -> sampler_candidates_TAG.json
 #   gemv           the dense projections of a decode step at one and two rows: the matrix-vector kernels' tiles
 #                  against cuBLAS -> gemv_tiles_TAG.json
 #   decode-attention  final's paged decode attention on the workload's context mix, bf16 and fp8 caches
@@ -92,9 +94,10 @@ for part in "${parts[@]}"; do
     tests)
       logged "$OUT/gpu_tests_$TAG.log" "${PYTEST[@]}" tests/test_kernels.py tests/test_gpu.py ;;
     final-tests)
-      logged "$OUT/gpu_tests_final_$TAG.log" "${PYTEST[@]}" tests/test_final_cuda_graphs.py tests/test_kv_fp8.py tests/test_fused_kernels.py \
+      logged "$OUT/gpu_tests_final_$TAG.log" "${PYTEST[@]}" -n 4 tests/test_final_cuda_graphs.py tests/test_kv_fp8.py tests/test_fused_kernels.py \
         tests/test_moe_kernels.py tests/test_moe.py::test_final_on_cuda_fused_experts_in_cuda_graphs tests/test_kernels.py \
-        tests/test_gpu.py tests/test_final_sampling.py::test_top_candidates_are_the_top_k -k "not (test_gpu and not final)" ;;
+        tests/test_gpu.py tests/test_final_sampling.py::test_top_candidates_are_the_top_k tests/test_step_input.py \
+        -k "not (test_gpu and not final)" ;;
     tp-tests)
       for e in 07 final; do logged "$OUT/tp_gpu_tests_${e}_${TAG}x2.log" "${PYTEST[@]}" -s tests/test_gpu_tp.py -k "$e"; done ;;
     kernels)
@@ -128,6 +131,8 @@ for part in "${parts[@]}"; do
           step "${RUN[@]}" --engine "$e" "${extra[@]}" --workload nanovllm --shape "$shape" --out "$OUT/nanovllm_${shape}_${e}_$TAG.json"
         done
       done ;;
+    sampler)
+      step "$PY" benchmarks/sampler_bench.py --out "$OUT/sampler_candidates_$TAG.json" ;;
     checkpoint)
       step "${RUN[@]}" --engine 06 --engine final --workload nanovllm --shape qwen3-0.6b --breakdown \
         --out "$OUT/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_$TAG.json"

@@ -263,6 +263,8 @@ FILES = [
     ("runner_rows_*.log", "the benchmarks.run commands it lists (`=== ...`)", "the runner's printed rows: 03–06 one after another in one process, final; 01 and final on the small workload"),
     ("kernel_bench_*.json", f"{SUITE} kernels", "paged decode and prefill attention kernels against torch's SDPA"),
     ("final_kernels_*.json", f"{SUITE} final-kernels", "the final engine's fused kernels against the layers' PyTorch code; prefill attention tile choices against torch's varlen_attn"),
+    ("sampler_candidates_*.json", f"{SUITE} sampler", "each row's 20 largest logits (the sampler's candidates under top-k): the "
+     "grouped pass as PyTorch ops against its two fused kernels and torch.topk, Qwen3's and Llama-3's vocabularies, 1 to 256 rows"),
     ("decode_latency_*.json", f"{SUITE} latency", "median decode-step latency with and without CUDA graphs, 32-token prompts, per batch size"),
     ("dense_gemv_decode_latency_*.json", f"{SUITE} latency",
      "median graph decode-step latency per batch size with the dense layers' matrix-vector path up to 0 (cuBLAS only), 2 and 4 rows"),
@@ -327,7 +329,6 @@ NOTES = {  # facts about a record that its fields do not say
     "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,
     "nanovllm_qwen3-30b-a3b_final_h200.json": FUSED_ROUTER,
     "nanovllm_qwen3-8b_final_h200.json": SLOW_HOST,
-    "nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json": SLOW_HOST_2,
     "nanovllm_llama-3.2-1b_final_h200.json": SLOW_HOST_2,
     "decode_latency_qwen3-30b-a3b_final_h200.json": SLOW_HOST,
     "variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json":

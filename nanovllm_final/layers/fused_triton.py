@@ -290,6 +290,87 @@ def gumbel_argmax(
 # ---------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------
+# The sampler's candidates: each row's k largest logits (sampler.top_candidates)
+# ---------------------------------------------------------------------------------------
+
+_REMOVED = tl.constexpr(-(2**31))  # an order key below every float's (_order_key): taken or padding
+
+
+@triton.jit
+def _order_key(x):
+    """float32 x as int32 keys in the same order (-inf < finite < +inf < NaN)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _key_value(key):
+    """_order_key's inverse."""
+    return tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _group_max_kernel(x_ptr, out_ptr, stride_x, num_groups, GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
+    """out[row, g] = max of logits g * GROUP .. (g + 1) * GROUP - 1, for BLOCK_G groups a program."""
+    row = tl.program_id(0)
+    groups = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)  # [BLOCK_G]
+    ok = groups < num_groups
+    offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [BLOCK_G, GROUP]
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_x + offs, mask=ok[:, None], other=float("-inf"))
+    tl.store(out_ptr + row.to(tl.int64) * num_groups + groups, tl.max(x, axis=1).to(tl.float32), mask=ok)
+
+
+@triton.jit
+def _top_groups_kernel(x_ptr, maxima_ptr, values_ptr, ids_ptr, stride_x, num_groups, k,
+                       GROUP: tl.constexpr, BLOCK_NG: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Per row: the k groups of largest maxima, then the k largest logits among those groups'
+    k * GROUP, largest first (an argmax taken out k times, over order keys)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_g = tl.arange(0, BLOCK_NG)  # [BLOCK_NG]
+    keys = tl.load(maxima_ptr + row * num_groups + offs_g, mask=offs_g < num_groups, other=0.0)
+    keys = tl.where(offs_g < num_groups, _order_key(keys), _REMOVED)
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    top = tl.zeros([BLOCK_K], tl.int32)  # the groups taken, in order
+    for i in range(0, k):
+        best = tl.argmax(keys, axis=0)
+        top = tl.where(offs_k == i, best, top)
+        keys = tl.where(offs_g == best, _REMOVED, keys)
+    ids = top[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [BLOCK_K, GROUP] token ids
+    taken = (offs_k < k)[:, None]
+    x = tl.load(x_ptr + row * stride_x + ids, mask=taken, other=0.0).to(tl.float32)
+    keys = tl.where(taken, _order_key(x), _REMOVED)  # [BLOCK_K, GROUP]
+    flat = offs_k[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [BLOCK_K, GROUP]: each candidate's place
+    for i in range(0, k):
+        key = tl.max(tl.max(keys, axis=1), axis=0)
+        place = tl.min(tl.min(tl.where(keys == key, flat, BLOCK_K * GROUP), axis=1), axis=0)  # the first holding it
+        tl.store(values_ptr + row * k + i, _key_value(key).to(values_ptr.dtype.element_ty))
+        tl.store(ids_ptr + row * k + i, tl.sum(tl.sum(tl.where(flat == place, ids, 0), axis=1), axis=0).to(tl.int64))
+        keys = tl.where(flat == place, _REMOVED, keys)
+
+
+def top_candidates(logits: torch.Tensor, k: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """sampler.top_candidates' grouped pass in two launches (for its five): the maxima of the
+    groups of `group` logits, then per row the top k of the k groups of largest maxima. Values
+    (rows, k) in logits' dtype, largest first, and their ids (rows, k) int64 (equal values: any)."""
+    rows, vocab = logits.shape
+    assert vocab % group == 0 and k * group <= vocab and logits.stride(-1) == 1
+    num_groups = vocab // group
+    values = torch.empty(rows, k, dtype=logits.dtype, device=logits.device)
+    ids = torch.empty(rows, k, dtype=torch.int64, device=logits.device)
+    if rows == 0 or k == 0:
+        return values, ids
+    maxima = torch.empty(rows, num_groups, dtype=torch.float32, device=logits.device)
+    block_g = max(1, 4096 // group)
+    _group_max_kernel[(rows, triton.cdiv(num_groups, block_g))](logits, maxima, logits.stride(0), num_groups,
+                                                                 GROUP=group, BLOCK_G=block_g, num_warps=4)
+    block_k = triton.next_power_of_2(k)
+    _top_groups_kernel[(rows,)](logits, maxima, values, ids, logits.stride(0), num_groups, k,
+                                GROUP=group, BLOCK_NG=triton.next_power_of_2(num_groups), BLOCK_K=block_k,
+                                num_warps=_warps(block_k * group))
+    return values, ids
+
+
 @triton.jit
 def _candidates_draw_kernel(
     values_ptr, ids_ptr, noise_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,

@@ -104,6 +104,8 @@ def top_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     group = _group_size(vocab, k)
     if group is None:
         return logits.topk(k, dim=-1)
+    if logits.is_cuda and fused_triton is not None:
+        return fused_triton.top_candidates(logits, k, group)  # the same two passes, in two launches
     maxima = logits.unflatten(-1, (vocab // group, group)).amax(-1)  # (rows, vocab // group)
     groups = maxima.topk(k, dim=-1).indices  # (rows, k)
     ids = (groups.unsqueeze(-1) * group + torch.arange(group, device=logits.device)).flatten(1)  # (rows, k * group)
