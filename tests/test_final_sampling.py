@@ -10,7 +10,8 @@ import torch
 
 from common import random_prompts
 from nanovllm_final import LLM, SamplingParams
-from nanovllm_final.layers.sampler import Sampler, apply_penalties, mask_probs, seeded_exponential, top_candidates
+from nanovllm_final.layers import fused_triton
+from nanovllm_final.layers.sampler import Sampler, _group_size, apply_penalties, mask_probs, seeded_exponential, top_candidates
 
 
 @pytest.fixture(scope="module")
@@ -272,22 +273,29 @@ def test_candidates_path_draws_what_the_full_vocabulary_draws():
     assert len(draws) > 100  # not always the argmax
 
 
-@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("path", ["pytorch", "kernels"])
 @pytest.mark.parametrize("vocab", [151936, 128256, 4096, 1000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_top_candidates_are_the_top_k(vocab, dtype, device):
+def test_top_candidates_are_the_top_k(vocab, dtype, path):
     """top_candidates equals torch.topk: the same values, largest first, at ids that hold them,
     no id twice; also with many ties (bf16 steps of 1/4), rows of -inf but a few, and a row
-    whose largest logits share one group (the grouped pass: Qwen3's and Llama's vocabularies)."""
+    whose largest logits share one group (the grouped pass: Qwen3's and Llama's vocabularies).
+    Paths: the PyTorch code on the CPU; its two Triton kernels (fused_triton.top_candidates, what
+    the function calls on CUDA) on CUDA, or in the interpreter without it."""
+    if path == "kernels" and _group_size(vocab, 1) is None:
+        pytest.skip("no grouped pass at this vocabulary: a plain topk")
     g = torch.Generator().manual_seed(vocab)
     rows = 6
     logits = torch.randn(rows, vocab, generator=g) * 4
     logits[1] = (logits[1] * 4).round() / 4  # coarse values: ties at the k-th
     logits[2, 3:] = float("-inf")  # fewer finite logits than k
     logits[3, 256:320] += 100  # the 64 largest in one or two groups
-    logits = logits.to(dtype).to(device)
+    logits = logits.to(dtype).to("cuda" if path == "kernels" and torch.cuda.is_available() else "cpu")
     for k in (1, 20, 50):
-        values, ids = top_candidates(logits, k)
+        group = _group_size(vocab, k)
+        if path == "kernels" and group is None:
+            continue  # a plain topk: no kernel
+        values, ids = fused_triton.top_candidates(logits, k, group) if path == "kernels" else top_candidates(logits, k)
         assert values.shape == ids.shape == (rows, k)
         assert torch.equal(values, logits.topk(k, dim=-1).values)
         assert torch.equal(logits.gather(1, ids), values)

@@ -197,29 +197,6 @@ def test_candidates_draw_draws_the_samplers_tokens(masks, dtype):
     assert not torch.equal(out.cpu(), ids[:, 0])  # not just each row's most likely token
 
 
-@pytest.mark.parametrize("vocab", [151936, 4096])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_top_candidates_kernels_give_the_top_k(vocab, dtype):
-    """fused_triton.top_candidates equals torch.topk: the same values, largest first, at ids
-    that hold them, no id twice; with ties (values in steps of 1/4), a row of only 3 finite
-    logits, and a row whose largest logits all lie in one or two groups."""
-    g = torch.Generator().manual_seed(vocab)
-    logits = torch.randn(6, vocab, generator=g) * 4
-    logits[1] = (logits[1] * 4).round() / 4
-    logits[2, 3:] = float("-inf")
-    logits[3, 256:320] += 100
-    logits = logits.to(dtype).to(DEVICE)
-    for k in (1, 20, 50):
-        group = sampler._group_size(vocab, k)
-        if group is None:
-            continue
-        values, ids = fused_triton.top_candidates(logits, k, group)
-        assert values.dtype == logits.dtype and ids.dtype == torch.int64
-        assert torch.equal(values, logits.topk(k, dim=-1).values)
-        assert torch.equal(logits.gather(1, ids), values)
-        assert all(len(set(row)) == k for row in ids.tolist())
-
-
 @pytest.mark.skipif(DEVICE == "cpu", reason="compares the Sampler's CUDA path with its CPU one")
 def test_sampler_on_the_device_draws_the_cpu_samplers_tokens():
     """The Sampler as the engine calls it with the checkpoint's masks (top-k 20, top-p 0.95), on

@@ -4,8 +4,9 @@ and one pass over memory each, where the PyTorch code in norm.py, rotary.py and
 activation.py (the reference, and the CPU path) takes 4 to 12 (24 for q/k norm and RoPE).
 And the sampler's two draws (sampler.py): temperature-only Gumbel-max, one pass over the
 logits and the noise and a small combining launch, for three elementwise passes over the
-logits' shape, two argmaxes and a select; and the draw among each row's top-k candidates
-(softmax, top-k / top-p / min-p masks, Gumbel-max), one launch for about twenty.
+logits' shape, two argmaxes and a select; each row's top-k candidates (its k largest logits),
+two launches for five; and the draw among them (softmax, top-k / top-p / min-p masks,
+Gumbel-max), one launch for about twenty.
 
 The layers call these on CUDA tensors only. Each kernel rounds to the input dtype at the
 same points as the PyTorch reference, so bf16 results match it up to the order of a
@@ -285,12 +286,6 @@ def gumbel_argmax(
 
 
 # ---------------------------------------------------------------------------------------
-# The sampler's draw among each row's top-k candidates: temperature, softmax, the top-k /
-# top-p / min-p masks and Gumbel-max, in one launch (one program per row)
-# ---------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------
 # The sampler's candidates: each row's k largest logits (sampler.top_candidates)
 # ---------------------------------------------------------------------------------------
 
@@ -299,7 +294,7 @@ _REMOVED = tl.constexpr(-(2**31))  # an order key below every float's (_order_ke
 
 @triton.jit
 def _order_key(x):
-    """float32 x as int32 keys in the same order (-inf < finite < +inf < NaN)."""
+    """float32 x as int32 keys in the same order (-inf < finite < +inf < positive NaN)."""
     bits = x.to(tl.int32, bitcast=True)
     return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
 
@@ -369,6 +364,12 @@ def top_candidates(logits: torch.Tensor, k: int, group: int) -> tuple[torch.Tens
                                 GROUP=group, BLOCK_NG=triton.next_power_of_2(num_groups), BLOCK_K=block_k,
                                 num_warps=_warps(block_k * group))
     return values, ids
+
+
+# ---------------------------------------------------------------------------------------
+# The sampler's draw among each row's top-k candidates: temperature, softmax, the top-k /
+# top-p / min-p masks and Gumbel-max, in one launch (one program per row)
+# ---------------------------------------------------------------------------------------
 
 
 @triton.jit
