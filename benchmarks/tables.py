@@ -315,9 +315,6 @@ SLOW_HOST = ("made on a machine whose host was slower: there the 0.6B shape's ea
              "(variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json), against 11 ms on the machine of "
              "decode_latency_qwen3-0.6b_final_h200.json; a step of the final engine takes at least the host's work for it "
              "(host_overhead_final_cpu.json)")
-SLOW_HOST_2 = ("made on a machine whose host was slower: there the 0.6B shape's eager batch-1 decode step took 19 ms "
-               "(variants/decode_latency_qwen3-0.6b_final_slow-host-2_h200.json, measured just before), against 9.7 ms on the "
-               "machine of decode_latency_qwen3-0.6b_final_h200.json")
 MASKED_LOADS = "made while the decode kernel masked its K/V loads at the end of a context (it now reads the last key again there)"
 EARLIER_TILES_BENCH = ("made before decode_tiles_bench.py timed split-K factors and the snapshots at 850 and 950 "
                        "decode steps: its tile sums are over the other six snapshots")
@@ -329,13 +326,11 @@ NOTES = {  # facts about a record that its fields do not say
     "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,
     "nanovllm_qwen3-30b-a3b_final_h200.json": FUSED_ROUTER,
     "nanovllm_qwen3-8b_final_h200.json": SLOW_HOST,
-    "nanovllm_llama-3.2-1b_final_h200.json": SLOW_HOST_2,
     "decode_latency_qwen3-30b-a3b_final_h200.json": SLOW_HOST,
     "variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json":
         "the command of decode_latency_qwen3-0.6b_final_h200.json on the slower host of the records noted so",
     "variants/decode_latency_qwen3-0.6b_final_slow-host-2_h200.json":
-        "the command of decode_latency_qwen3-0.6b_final_h200.json on the slow host of the records noted so, in the call "
-        "that made them, before them",
+        "the command of decode_latency_qwen3-0.6b_final_h200.json on a host slower than that record's",
     "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_unfused-decode_h200.json":
         "made before the decode attention kernel applied RoPE and stored the new K/V itself, and before "
         "the dense matrix-vector path",
