@@ -282,6 +282,10 @@ FILES = [
     ("tp_message_cost_*.json", f"{SUITE} tp-message", "host cost of the per-step message rank 0 sends each worker"),
     ("tp_speedup_*.json", "python -m benchmarks.tp_speedup --out benchmarks/results/tp_speedup_h200x2.json",
      "TP=2 against TP=1 per model shape, from the tp_*_tp1/tp2 records (the last step of the suite's tp part)"),
+    ("profile_steps_*.json", "python -m benchmarks.profile_steps --engine final --shape qwen3-0.6b --variant fused --num-seqs N "
+     "--prompt-len L --max-tokens T --out benchmarks/results/profile_steps_qwen3-0.6b_NxL_final_h200.json",
+     "torch.profiler over the final engine's steps at one batch size and context (N, L and T are the record's num_seqs, "
+     "prompt_len and max_tokens): per step wall, GPU busy and idle time, and the top kernels of its prefill and decode steps"),
     ("decode_attention_*.json", f"{SUITE} decode-attention", "the final engine's paged decode attention on a real run's context mix "
      "(bf16 cache, or fp8 where the name says so): tiles, launch order (batch order, longest first) and split-K factors, with the bandwidth reached"),
     ("decode_tiles_*.json", f"{SUITE} decode-attention", "the final engine's decode kernel as a decode step calls it (the new "
