@@ -10,9 +10,9 @@ new tokens' K/V to store and, for Qwen3, q and k before their norms and RoPE (`n
 `rope`). This times that whole launch (GPU time of CUDA-graph replays) over the context
 snapshots of nano-vllm's workload, longest context first as the engine launches it, for each
 (BLOCK_N, num_warps, num_stages), checks each result against the PyTorch path (the rotary layer,
-the reference store and attention), and sums the snapshots' times: the sum is what
-`attention_triton.decode_tiles` picks by. At decode_tiles' tile it also times split-K factors
-and the number default_num_splits picks (the splits' sums beside the tiles').
+the reference store and attention), and sums the snapshots' times per tile and for the tile
+`attention_triton.decode_tiles` picks at each snapshot's batch (`chosen`). At that tile it also
+times split-K factors and the number default_num_splits picks (the splits' sums beside the tiles').
 """
 
 import json
@@ -32,8 +32,8 @@ from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
 
 # heads, kv heads, head_dim, q/k norms (Qwen3), RoPE theta
 SHAPES = {"qwen3-0.6b": (16, 8, 128, True, 1e6), "llama-3.2-1b": (32, 8, 64, False, 5e5)}
-TILES = [(64, 4, 3), (64, 2, 3), (64, 2, 2), (128, 4, 2), (128, 2, 2), (128, 4, 3), (32, 2, 2)]
-STEPS = (1, 300, 600, 750, 850, 900, 950, 1000)  # decode steps into the run (snapshot)
+TILES = [(64, 4, 3), (64, 2, 3), (64, 2, 2), (128, 4, 2), (128, 2, 2), (128, 4, 3), (32, 2, 2), (64, 1, 2), (32, 1, 2)]
+STEPS = (1, 300, 400, 500, 600, 700, 750, 850, 900, 950, 980, 1000, 1020)  # decode steps into the run (snapshot)
 SPLITS = (1, 2, 3, 4, 6, 8)  # split-K factors tried at decode_tiles' tile
 
 
@@ -70,7 +70,8 @@ def main() -> None:
                                   "block_size": BLOCK},
               "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
               "command": " ".join(["python", *sys.argv]), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "chosen": "{}w{}s{}".format(*attention_triton.decode_tiles(fp8, head_dim)), "snapshots": []}
+              "snapshots": []}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for step in STEPS:
         contexts = snapshot(step)
         q, k, v, k_cache, v_cache, lens, tables, positions, slots = decode_batch(contexts, heads, kv_heads, head_dim, cache_dtype)
@@ -82,6 +83,8 @@ def main() -> None:
         kv_bytes = sum(contexts) * kv_heads * head_dim * 2 * k_cache.element_size()  # K and V
         row = {"step": step, "batch": len(contexts), "mean_context": sum(contexts) / len(contexts),
                "max_context": max(contexts), "kv_bytes": kv_bytes, "tiles": {}}
+        tile = attention_triton.decode_tiles(fp8, head_dim, len(contexts) * kv_heads / sms)
+        row["chosen"] = "{}w{}s{}".format(*tile)
         for bn, w, s in TILES:
             def fn():
                 return attention_triton.paged_decode_attention(q, k_cache, v_cache, lens, tables, scale, order, BLOCK_N=bn,
@@ -96,7 +99,7 @@ def main() -> None:
             row["tiles"][key] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9,
                                  "max_err": (fn().float() - expected).abs().max().item()}
         row["default_num_splits"] = attention_triton.default_num_splits(
-            len(contexts), kv_heads, tables.shape[1] * BLOCK, q.device, attention_triton.decode_tiles(fp8, head_dim)[0],
+            len(contexts), kv_heads, tables.shape[1] * BLOCK, q.device, tile[0],
             attention_triton.decode_programs_per_sm(fp8))
         row["splits"] = {}
         for n in (*SPLITS, None):  # None: the default
@@ -109,7 +112,7 @@ def main() -> None:
         record["snapshots"].append(row)
         print(f"step {step:4d}: batch {row['batch']:3d}, mean ctx {row['mean_context']:6.0f}: "
               + "  ".join(f"{key} {t['ms']:.4f}" for key, t in row["tiles"].items() if "ms" in t)
-              + f"\n    {record['chosen']}, default splits {row['default_num_splits']}: "
+              + f"\n    {row['chosen']}, default splits {row['default_num_splits']}: "
               + "  ".join(f"{key} {t['ms']:.4f}" for key, t in row["splits"].items()), flush=True)
     for name in ("tiles", "splits"):
         sums = {}
@@ -118,12 +121,16 @@ def main() -> None:
                 if "ms" in t:
                     sums[key] = sums.get(key, 0.0) + t["ms"]
         record["sum_ms" if name == "tiles" else "splits_sum_ms"] = dict(sorted(sums.items(), key=lambda kv: kv[1]))
+    record["chosen_sum_ms"] = sum(row["tiles"][row["chosen"]]["ms"] for row in record["snapshots"])
+    record["best_sum_ms"] = sum(min(t["ms"] for t in row["tiles"].values() if "ms" in t) for row in record["snapshots"])
     record["max_err"] = max(t.get("max_err", 0.0) for row in record["snapshots"]
                             for t in (*row["tiles"].values(), *row["splits"].values()))
     for key, ms in record["sum_ms"].items():
-        print(f"    {key:10} {ms:.4f} ms summed" + ("   <- decode_tiles" if key == record["chosen"] else ""))
+        print(f"    {key:10} {ms:.4f} ms summed")
+    print(f"    decode_tiles' tile per snapshot: {record['chosen_sum_ms']:.4f} ms summed; the fastest per snapshot: "
+          f"{record['best_sum_ms']:.4f}")
     for key, ms in record["splits_sum_ms"].items():
-        print(f"    {key:10} {ms:.4f} ms summed at {record['chosen']}")
+        print(f"    {key:10} {ms:.4f} ms summed at decode_tiles' tiles")
     print(f"largest difference from the PyTorch path: {record['max_err']:.4g}")
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

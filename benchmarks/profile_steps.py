@@ -84,7 +84,7 @@ def run(module, path: Path, args: argparse.Namespace, name: str) -> dict:
             seconds = time.perf_counter() - start
             step_peak = torch.cuda.max_memory_allocated() - held
             timed = step_times(list(llm.stats)[before:])
-            report = profile_generate(llm, prompts, params)
+            report = profile_generate(llm, prompts, params, top=args.top)
     # host time: what the unprofiled step took beyond the profiled GPU busy time
     for kind, times in timed.items():
         gpu = report["summary"].get(kind, {}).get("mean_gpu_ms")
@@ -102,6 +102,7 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=600)
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--top", type=int, default=12, help="kernels kept per step kind, by GPU time")
     parser.add_argument("--variant", action="append", choices=VARIANTS, help="default: both (final), else 'fused'")
     parser.add_argument("--out")
     args = parser.parse_args()
