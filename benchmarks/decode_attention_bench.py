@@ -41,19 +41,42 @@ def snapshot(step: int, seed: int = 0) -> list[int]:
     return [len(p) + step for p, sp in zip(prompts, params) if sp["max_tokens"] > step]
 
 
+def engine_block_tables(step: int, seed: int = 0) -> list[list[int]]:
+    """The block tables of snapshot(step)'s requests as the engine's block manager hands blocks
+    out from a pool large enough that freed blocks (put at its back) are never reached again:
+    each prompt's blocks in one run, prompts in arrival order, then a block at a time, across
+    the batch in step order, as a sequence's tokens cross a block boundary."""
+    prompts, params = nanovllm(151936, seed=seed)
+    tables, next_block = [], 0
+    for p in prompts:
+        n = -(-len(p) // BLOCK)
+        tables.append(list(range(next_block, next_block + n)))
+        next_block += n
+    for t in range(1, step + 1):  # after decode step t a running request holds len(prompt) + t tokens
+        for p, sp, table in zip(prompts, params, tables):
+            if sp["max_tokens"] > t - 1 and -(-(len(p) + t) // BLOCK) > len(table):
+                table.append(next_block)
+                next_block += 1
+    return [table for table, sp in zip(tables, params) if sp["max_tokens"] > step]
+
+
 def paged_batch(contexts: list[int], dtype: torch.dtype, cache_dtype: torch.dtype,
-                heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM):
-    """A random paged cache with each sequence's blocks at shuffled places, and one query per sequence."""
+                heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM,
+                block_tables: list[list[int]] | None = None):
+    """A random paged cache and one query per sequence; each sequence's blocks at the places
+    `block_tables` gives (engine_block_tables), or by default at shuffled places."""
     blocks = [-(-c // BLOCK) for c in contexts]
-    total, width = sum(blocks), max(blocks)
+    if block_tables is None:
+        perm, start = torch.randperm(sum(blocks)).tolist(), 0
+        block_tables = []
+        for n in blocks:
+            block_tables.append(perm[start:start + n])
+            start += n
+    assert [len(t) for t in block_tables] == blocks
+    total, width = 1 + max(max(t) for t in block_tables), max(blocks)
     k_cache = torch.randn(total, BLOCK, kv_heads, head_dim, dtype=dtype, device="cuda").to(cache_dtype)
     v_cache = torch.randn(total, BLOCK, kv_heads, head_dim, dtype=dtype, device="cuda").to(cache_dtype)
-    perm = torch.randperm(total, device="cuda").to(torch.int32)
-    tables = torch.full((len(contexts), width), -1, dtype=torch.int32, device="cuda")
-    start = 0
-    for i, n in enumerate(blocks):
-        tables[i, :n] = perm[start:start + n]
-        start += n
+    tables = torch.tensor([t + [-1] * (width - len(t)) for t in block_tables], dtype=torch.int32, device="cuda")
     q = torch.randn(len(contexts), heads, head_dim, dtype=dtype, device="cuda")
     lens = torch.tensor(contexts, dtype=torch.int32, device="cuda")
     return q, k_cache, v_cache, lens, tables

@@ -8,11 +8,14 @@
 decode_attention_bench.py times the kernel's attention alone; a decode step also hands it the
 new tokens' K/V to store and, for Qwen3, q and k before their norms and RoPE (`new_kv`,
 `rope`). This times that whole launch (GPU time of CUDA-graph replays) over the context
-snapshots of nano-vllm's workload, longest context first as the engine launches it, for each
+snapshots of nano-vllm's workload, longest context first as the engine launches it, with each
+sequence's blocks where the engine's block manager puts them (`--layout engine`: a prompt's
+blocks in one run, the later ones a block at a time across the batch; `shuffled`: every block
+at a random place, as decode_attention_bench.py has them), for each
 (BLOCK_N, num_warps, num_stages), checks each result against the PyTorch path (the rotary layer,
-the reference store and attention), and sums the snapshots' times per tile and for the tile
-`attention_triton.decode_tiles` picks at each snapshot's batch (`chosen`). At that tile it also
-times split-K factors and the number default_num_splits picks (the splits' sums beside the tiles').
+the reference store and attention), and sums the snapshots' times: the sum is what
+`attention_triton.decode_tiles` picks by. At decode_tiles' tile it also times split-K factors
+and the number default_num_splits picks (the splits' sums beside the tiles').
 """
 
 import json
@@ -24,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.decode_attention_bench import BLOCK, paged_batch, snapshot  # noqa: E402
+from benchmarks.decode_attention_bench import BLOCK, engine_block_tables, paged_batch, snapshot  # noqa: E402
 from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms  # noqa: E402
 from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
@@ -37,9 +40,11 @@ STEPS = (1, 300, 400, 500, 600, 700, 750, 850, 900, 950, 980, 1000, 1020)  # dec
 SPLITS = (1, 2, 3, 4, 6, 8)  # split-K factors tried at decode_tiles' tile
 
 
-def decode_batch(contexts: list[int], heads: int, kv_heads: int, head_dim: int, cache_dtype: torch.dtype):
+def decode_batch(contexts: list[int], heads: int, kv_heads: int, head_dim: int, cache_dtype: torch.dtype,
+                 block_tables: list[list[int]] | None):
     """decode_attention_bench's paged batch, the step's new K/V, each sequence's position and new slot (its last)."""
-    q, k_cache, v_cache, lens, tables = paged_batch(contexts, torch.bfloat16, cache_dtype, heads, kv_heads, head_dim)
+    q, k_cache, v_cache, lens, tables = paged_batch(contexts, torch.bfloat16, cache_dtype, heads, kv_heads, head_dim,
+                                                    block_tables)
     positions = (lens - 1).long()
     slots = tables.gather(1, (positions // BLOCK)[:, None]).squeeze(1).long() * BLOCK + positions % BLOCK
     k, v = (torch.randn(len(contexts), kv_heads, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(2))
@@ -50,6 +55,7 @@ def main() -> None:
     def add_arguments(parser):
         parser.add_argument("--shape", choices=tuple(SHAPES), default="qwen3-0.6b")
         parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+        parser.add_argument("--layout", choices=("engine", "shuffled"), default="engine", help="where the blocks are")
 
     args = gpu_bench_args(__doc__, reps=10, add_arguments=add_arguments)
     torch.manual_seed(0)
@@ -65,16 +71,17 @@ def main() -> None:
         for norm in norms:
             norm.weight.data = 1 + 0.1 * torch.randn_like(norm.weight)
     scale = head_dim ** -0.5
-    record = {"benchmark": "decode_tiles", "shape": args.shape, "kv_cache_dtype": args.kv_cache_dtype,
+    record = {"benchmark": "decode_tiles", "shape": args.shape, "kv_cache_dtype": args.kv_cache_dtype, "layout": args.layout,
               "attention_shape": {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "qk_norm": qk_norm,
                                   "block_size": BLOCK},
               "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
               "command": " ".join(["python", *sys.argv]), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "snapshots": []}
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+              "chosen": "{}w{}s{}".format(*attention_triton.decode_tiles(fp8, head_dim)), "snapshots": []}
     for step in STEPS:
         contexts = snapshot(step)
-        q, k, v, k_cache, v_cache, lens, tables, positions, slots = decode_batch(contexts, heads, kv_heads, head_dim, cache_dtype)
+        layout = engine_block_tables(step) if args.layout == "engine" else None
+        q, k, v, k_cache, v_cache, lens, tables, positions, slots = decode_batch(contexts, heads, kv_heads, head_dim,
+                                                                                 cache_dtype, layout)
         order = torch.argsort(lens, descending=True, stable=True).to(torch.int32)
         rope = rotary.kernel_args(positions, *norms)
         q_rot, k_rot = rotary(positions, q, k, *norms)  # the rotary layer: what the kernel must apply itself
@@ -83,8 +90,6 @@ def main() -> None:
         kv_bytes = sum(contexts) * kv_heads * head_dim * 2 * k_cache.element_size()  # K and V
         row = {"step": step, "batch": len(contexts), "mean_context": sum(contexts) / len(contexts),
                "max_context": max(contexts), "kv_bytes": kv_bytes, "tiles": {}}
-        tile = attention_triton.decode_tiles(fp8, head_dim, len(contexts) * kv_heads / sms)
-        row["chosen"] = "{}w{}s{}".format(*tile)
         for bn, w, s in TILES:
             def fn():
                 return attention_triton.paged_decode_attention(q, k_cache, v_cache, lens, tables, scale, order, BLOCK_N=bn,
@@ -99,7 +104,7 @@ def main() -> None:
             row["tiles"][key] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9,
                                  "max_err": (fn().float() - expected).abs().max().item()}
         row["default_num_splits"] = attention_triton.default_num_splits(
-            len(contexts), kv_heads, tables.shape[1] * BLOCK, q.device, tile[0],
+            len(contexts), kv_heads, tables.shape[1] * BLOCK, q.device, attention_triton.decode_tiles(fp8, head_dim)[0],
             attention_triton.decode_programs_per_sm(fp8))
         row["splits"] = {}
         for n in (*SPLITS, None):  # None: the default
@@ -112,7 +117,7 @@ def main() -> None:
         record["snapshots"].append(row)
         print(f"step {step:4d}: batch {row['batch']:3d}, mean ctx {row['mean_context']:6.0f}: "
               + "  ".join(f"{key} {t['ms']:.4f}" for key, t in row["tiles"].items() if "ms" in t)
-              + f"\n    {row['chosen']}, default splits {row['default_num_splits']}: "
+              + f"\n    {record['chosen']}, default splits {row['default_num_splits']}: "
               + "  ".join(f"{key} {t['ms']:.4f}" for key, t in row["splits"].items()), flush=True)
     for name in ("tiles", "splits"):
         sums = {}
@@ -121,16 +126,12 @@ def main() -> None:
                 if "ms" in t:
                     sums[key] = sums.get(key, 0.0) + t["ms"]
         record["sum_ms" if name == "tiles" else "splits_sum_ms"] = dict(sorted(sums.items(), key=lambda kv: kv[1]))
-    record["chosen_sum_ms"] = sum(row["tiles"][row["chosen"]]["ms"] for row in record["snapshots"])
-    record["best_sum_ms"] = sum(min(t["ms"] for t in row["tiles"].values() if "ms" in t) for row in record["snapshots"])
     record["max_err"] = max(t.get("max_err", 0.0) for row in record["snapshots"]
                             for t in (*row["tiles"].values(), *row["splits"].values()))
     for key, ms in record["sum_ms"].items():
-        print(f"    {key:10} {ms:.4f} ms summed")
-    print(f"    decode_tiles' tile per snapshot: {record['chosen_sum_ms']:.4f} ms summed; the fastest per snapshot: "
-          f"{record['best_sum_ms']:.4f}")
+        print(f"    {key:10} {ms:.4f} ms summed" + ("   <- decode_tiles" if key == record["chosen"] else ""))
     for key, ms in record["splits_sum_ms"].items():
-        print(f"    {key:10} {ms:.4f} ms summed at decode_tiles' tiles")
+        print(f"    {key:10} {ms:.4f} ms summed at {record['chosen']}")
     print(f"largest difference from the PyTorch path: {record['max_err']:.4g}")
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

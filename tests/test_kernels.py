@@ -5,7 +5,6 @@ before anything imports triton), so shapes here are kept small. The GPU-only tes
 end uses realistic shapes and bf16.
 """
 
-import math
 import os
 
 import torch
@@ -336,24 +335,6 @@ def test_decode_default_tiles_and_splits(mods, num_splits):
     expected = ref.paged_attention(*_prefill_args(case), 0.2)
     out = tri.paged_decode_attention(*_decode_args(case), 0.2, num_splits=num_splits)
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_decode_tiles_of_every_batch_size(head_dim):
-    """The final engine's decode tiles by batch size (programs an SM), for a bf16 and an fp8
-    cache: the wide tile for a lone sequence, the narrow one for a large batch; each tile picked
-    gives the reference result."""
-    tri, ref = _load("final", "attention_triton"), _load("final", "attention_torch")
-    tiles = set()
-    for fp8 in (False, True):
-        picks = {p: tri.decode_tiles(fp8, head_dim, p) for p in (0.05, 0.5, 1.5, 3.0, 6.0, 12.0, 40.0, math.inf)}
-        assert picks[0.05][0] == 128 and picks[40.0] == picks[math.inf] and picks[math.inf][0] == 64
-        tiles |= set(picks.values())
-    case = _decode_case(16, 8, 4, head_dim, seed=11, ctxs=[130, 64, 1, 200])  # group of 2, as Qwen3-0.6B's
-    expected = ref.paged_attention(*_prefill_args(case), 0.2)
-    for bn, w, s in sorted(tiles):
-        out = tri.paged_decode_attention(*_decode_args(case), 0.2, num_splits=2, BLOCK_N=bn, num_warps=w, num_stages=s)
-        torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2])

@@ -33,7 +33,6 @@ the scales are read by pointer, so a captured graph stays valid.
 """
 
 import functools
-import math
 
 import torch
 import triton
@@ -627,30 +626,16 @@ def decode_programs_per_sm(fp8: bool) -> int:
     return 6 if fp8 else 2
 
 
-def decode_tiles(fp8: bool, head_dim: int, programs_per_sm: float = math.inf) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of the decode kernel for a batch of `programs_per_sm`
-    (sequence, kv head) programs per SM before split-K (inf: unknown, a large batch), timed
-    with the kernel called as a decode step calls it (new K/V stored, q/k norms and RoPE
-    applied) over the snapshots of nano-vllm's workload on an H200 (benchmarks/decode_tiles_bench.py;
-    results/decode_tiles_*_h200.json).
-
-    A program's loop is a chain of dependent loads and dots, so what keeps the memory busy is
-    the K/V bytes the SMs have in flight. At head_dim 64 (Llama-3.2-1B) a tile of 64 keys holds
-    16 KiB: tiles of 128 keys and 4 warps are faster until a batch has 10 programs an SM, the
-    64-key tiles of 2 warps from there (74.7 against 81.8 µs at batch 256). At head_dim 128
-    (Qwen3) 64 keys, 2 warps and 3 stages. A lone sequence's few split-K programs each read one
-    wide tile (128 keys, 4 warps): 11.6 against 14.8 µs at head_dim 128. An fp8 cache otherwise
-    runs 64 keys, 2 warps and 2 stages: its tiles cost more instructions than bytes, and fewer
-    warps a program let more programs share an SM. (The wide tile would also be faster for
-    Qwen3-0.6B's batches of 2 to 5 programs an SM, 65.5 against 74.5 µs at batch 37; it is not
-    taken, since it reads 128 keys where a short context has fewer.)"""
-    if programs_per_sm * 16 <= 1:  # about one sequence's kv heads on the whole GPU
-        return 128, 4, 2
+def decode_tiles(fp8: bool, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of the decode kernel, as the engine calls it (new K/V
+    stored, q/k norms and RoPE applied), the fastest on an H200 (or within 0.2 % of it) over the
+    snapshots of nano-vllm's workload (benchmarks/decode_tiles_bench.py; results/decode_tiles_*_h200.json): for a bf16
+    cache 2 warps and 3 stages at head_dim 128 (Qwen3), tiles of 128 keys at head_dim 64
+    (Llama-3.2-1B); for fp8, 2 warps and 2 stages (an fp8 tile costs more instructions than
+    bytes: fewer warps per program let more programs share an SM)."""
     if fp8:
         return 64, 2, 2
-    if head_dim <= 64:
-        return (64, 2, 2) if programs_per_sm >= 10 else (128, 4, 2)
-    return 64, 2, 3
+    return (128, 4, 2) if head_dim <= 64 else (64, 2, 3)
 
 
 def paged_decode_attention(
@@ -692,7 +677,7 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
-    tiles = decode_tiles(fp8, head_dim, num_seqs * kv_heads / _num_sms(q.device) if q.is_cuda else math.inf)
+    tiles = decode_tiles(fp8, head_dim)
     BLOCK_N, num_warps, num_stages = BLOCK_N or tiles[0], num_warps or tiles[1], num_stages or tiles[2]
     if num_splits is None:
         max_context = block_tables.shape[1] * page_size  # upper bound on any context_len
