@@ -28,7 +28,8 @@
 #   decode-attention  final's paged decode attention on the workload's context mix, bf16 and fp8 caches
 #                  -> decode_attention_qwen3-0.6b_TAG.json, decode_attention_fp8-kv_qwen3-0.6b_TAG.json; the kernel as a
 #                  decode step calls it (new K/V stored, RoPE applied) per tile choice -> decode_tiles_qwen3-0.6b_TAG.json,
-#                  decode_tiles_fp8-kv_qwen3-0.6b_TAG.json, decode_tiles_llama-3.2-1b_TAG.json
+#                  decode_tiles_fp8-kv_qwen3-0.6b_TAG.json, decode_tiles_llama-3.2-1b_TAG.json, and with every block
+#                  at a random place -> variants/decode_tiles_shuffled-blocks_llama-3.2-1b_TAG.json
 #   latency        decode-step latency with and without CUDA graphs, 06 and final
 #                  -> decode_latency_qwen3-0.6b_{06,final}_TAG.json; the final engine's graph steps with
 #                  the dense matrix-vector path up to 0, 2 and 4 rows -> dense_gemv_decode_latency_qwen3-0.6b_TAG.json
@@ -111,7 +112,9 @@ for part in "${parts[@]}"; do
       step "$PY" benchmarks/decode_attention_bench.py --kv-cache-dtype fp8 --out "$OUT/decode_attention_fp8-kv_qwen3-0.6b_$TAG.json"
       step "$PY" benchmarks/decode_tiles_bench.py --shape qwen3-0.6b --out "$OUT/decode_tiles_qwen3-0.6b_$TAG.json"
       step "$PY" benchmarks/decode_tiles_bench.py --shape qwen3-0.6b --kv-cache-dtype fp8 --out "$OUT/decode_tiles_fp8-kv_qwen3-0.6b_$TAG.json"
-      step "$PY" benchmarks/decode_tiles_bench.py --shape llama-3.2-1b --out "$OUT/decode_tiles_llama-3.2-1b_$TAG.json" ;;
+      step "$PY" benchmarks/decode_tiles_bench.py --shape llama-3.2-1b --out "$OUT/decode_tiles_llama-3.2-1b_$TAG.json"
+      step "$PY" benchmarks/decode_tiles_bench.py --shape llama-3.2-1b --layout shuffled \
+        --out "$OUT/variants/decode_tiles_shuffled-blocks_llama-3.2-1b_$TAG.json" ;;
     latency)
       for e in 06 final; do
         step "$PY" -m benchmarks.decode_latency --engine $e --shape qwen3-0.6b --batches 1 8 64 256 \

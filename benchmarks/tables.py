@@ -282,15 +282,17 @@ FILES = [
     ("tp_message_cost_*.json", f"{SUITE} tp-message", "host cost of the per-step message rank 0 sends each worker"),
     ("tp_speedup_*.json", "python -m benchmarks.tp_speedup --out benchmarks/results/tp_speedup_h200x2.json",
      "TP=2 against TP=1 per model shape, from the tp_*_tp1/tp2 records (the last step of the suite's tp part)"),
-    ("profile_steps_*.json", "python -m benchmarks.profile_steps --engine final --shape qwen3-0.6b --variant fused --num-seqs N "
-     "--prompt-len L --max-tokens T --out benchmarks/results/profile_steps_qwen3-0.6b_NxL_final_h200.json",
-     "torch.profiler over the final engine's steps at one batch size and context (N, L and T are the record's num_seqs, "
-     "prompt_len and max_tokens): per step wall, GPU busy and idle time, and the top kernels of its prefill and decode steps"),
+    ("profile_steps_*.json", "python -m benchmarks.profile_steps --engine final --shape S --variant fused --num-seqs N "
+     "--prompt-len L --max-tokens T --top K --out benchmarks/results/profile_steps_S_NxL_final_h200.json",
+     "torch.profiler over the final engine's steps at one batch size and context (S, N, L and T are the record's shape, num_seqs, "
+     "prompt_len and max_tokens, K the length of its kernel lists): per step wall, GPU busy and idle time, and the top kernels "
+     "of its prefill and decode steps"),
     ("decode_attention_*.json", f"{SUITE} decode-attention", "the final engine's paged decode attention on a real run's context mix "
      "(bf16 cache, or fp8 where the name says so): tiles, launch order (batch order, longest first) and split-K factors, with the bandwidth reached"),
     ("decode_tiles_*.json", f"{SUITE} decode-attention", "the final engine's decode kernel as a decode step calls it (the new "
      "K/V stored, q/k norms and RoPE applied) on a real run's context mix, per tile choice, checked against the PyTorch path: "
-     "what attention_triton.decode_tiles picks by (bf16 cache, or fp8 where the name says so; Qwen3-0.6B's or Llama-3.2-1B's heads)"),
+     "what attention_triton.decode_tiles picks by (bf16 cache, or fp8 where the name says so; Qwen3-0.6B's or Llama-3.2-1B's heads; "
+     "blocks where the engine's block manager puts them, or at random places where the name or a note says so)"),
     ("gemv_tiles_*.json", f"{SUITE} gemv", "a decode step's dense projections at one and two rows, with as many distinct weights as the "
      "model has layers: the matrix-vector kernels for each tile choice against cuBLAS"),
     ("kv_cache_quality_cpu.json", "python -m benchmarks.kv_cache_quality --out benchmarks/results/kv_cache_quality_cpu.json",
@@ -321,10 +323,13 @@ SLOW_HOST = ("made on a machine whose host was slower: there the 0.6B shape's ea
              "(host_overhead_final_cpu.json)")
 MASKED_LOADS = "made while the decode kernel masked its K/V loads at the end of a context (it now reads the last key again there)"
 EARLIER_TILES_BENCH = ("made before decode_tiles_bench.py timed split-K factors and the snapshots at 850 and 950 "
-                       "decode steps: its tile sums are over the other six snapshots")
+                       "decode steps: its tile sums are over the other six snapshots; every block at a random place (now "
+                       "`--layout shuffled`)")
+SHUFFLED_TILES_BENCH = ("made with every block at a random place (now `--layout shuffled`), over eight snapshots (1 to 1000 "
+                        "decode steps) and seven tiles")
 NOTES = {  # facts about a record that its fields do not say
     "decode_tiles_qwen3-0.6b_h200.json": EARLIER_TILES_BENCH,
-    "decode_tiles_llama-3.2-1b_h200.json": EARLIER_TILES_BENCH,
+    "decode_tiles_fp8-kv_qwen3-0.6b_h200.json": SHUFFLED_TILES_BENCH,
     "decode_attention_qwen3-0.6b_h200.json": MASKED_LOADS,
     "decode_attention_fp8-kv_qwen3-0.6b_h200.json": MASKED_LOADS,
     "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,

@@ -258,6 +258,29 @@ def test_gpu_suite_parts_match_the_index():
         assert subprocess.run(["bash", str(script), *args], capture_output=True).returncode == 2
 
 
+def test_engine_block_tables_place_blocks_as_the_block_manager_does():
+    """decode_tiles_bench's engine layout: each running request's table covers its context and no
+    block is shared; a prompt's blocks are one run, prompts in arrival order; the blocks decode
+    adds come after every prompt's, in the order they were handed out."""
+    from benchmarks.decode_attention_bench import BLOCK, engine_block_tables, snapshot
+    from nanovllm_final.workloads import nanovllm
+
+    for step in (1, 300, 1000):
+        tables = engine_block_tables(step)
+        assert [len(t) for t in tables] == [-(-c // BLOCK) for c in snapshot(step)]
+        ids = [b for t in tables for b in t]
+        assert len(ids) == len(set(ids))
+    prompts, params = nanovllm(151936, seed=0)
+    prompt_blocks = sum(-(-len(p) // BLOCK) for p in prompts)
+    running = [p for p, sp in zip(prompts, params) if sp["max_tokens"] > 300]
+    tables = engine_block_tables(300)
+    for p, t in zip(running, tables):
+        n = -(-len(p) // BLOCK)
+        assert t[:n] == list(range(t[0], t[0] + n))
+        assert all(b >= prompt_blocks for b in t[n:]) and t[n:] == sorted(t[n:])
+    assert [t[0] for t in tables] == sorted(t[0] for t in tables)
+
+
 def test_workload_limit_counts_what_the_workload_must_move():
     """benchmarks/limits.py on a two-request workload computed by hand: KV reads of
     out*in + out^2/2 tokens per request, the weights once per decode step, prefill FLOPs;

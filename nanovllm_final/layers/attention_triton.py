@@ -628,7 +628,7 @@ def decode_programs_per_sm(fp8: bool) -> int:
 
 def decode_tiles(fp8: bool, head_dim: int) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) of the decode kernel, as the engine calls it (new K/V
-    stored, q/k norms and RoPE applied), the fastest on an H200 (or within 0.2 % of it) over the
+    stored, q/k norms and RoPE applied), the fastest on an H200 (or within 0.4 % of it) over the
     snapshots of nano-vllm's workload (benchmarks/decode_tiles_bench.py; results/decode_tiles_*_h200.json): for a bf16
     cache 2 warps and 3 stages at head_dim 128 (Qwen3), tiles of 128 keys at head_dim 64
     (Llama-3.2-1B); for fp8, 2 warps and 2 stages (an fp8 tile costs more instructions than
