@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms  # noqa: E402
+from nanovllm_final.engine.block_manager import blocks_needed  # noqa: E402
 from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E402
 from nanovllm_final.workloads import nanovllm  # noqa: E402
 
@@ -49,12 +50,12 @@ def engine_block_tables(step: int, seed: int = 0) -> list[list[int]]:
     prompts, params = nanovllm(151936, seed=seed)
     tables, next_block = [], 0
     for p in prompts:
-        n = -(-len(p) // BLOCK)
+        n = blocks_needed(len(p), BLOCK)
         tables.append(list(range(next_block, next_block + n)))
         next_block += n
     for t in range(1, step + 1):  # after decode step t a running request holds len(prompt) + t tokens
         for p, sp, table in zip(prompts, params, tables):
-            if sp["max_tokens"] > t - 1 and -(-(len(p) + t) // BLOCK) > len(table):
+            if sp["max_tokens"] > t - 1 and blocks_needed(len(p) + t, BLOCK) > len(table):
                 table.append(next_block)
                 next_block += 1
     return [table for table, sp in zip(tables, params) if sp["max_tokens"] > step]
@@ -65,7 +66,7 @@ def paged_batch(contexts: list[int], dtype: torch.dtype, cache_dtype: torch.dtyp
                 block_tables: list[list[int]] | None = None):
     """A random paged cache and one query per sequence; each sequence's blocks at the places
     `block_tables` gives (engine_block_tables), or by default at shuffled places."""
-    blocks = [-(-c // BLOCK) for c in contexts]
+    blocks = [blocks_needed(c, BLOCK) for c in contexts]
     if block_tables is None:
         perm, start = torch.randperm(sum(blocks)).tolist(), 0
         block_tables = []

@@ -263,19 +263,20 @@ def test_engine_block_tables_place_blocks_as_the_block_manager_does():
     block is shared; a prompt's blocks are one run, prompts in arrival order; the blocks decode
     adds come after every prompt's, in the order they were handed out."""
     from benchmarks.decode_attention_bench import BLOCK, engine_block_tables, snapshot
+    from nanovllm_final.engine.block_manager import blocks_needed
     from nanovllm_final.workloads import nanovllm
 
     for step in (1, 300, 1000):
         tables = engine_block_tables(step)
-        assert [len(t) for t in tables] == [-(-c // BLOCK) for c in snapshot(step)]
+        assert [len(t) for t in tables] == [blocks_needed(c, BLOCK) for c in snapshot(step)]
         ids = [b for t in tables for b in t]
         assert len(ids) == len(set(ids))
     prompts, params = nanovllm(151936, seed=0)
-    prompt_blocks = sum(-(-len(p) // BLOCK) for p in prompts)
+    prompt_blocks = sum(blocks_needed(len(p), BLOCK) for p in prompts)
     running = [p for p, sp in zip(prompts, params) if sp["max_tokens"] > 300]
     tables = engine_block_tables(300)
     for p, t in zip(running, tables):
-        n = -(-len(p) // BLOCK)
+        n = blocks_needed(len(p), BLOCK)
         assert t[:n] == list(range(t[0], t[0] + n))
         assert all(b >= prompt_blocks for b in t[n:]) and t[n:] == sorted(t[n:])
     assert [t[0] for t in tables] == sorted(t[0] for t in tables)
