@@ -22,7 +22,7 @@
 #   kernels        attention kernels against torch -> kernel_bench_TAG.json
 #   final-kernels  final's fused kernels, prefill attention tile choices -> final_kernels_TAG.json
 #   sampler        the sampler's top-k candidates pass, PyTorch ops against the fused kernels
-#                  -> sampler_candidates_TAG.json
+#                  -> sampler_candidates_TAG.json; its draws as the engine calls them -> sampler_draws_TAG.json
 #   gemv           the dense projections of a decode step at one and two rows: the matrix-vector kernels' tiles
 #                  against cuBLAS -> gemv_tiles_TAG.json
 #   decode-attention  final's paged decode attention on the workload's context mix, bf16 and fp8 caches
@@ -135,7 +135,8 @@ for part in "${parts[@]}"; do
         done
       done ;;
     sampler)
-      step "$PY" benchmarks/sampler_bench.py --out "$OUT/sampler_candidates_$TAG.json" ;;
+      step "$PY" benchmarks/sampler_bench.py --out "$OUT/sampler_candidates_$TAG.json"
+      step "$PY" benchmarks/sampler_draws_bench.py --out "$OUT/sampler_draws_$TAG.json" ;;
     checkpoint)
       step "${RUN[@]}" --engine 06 --engine final --workload nanovllm --shape qwen3-0.6b --breakdown \
         --out "$OUT/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_$TAG.json"

@@ -265,6 +265,9 @@ FILES = [
     ("final_kernels_*.json", f"{SUITE} final-kernels", "the final engine's fused kernels against the layers' PyTorch code; prefill attention tile choices against torch's varlen_attn"),
     ("sampler_candidates_*.json", f"{SUITE} sampler", "each row's 20 largest logits (the sampler's candidates under top-k): the "
      "grouped pass as PyTorch ops against its two fused kernels and torch.topk, Qwen3's and Llama-3's vocabularies, 1 to 256 rows"),
+    ("sampler_draws_*.json", f"{SUITE} sampler", "the Sampler's draw as the engine calls it, temperature only and with top-k 20 / "
+     "top-p 0.95: the fused draw (noise hashed in registers) against its PyTorch code on the GPU, Qwen3's and Llama-3's "
+     "vocabularies, 1 to 256 rows"),
     ("decode_latency_*.json", f"{SUITE} latency", "median decode-step latency with and without CUDA graphs, 32-token prompts, per batch size"),
     ("dense_gemv_decode_latency_*.json", f"{SUITE} latency",
      "median graph decode-step latency per batch size with the dense layers' matrix-vector path up to 0 (cuBLAS only), 2 and 4 rows"),

@@ -20,7 +20,7 @@ from nanovllm_final.models import transformer  # noqa: E402
 from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
-from nanovllm_final.layers.sampler import Sampler, seeded_exponential  # noqa: E402
+from nanovllm_final.layers.sampler import Sampler, keyed_exponential, seed_keys  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -148,8 +148,9 @@ def test_silu_and_mul(dtype, n):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("vocab", [300, 5000])  # 5000: two chunks of 4096, the last one masked
 def test_gumbel_argmax_draws_the_samplers_tokens(dtype, vocab):
-    """The temperature-only draw against the Sampler's PyTorch code with the same (seeded)
-    noise: the same token in every row, greedy rows (T = 0) with tied logits included."""
+    """The temperature-only draw, hashing its noise from the rows' keys, against the Sampler's
+    PyTorch code for seeded rows with those keys: the same token in every row, greedy rows
+    (T = 0) with tied logits included."""
     g = torch.Generator().manual_seed(vocab)
     rows = 24
     logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
@@ -158,8 +159,8 @@ def test_gumbel_argmax_draws_the_samplers_tokens(dtype, vocab):
     logits[3, : vocab - 200] = -10.0  # a greedy row whose tied maxima are all in the last chunk
     temperatures = torch.tensor([0.0, 0.6, 1.0, 0.0, 1.3, 0.2, 0.0, 1e-7, 0.9, 0.0, 2.0, 0.7] * 2)
     seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.randint(0, 999, (rows,), generator=g)
-    noise = seeded_exponential(seeds, positions, torch.arange(vocab))  # (rows, vocab): what the Sampler draws for them
-    out = fused_triton.gumbel_argmax(logits.to(DEVICE), noise.to(DEVICE), temperatures.to(DEVICE))
+    keys = seed_keys(seeds, positions)  # (rows,): the Sampler's noise for them is keyed_exponential(keys, ids)
+    out = fused_triton.gumbel_argmax(logits.to(DEVICE), keys.to(DEVICE), temperatures.to(DEVICE))
     expected = Sampler(seed=0, device=torch.device("cpu"))(logits, temperatures, seeds=seeds, positions=positions)
     assert out.dtype == torch.int64 and torch.equal(out.cpu(), expected)
     greedy = temperatures == 0
@@ -168,11 +169,22 @@ def test_gumbel_argmax_draws_the_samplers_tokens(dtype, vocab):
     assert vocab <= 4096 or (out >= 4096).any()  # some rows draw from the second chunk
 
 
+def test_gumbel_argmax_hashes_the_noise_of_keyed_exponential():
+    """With equal logits the draw is the token of least noise: for keys of every size (0, the
+    largest, random 32-bit ones) the kernel's hash picks keyed_exponential's minimum, over two
+    chunks of the vocabulary."""
+    vocab = 6000
+    keys = torch.cat([torch.tensor([0, 2**32 - 1, 2**31]), torch.randint(0, 2**32, (13,), generator=torch.Generator().manual_seed(1))])
+    out = fused_triton.gumbel_argmax(torch.zeros(len(keys), vocab, device=DEVICE), keys.to(DEVICE),
+                                     torch.ones(len(keys), device=DEVICE))
+    assert torch.equal(out.cpu(), keyed_exponential(keys, torch.arange(vocab)).argmin(-1))
+
+
 @pytest.mark.parametrize("masks", ["top_k", "top_k+top_p", "top_k+top_p+min_p", "top_p+min_p"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_candidates_draw_draws_the_samplers_tokens(masks, dtype):
-    """The draw among the top-k candidates against the Sampler's PyTorch code for its max_k
-    path with the same (seeded) noise: the same token in every row, with tied candidates,
+    """The draw among the top-k candidates, hashing its noise from the rows' keys, against the
+    Sampler's PyTorch code for its max_k path for seeded rows with those keys: the same token in every row, with tied candidates,
     suppressed (-inf) tokens, top_p 1 and min_p 0 (off) rows and a k that is not a power of two."""
     g = torch.Generator().manual_seed(len(masks))
     rows, vocab, k = 32, 600, 20
@@ -188,9 +200,9 @@ def test_candidates_draw_draws_the_samplers_tokens(masks, dtype):
     expected = Sampler(seed=0, device=torch.device("cpu"))(logits, temperatures, top_k, top_p, min_p, seeds=seeds,
                                                            positions=positions, max_k=k, greedy_rows=False)
     values, ids = sampler.top_candidates(logits, k)  # (rows, k): what the max_k path draws among
-    noise = seeded_exponential(seeds, positions, ids)  # what the Sampler draws for them
     on = (lambda t: None if t is None else t.to(DEVICE))
-    out = fused_triton.candidates_draw(values.to(DEVICE), ids.to(DEVICE), noise.to(DEVICE), temperatures.to(DEVICE),
+    out = fused_triton.candidates_draw(values.to(DEVICE), ids.to(DEVICE), seed_keys(seeds, positions).to(DEVICE),
+                                       temperatures.to(DEVICE),
                                        on(top_k), on(top_p), on(min_p))
     assert out.dtype == torch.int64 and torch.equal(out.cpu(), expected)
     assert len(set(out.tolist())) > rows // 2  # the draws differ from row to row
@@ -247,8 +259,9 @@ def test_layers_dispatch_to_kernels_on_cuda():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Sampler uses the kernel on CUDA only")
 def test_sampler_draws_the_same_tokens_with_the_kernel(monkeypatch):
-    """A decode-sized batch (bf16 logits, the generator's noise, seeded and greedy rows): the
-    fused draw equals the Sampler's PyTorch code on the same device, token for token."""
+    """A decode-sized batch (bf16 logits; seeded, greedy and unseeded rows): the fused draw
+    equals the Sampler's PyTorch code on the same device, token for token, in the seeded and
+    greedy rows; the unseeded rows draw from the generator's keys, again the same for the same seed."""
     g = torch.Generator(device="cuda").manual_seed(0)
     rows, vocab = 256, 151936
     logits = (torch.randn(rows, vocab, generator=g, device="cuda") * 3).to(torch.bfloat16)
@@ -261,8 +274,14 @@ def test_sampler_draws_the_same_tokens_with_the_kernel(monkeypatch):
     for kernel in (sampler.fused_triton, None):
         monkeypatch.setattr(sampler, "fused_triton", kernel)
         draws.append(Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions))
-    assert torch.equal(draws[0], draws[1])
+    same = (seeds >= 0) | (temperatures == 0)
+    assert torch.equal(draws[0][same], draws[1][same])
     assert (draws[0] != logits.argmax(-1)).sum() > rows // 2  # the sampled rows mostly leave the argmax
+    monkeypatch.setattr(sampler, "fused_triton", fused_triton)
+    again = Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions)
+    assert torch.equal(again, draws[0])
+    other = Sampler(seed=2, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions)
+    assert (other != draws[0])[~same].sum() > (~same).sum() // 2  # another seed, other keys
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the kernels' dispatch need a GPU")

@@ -2,8 +2,8 @@
 (after Qwen3's per-head q/k RMSNorm where the model has it), SiLU-and-multiply. One launch
 and one pass over memory each, where the PyTorch code in norm.py, rotary.py and
 activation.py (the reference, and the CPU path) takes 4 to 12 (24 for q/k norm and RoPE).
-And the sampler's two draws (sampler.py): temperature-only Gumbel-max, one pass over the
-logits and the noise and a small combining launch, for three elementwise passes over the
+And the sampler's two draws (sampler.py), each hashing its Exp(1) noise from a key per row in
+registers: temperature-only Gumbel-max, one pass over the logits and a small combining launch, for three elementwise passes over the
 logits' shape, two argmaxes and a select; each row's top-k candidates (its k largest logits),
 two launches for five; and the draw among them (softmax, top-k / top-p / min-p masks,
 Gumbel-max), one launch for about twenty.
@@ -211,77 +211,96 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
+# The sampler's noise: each token's Exp(1) value hashed from its row's key and its token id
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mix32(h):
+    """sampler._mix32 on uint32 (MurmurHash3's finaliser; the products wrap mod 2**32)."""
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def _keyed_exponential(key, token_ids):
+    """sampler.keyed_exponential in registers: a row's key (int64 in [0, 2**32)) and token
+    ids [BLOCK] -> their Exp(1) noise [BLOCK] float32, the same bits as the PyTorch code."""
+    k = key.to(tl.uint32)
+    h = _mix32(_mix32(k ^ (token_ids.to(tl.uint32) * 0x27D4EB2F)) ^ k)
+    u = tl.minimum(((h >> 8).to(tl.float32) + 0.5) * (2.0**-24), 1 - 2.0**-24)  # uniform in (0, 1), never 1
+    return -tl.log(u)
+
+
+# ---------------------------------------------------------------------------------------
 # The sampler's temperature-only draw: Gumbel-max argmax(logits / T - log E), and the
-# greedy argmax of the rows at T = 0, in one pass over the logits and the noise
+# greedy argmax of the rows at T = 0, in one pass over the logits
 # ---------------------------------------------------------------------------------------
 
 
 @triton.jit
 def _gumbel_argmax_chunk_kernel(
-    logits_ptr, noise_ptr, temp_ptr, best_ptr, best_id_ptr, top_ptr, top_id_ptr,
-    stride_l, stride_n, V, CHUNKS, BLOCK: tl.constexpr,
+    logits_ptr, key_ptr, temp_ptr, best_ptr, best_id_ptr,
+    stride_l, V, CHUNKS, BLOCK: tl.constexpr,
 ):
-    """The maximum and its first index in one chunk of a row, of the score and of the logits."""
+    """The maximum and its first index in one chunk of a row: of the logits in a greedy row
+    (T = 0), of the Gumbel-max score in the others (only they hash noise)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = offs < V
     logit = tl.load(logits_ptr + row * stride_l + offs, mask=mask, other=float("-inf")).to(tl.float32)
-    e = tl.load(noise_ptr + row * stride_n + offs, mask=mask, other=1.0)
-    t = tl.maximum(tl.load(temp_ptr + row), 1e-5)  # as sampler.by_temperature clamps
-    # float32 as the reference computes it: the logit widened, an IEEE division, libdevice's log
-    score = tl.div_rn(logit, t) - tl.log(e)  # -inf in the masked lanes
-    best, best_i = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
-    top, top_i = tl.max(logit, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    t = tl.load(temp_ptr + row)
+    if t == 0:
+        best, best_i = tl.max(logit, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    else:
+        e = _keyed_exponential(tl.load(key_ptr + row), offs)
+        # float32 as the reference computes it: the logit widened, an IEEE division, libdevice's log
+        score = tl.div_rn(logit, tl.maximum(t, 1e-5)) - tl.log(e)  # -inf in the masked lanes; T clamped as by_temperature
+        best, best_i = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
     out = row * CHUNKS + chunk
     tl.store(best_ptr + out, best)
     tl.store(best_id_ptr + out, chunk * BLOCK + best_i.to(tl.int64))
-    tl.store(top_ptr + out, top)
-    tl.store(top_id_ptr + out, chunk * BLOCK + top_i.to(tl.int64))
 
 
 @triton.jit
-def _first_argmax(values_ptr, ids_ptr, row, CHUNKS, BLOCK_C: tl.constexpr):
+def _gumbel_argmax_combine_kernel(best_ptr, best_id_ptr, out_ptr, CHUNKS, BLOCK_C: tl.constexpr):
     """The id of a row's largest chunk maximum: the first chunk's on a tie, as argmax's."""
-    offs = tl.arange(0, BLOCK_C)
-    v = tl.load(values_ptr + row * CHUNKS + offs, mask=offs < CHUNKS, other=float("-inf"))
-    _, c = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
-    return tl.load(ids_ptr + row * CHUNKS + c)
-
-
-@triton.jit
-def _gumbel_argmax_combine_kernel(best_ptr, best_id_ptr, top_ptr, top_id_ptr, temp_ptr, out_ptr,
-                                  CHUNKS, BLOCK_C: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    sampled = _first_argmax(best_ptr, best_id_ptr, row, CHUNKS, BLOCK_C)
-    greedy = _first_argmax(top_ptr, top_id_ptr, row, CHUNKS, BLOCK_C)
-    tl.store(out_ptr + row, tl.where(tl.load(temp_ptr + row) == 0, greedy, sampled))
+    offs = tl.arange(0, BLOCK_C)
+    v = tl.load(best_ptr + row * CHUNKS + offs, mask=offs < CHUNKS, other=float("-inf"))
+    _, c = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(out_ptr + row, tl.load(best_id_ptr + row * CHUNKS + c))
 
 
 def gumbel_argmax(
     logits: torch.Tensor,  # (rows, vocab), any float dtype, last dim contiguous
-    noise: torch.Tensor,  # (rows, vocab) float32 Exp(1), last dim contiguous
+    keys: torch.Tensor,  # (rows,) int64 in [0, 2**32): each row's noise key
     temperatures: torch.Tensor,  # (rows,) float32, 0 = greedy
 ) -> torch.Tensor:  # (rows,) int64
-    """argmax(logits / max(T, 1e-5) - log(noise)) per row, argmax(logits) where T = 0 (the
-    first index on a tie, as torch.argmax): the Sampler's temperature-only draw, in two
-    launches."""
+    """argmax(logits / max(T, 1e-5) - log(noise)) per row with noise =
+    sampler.keyed_exponential(keys, token ids), argmax(logits) where T = 0 (the first index on a
+    tie, as torch.argmax): the Sampler's temperature-only draw, in two launches, reading the
+    logits only."""
     rows, vocab = logits.shape
-    assert noise.shape == logits.shape and noise.dtype == torch.float32 and temperatures.shape == (rows,)
-    assert logits.stride(-1) == 1 and noise.stride(-1) == 1 and temperatures.dtype == torch.float32
+    assert keys.shape == (rows,) and keys.dtype == torch.int64 and temperatures.shape == (rows,)
+    assert logits.stride(-1) == 1 and temperatures.dtype == torch.float32
     block = min(4096, triton.next_power_of_2(vocab))
     chunks = triton.cdiv(vocab, block)
-    best, top = (torch.empty(rows, chunks, dtype=torch.float32, device=logits.device) for _ in range(2))
-    best_id, top_id = (torch.empty(rows, chunks, dtype=torch.int64, device=logits.device) for _ in range(2))
+    best = torch.empty(rows, chunks, dtype=torch.float32, device=logits.device)
+    best_id = torch.empty(rows, chunks, dtype=torch.int64, device=logits.device)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows > 0:
         temperatures = temperatures.contiguous()
         _gumbel_argmax_chunk_kernel[(rows, chunks)](
-            logits, noise, temperatures, best, best_id, top, top_id,
-            logits.stride(0), noise.stride(0), vocab, chunks, BLOCK=block, num_warps=_warps(block),
+            logits, keys.contiguous(), temperatures, best, best_id,
+            logits.stride(0), vocab, chunks, BLOCK=block, num_warps=_warps(block),
         )
-        _gumbel_argmax_combine_kernel[(rows,)](best, best_id, top, top_id, temperatures, out, chunks,
-                                               BLOCK_C=triton.next_power_of_2(chunks), num_warps=1)
+        _gumbel_argmax_combine_kernel[(rows,)](best, best_id, out, chunks, BLOCK_C=triton.next_power_of_2(chunks),
+                                               num_warps=1)
     return out
 
 
@@ -374,8 +393,8 @@ def top_candidates(logits: torch.Tensor, k: int, group: int) -> tuple[torch.Tens
 
 @triton.jit
 def _candidates_draw_kernel(
-    values_ptr, ids_ptr, noise_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
-    stride_v, stride_i, stride_n, K,
+    values_ptr, ids_ptr, key_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
+    stride_v, stride_i, K,
     HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -398,7 +417,8 @@ def _candidates_draw_kernel(
         keep = keep & (before < bound)
     if HAS_MIN_P:
         keep = keep & (p >= tl.load(min_p_ptr + row) * tl.max(p, axis=0))
-    noise = tl.load(noise_ptr + row * stride_n + offs, mask=valid, other=1.0)
+    ids = tl.load(ids_ptr + row * stride_i + offs, mask=valid, other=0)
+    noise = _keyed_exponential(tl.load(key_ptr + row), ids)
     score = tl.div_rn(tl.where(keep, p, 0.0), noise)  # Gumbel-max: argmax(p / E)
     _, choice = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
     tl.store(out_ptr + row, tl.load(ids_ptr + row * stride_i + choice).to(tl.int64))
@@ -407,7 +427,7 @@ def _candidates_draw_kernel(
 def candidates_draw(
     values: torch.Tensor,  # (rows, k) each row's k largest logits, largest first, any float dtype
     ids: torch.Tensor,  # (rows, k) int64: their token ids
-    noise: torch.Tensor,  # (rows, k) float32 Exp(1)
+    keys: torch.Tensor,  # (rows,) int64 in [0, 2**32): each row's noise key
     temperatures: torch.Tensor,  # (rows,) float32
     top_k: torch.Tensor | None = None,  # (rows,) int, 1..k (0 = all k)
     top_p: torch.Tensor | None = None,  # (rows,) float32, 1 = off
@@ -415,20 +435,20 @@ def candidates_draw(
 ) -> torch.Tensor:  # (rows,) int64 token ids
     """The Sampler's draw over the candidates (its `max_k` path, greedy rows aside): softmax of
     values / T, keep_sorted's top-k and top-p, min-p against the most likely, then the id of
-    argmax(p / noise), the first on a tie as torch.argmax's. One launch for the ~20 that the
-    PyTorch code takes."""
+    argmax(p / noise) with noise = sampler.keyed_exponential(keys, ids), the first on a tie as
+    torch.argmax's. One launch for the ~20 that the PyTorch code takes."""
     rows, k = values.shape
-    assert ids.shape == noise.shape == (rows, k) and noise.dtype == torch.float32 and temperatures.shape == (rows,)
-    assert values.stride(-1) == 1 and ids.stride(-1) == 1 and noise.stride(-1) == 1 and temperatures.dtype == torch.float32
+    assert ids.shape == (rows, k) and keys.shape == (rows,) and keys.dtype == torch.int64 and temperatures.shape == (rows,)
+    assert values.stride(-1) == 1 and ids.stride(-1) == 1 and temperatures.dtype == torch.float32
     out = torch.empty(rows, dtype=torch.int64, device=values.device)
     if rows > 0:
         unused = temperatures  # any pointer stands in for an absent mask (never read)
         block = max(16, triton.next_power_of_2(k))
         _candidates_draw_kernel[(rows,)](
-            values, ids, noise, temperatures.contiguous(),
+            values, ids, keys.contiguous(), temperatures.contiguous(),
             unused if top_k is None else top_k.contiguous(), unused if top_p is None else top_p.contiguous(),
             unused if min_p is None else min_p.contiguous(), out,
-            values.stride(0), ids.stride(0), noise.stride(0), k,
+            values.stride(0), ids.stride(0), k,
             HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
             BLOCK=block, num_warps=_warps(block),
         )

@@ -5,9 +5,11 @@ Gumbel-max: argmax(p_i / E_i) with E_i ~ Exp(1) picks token i with probability
 p_i / sum(p): -log E_i is Gumbel noise, and argmax(log p_i + Gumbel_i) ~ p. A mask that
 sets p_i = 0 removes token i; nothing needs renormalising, and when every row keeps at
 most k tokens, only the k most likely need to be looked at. A row with a seed draws its
-noise from a counter-based hash of (seed, output position, token id), so its tokens do
-not depend on the rest of the batch, its order, or preemption; the other rows draw from
-the engine's generator."""
+noise from a counter-based hash of its key, made from (seed, output position), and the
+token id, so its tokens do not depend on the rest of the batch, its order, or preemption;
+the other rows draw from the engine's generator: on CUDA one random key per row, which the
+Triton draw hashes the same way, in registers (no noise tensor is written or read); on the
+CPU, torch's exponential noise."""
 
 import torch
 from torch import nn
@@ -31,16 +33,26 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """Exp(1) noise that is a pure function of (seed, position, token id): (rows, n) for the
-    token ids (n,) of the vocabulary or (rows, n) of each row's candidates."""
+def seed_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(rows,) int64 keys in [0, 2**32) of seeded rows: a function of (seed, output position)."""
     key = _mix32(_mix32(seeds & _M32) ^ ((seeds >> 32) & _M32))  # (rows,)
-    key = _mix32(key ^ _mul32(positions & _M32, 0x9E3779B1))  # (rows,)
+    return _mix32(key ^ _mul32(positions & _M32, 0x9E3779B1))  # (rows,)
+
+
+def keyed_exponential(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise that is a pure function of (row key, token id): (rows, n) for the token
+    ids (n,) of the vocabulary or (rows, n) of each row's candidates. fused_triton's draws
+    compute the same values in registers (_keyed_exponential)."""
     tokens = _mul32(token_ids.to(torch.int64), 0x27D4EB2F)  # (n,) or (rows, n)
-    h = _mix32(_mix32(key[:, None] ^ tokens) ^ key[:, None])  # (rows, n)
+    h = _mix32(_mix32(keys[:, None] ^ tokens) ^ keys[:, None])  # (rows, n)
     u = ((h >> 8).float() + 0.5) * 2.0**-24  # uniform in (0, 1), 24 bits
     u = u.clamp(max=1 - 2.0**-24)  # the top value rounds to 1.0 in float32: E = 0 would make p / E NaN, drawn by argmax
     return -torch.log(u)
+
+
+def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """keyed_exponential with the keys of seeded rows: a pure function of (seed, position, token id)."""
+    return keyed_exponential(seed_keys(seeds, positions), token_ids)
 
 
 def apply_penalties(
@@ -153,9 +165,9 @@ class Sampler(nn.Module):
         """With `max_k`, only the max_k largest logits of each row can be drawn, so the masks and
         the noise work on those candidates (a partial sort), not on the whole vocabulary. A seeded
         row draws the same token either way: its noise is a function of the token id. On CUDA,
-        one Triton launch draws the tokens the PyTorch code below draws: among the candidates
-        (fused_triton.candidates_draw), or, without masks, over the vocabulary
-        (fused_triton.gumbel_argmax)."""
+        one Triton launch draws among the candidates (fused_triton.candidates_draw) or, without
+        masks, over the vocabulary (fused_triton.gumbel_argmax), hashing each token's noise from
+        its row's key: for seeded rows the tokens the PyTorch code below draws."""
         vocab = logits.shape[-1]
         fused = logits.is_cuda and fused_triton is not None
         candidates = probs = None  # probs None: the draw needs no probabilities (temperature only, or fused)
@@ -169,17 +181,18 @@ class Sampler(nn.Module):
                 probs = probs.masked_fill(~keep, 0.0)
         elif top_k is not None or top_p is not None or min_p is not None:
             probs = mask_probs(torch.softmax(by_temperature(logits, temperatures), dim=-1), top_k, top_p, min_p)  # (rows, vocab)
-        shape = logits.shape if candidates is None else candidates.shape
-        noise = torch.empty(shape, device=logits.device).exponential_(generator=self.generator)  # Exp(1)
-        if seeds is not None:
-            seeded = seeds >= 0  # (rows,)
-            ids = candidates if candidates is not None else torch.arange(vocab, device=logits.device)
-            noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, ids), noise)
-        if candidates is not None and probs is None:
-            sampled = fused_triton.candidates_draw(values, candidates, noise, temperatures, top_k, top_p, min_p)
-        elif probs is None and fused:
-            return fused_triton.gumbel_argmax(logits, noise, temperatures)  # the greedy rows' argmax too
+        if probs is None and fused:  # one launch, the noise hashed in registers from each row's key
+            keys = self.row_keys(seeds, positions, logits.shape[0], logits.device)
+            if candidates is None:
+                return fused_triton.gumbel_argmax(logits, keys, temperatures)  # the greedy rows' argmax too
+            sampled = fused_triton.candidates_draw(values, candidates, keys, temperatures, top_k, top_p, min_p)
         else:
+            shape = logits.shape if candidates is None else candidates.shape
+            noise = torch.empty(shape, device=logits.device).exponential_(generator=self.generator)  # Exp(1)
+            if seeds is not None:
+                seeded = seeds >= 0  # (rows,)
+                ids = candidates if candidates is not None else torch.arange(vocab, device=logits.device)
+                noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, ids), noise)
             if probs is None:  # argmax(p_i / E_i) = argmax(logit_i / T - log E_i): softmax's normaliser drops out
                 choice = (by_temperature(logits, temperatures) - noise.log_()).argmax(dim=-1)  # (rows,)
             else:
@@ -188,6 +201,14 @@ class Sampler(nn.Module):
         if not greedy_rows:
             return sampled
         return torch.where(temperatures == 0, logits.argmax(dim=-1), sampled)
+
+    def row_keys(self, seeds: torch.Tensor | None, positions: torch.Tensor | None, rows: int,
+                 device: torch.device) -> torch.Tensor:
+        """(rows,) int64 keys of the fused draws: seeded rows' seed_keys, the others' from the generator."""
+        keys = torch.randint(0, 2**32, (rows,), generator=self.generator, device=device)
+        if seeds is None:
+            return keys
+        return torch.where(seeds >= 0, seed_keys(seeds.clamp(min=0), positions), keys)
 
 
 def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
