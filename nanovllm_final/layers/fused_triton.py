@@ -2,11 +2,11 @@
 (after Qwen3's per-head q/k RMSNorm where the model has it), SiLU-and-multiply. One launch
 and one pass over memory each, where the PyTorch code in norm.py, rotary.py and
 activation.py (the reference, and the CPU path) takes 4 to 12 (24 for q/k norm and RoPE).
-And the sampler's two draws (sampler.py), each hashing its Exp(1) noise from a key per row in
-registers: temperature-only Gumbel-max, one pass over the logits and a small combining launch, for three elementwise passes over the
-logits' shape, two argmaxes and a select; each row's top-k candidates (its k largest logits),
-two launches for five; and the draw among them (softmax, top-k / top-p / min-p masks,
-Gumbel-max), one launch for about twenty.
+And the sampler's kernels (sampler.py): temperature-only Gumbel-max, one pass over the logits
+and a small combining launch, for three elementwise passes over the logits' shape, two
+argmaxes and a select; each row's top-k candidates (its k largest logits), two launches for
+five; and the draw among them (softmax, top-k / top-p / min-p masks, Gumbel-max), one launch
+for about twenty. Both draws hash each token's Exp(1) noise from a key per row in registers.
 
 The layers call these on CUDA tensors only. Each kernel rounds to the input dtype at the
 same points as the PyTorch reference, so bf16 results match it up to the order of a
