@@ -56,3 +56,18 @@ def test_final_replays_steps_with_prompts(model_dir):
             replays = llm.engine.model_runner.cuda_graphs.num_replays
             assert replays[True] > 0 and (replays[False] > 0) == (max_tokens > 0)
         assert stage_view(graphed) == stage_view(eager)
+
+
+def test_final_freezes_what_lives_as_long_as_the_engine(model_dir):
+    """On CUDA the engine moves what exists once it is built out of the collector's reach
+    (gc.freeze) and gives it back at shutdown; requests it serves stay collectable."""
+    import gc
+
+    st = load_engine("final")
+    gc.unfreeze()
+    with st.LLM(model_dir("llama"), device="cuda", dtype="float32", max_model_len=128, max_num_seqs=4) as llm:
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000
+        llm.generate(random_prompts([8, 12], seed=3), st.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() == 0
