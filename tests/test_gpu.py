@@ -69,5 +69,5 @@ def test_final_freezes_what_lives_as_long_as_the_engine(model_dir):
         frozen = gc.get_freeze_count()
         assert frozen > 1000
         llm.generate(random_prompts([8, 12], seed=3), st.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
-        assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() <= frozen  # none of what the requests allocated (frozen objects may still be freed)
     assert gc.get_freeze_count() == 0
