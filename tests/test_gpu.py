@@ -59,8 +59,8 @@ def test_final_replays_steps_with_prompts(model_dir):
 
 
 def test_final_freezes_what_lives_as_long_as_the_engine(model_dir):
-    """On CUDA the engine moves what exists once it is built out of the collector's reach
-    (gc.freeze) and gives it back at shutdown; requests it serves stay collectable."""
+    """On CUDA the model runner moves what exists once it is built out of the collector's reach
+    (gc.freeze) and gives it back at shutdown; requests the engine serves stay collectable."""
     import gc
 
     st = load_engine("final")

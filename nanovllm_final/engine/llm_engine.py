@@ -1,6 +1,4 @@
-import atexit
 import functools
-import gc
 import itertools
 import logging
 import time
@@ -24,8 +22,6 @@ from .step_input import BlockTables, StepInput, build_step_input
 from .workers import WorkerError, WorkerGroup
 
 logger = logging.getLogger(__name__)
-
-atexit.register(gc.unfreeze)  # an engine never shut down leaves nothing frozen for the interpreter's teardown
 
 
 @dataclass
@@ -95,12 +91,6 @@ class LLMEngine:
         self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
         self.error: str | None = None  # why the engine stopped, if it did
         self._ids = itertools.count()
-        if config.device.startswith("cuda"):  # on a CPU a step outlasts any collection
-            # What exists now (the libraries, the model, its captured graphs) lives as long as the
-            # engine: frozen, it is out of the collector's reach, so a full collection between two steps
-            # walks only what the requests allocate (walking it all stalled a Llama-3.2-1B step ~0.25 s).
-            gc.collect()
-            gc.freeze()
 
     # ---- requests ----
 
@@ -307,4 +297,3 @@ class LLMEngine:
         if self.workers is not None:
             self.workers.shutdown()
         self.model_runner.shutdown()
-        gc.unfreeze()  # what the engine held is collectable again

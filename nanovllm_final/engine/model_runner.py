@@ -1,3 +1,5 @@
+import atexit
+import gc
 import logging
 
 import torch
@@ -29,6 +31,9 @@ def warmup_lengths(max_num_batched_tokens: int, max_model_len: int, max_num_seqs
     first = min(max_model_len, num_tokens - (num_seqs - 1))
     rest, extra = divmod(num_tokens - first, num_seqs - 1) if num_seqs > 1 else (0, 0)
     return [first] + [rest + (i < extra) for i in range(num_seqs - 1)]
+
+
+atexit.register(gc.unfreeze)  # a runner never shut down leaves nothing frozen for the interpreter's teardown
 
 
 class ModelRunner:
@@ -77,6 +82,12 @@ class ModelRunner:
             if self.world_size > 1:
                 keep_graphs(self.cuda_graphs.graphs)  # dropped before the group is left (distributed.py says why)
             self.cuda_graphs.capture(self.model)
+        if self.device.type == "cuda":  # on a CPU a step outlasts any collection
+            # What exists now (the libraries, the model, its captured graphs) lives as long as the
+            # runner: frozen, it is out of the collector's reach, so a full collection between two steps
+            # walks only what the requests allocate (walking it all stalled a Llama-3.2-1B step ~0.25 s).
+            gc.collect()
+            gc.freeze()
 
     @property
     def num_graph_replays(self) -> int:
@@ -237,5 +248,6 @@ class ModelRunner:
         if self.cuda_graphs is not None:
             self.cuda_graphs.graphs.clear()
         del self.model, self.kv_cache
+        gc.unfreeze()  # what the runner held is collectable again
         if self.world_size > 1:
             destroy_tensor_parallel()  # leave the group

@@ -31,7 +31,6 @@ garbage-collected and at interpreter exit (weakref.finalize); the processes are 
 as a last resort."""
 
 import multiprocessing as mp
-import gc
 import os
 import pickle
 import signal
@@ -290,9 +289,6 @@ def worker_main(runner_class: type, config: EngineConfig, model_config: ModelCon
     try:
         conn.send(("ok", None))  # hello: started
         runner = runner_class(config, model_config, rank)
-        if config.device.startswith("cuda"):  # as rank 0's engine does (llm_engine.py)
-            gc.collect()
-            gc.freeze()
         conn.send(("ok", None))  # ready: weights and KV cache in place
         while True:
             try:
@@ -302,7 +298,6 @@ def worker_main(runner_class: type, config: EngineConfig, model_config: ModelCon
             if method == "shutdown":
                 conn.send(("bye", None))  # rank 0 leaves the group once every worker has said this
                 runner.shutdown()  # drops our CUDA graphs, then leaves the group with rank 0
-                gc.unfreeze()
                 return
             getattr(runner, method)(*args)
             conn.send(("ok", None))
