@@ -303,3 +303,11 @@ def test_qwen3_graphs_with_the_kernels_equal_the_reference_layers(model_dir, mon
     with LLM(model_dir("qwen3"), enforce_eager=True, attention_backend="torch", **options) as llm:
         reference = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
     assert fused == reference
+
+
+def test_pdl_is_off_on_cpu():
+    """Programmatic dependent launch (layers/launch.py) is a CUDA launch option: on a CPU tensor the
+    kernels take no wait and no launch_pdl."""
+    from nanovllm_final.layers import launch
+
+    assert launch.pdl_args(torch.device("cpu")) == {"PDL": False}

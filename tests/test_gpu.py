@@ -71,3 +71,27 @@ def test_final_freezes_what_lives_as_long_as_the_engine(model_dir):
         llm.generate(random_prompts([8, 12], seed=3), st.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
         assert gc.get_freeze_count() <= frozen  # none of what the requests allocated (frozen objects may still be freed)
     assert gc.get_freeze_count() == 0
+
+
+def test_final_pdl_changes_no_token(model_dir, monkeypatch):
+    """Kernels launched with programmatic dependent launch (layers/launch.py) give the tokens of
+    plain launches: bf16, CUDA graphs, seeded top-k/top-p and temperature-only rows, batches on
+    and off the graph ladder."""
+    from nanovllm_final.layers import launch
+
+    st, path = load_engine("final"), model_dir("qwen3")
+    launch.pdl_args.cache_clear()
+    if not launch.pdl_args(torch.device("cuda", torch.cuda.current_device()))["PDL"]:
+        pytest.skip("no programmatic dependent launch on this GPU or Triton")
+    prompts = random_prompts([5 + (i * 29) % 60 for i in range(11)], seed=21)
+    params = [st.SamplingParams(temperature=0.8, top_k=20 if i % 2 else 0, top_p=0.9 if i % 2 else 1.0, seed=i,
+                                max_tokens=16, ignore_eos=True) for i in range(11)]
+    outputs = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("NANOVLLM_PDL", flag)
+        launch.pdl_args.cache_clear()
+        with st.LLM(path, device="cuda", dtype="bfloat16", max_model_len=128, max_num_seqs=16) as llm:
+            outputs[flag] = llm.generate(prompts, params, use_tqdm=False)
+            assert llm.engine.model_runner.cuda_graphs.num_replays[False] > 0
+    launch.pdl_args.cache_clear()
+    assert stage_view(outputs["1"]) == stage_view(outputs["0"])

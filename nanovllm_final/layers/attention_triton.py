@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from .fused_triton import rope_rows
+from .launch import pdl_args, wait_for_prior_kernel
 
 name = "triton"
 capturable = True  # no launch reads a device value
@@ -479,7 +480,9 @@ def _paged_decode_kernel(
     BLOCK_H: tl.constexpr,                     # and to at least 16 (tl.dot's least M)
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
+    PDL: tl.constexpr,                         # launched with programmatic dependent launch (launch.py)
 ):
+    wait_for_prior_kernel(PDL)
     # The kv head is the fastest grid axis, so the GPU starts programs sequence by sequence
     # in `order`: longest contexts first, the short ones fill in behind them.
     kv_head = tl.program_id(0)
@@ -721,6 +724,6 @@ def paged_decode_attention(
         ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
         BLOCK_G=triton.next_power_of_2(group), BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), FP8=fp8,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl_args(q.device),
     )
     return out

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .fused_triton import _rounded
+from .launch import pdl_args, wait_for_prior_kernel
 
 
 @triton.jit
@@ -256,10 +257,11 @@ def _gate_up_gemv_kernel(
     x_ptr, w_ptr, ids_ptr, out_ptr,
     stride_xt, stride_we, stride_wn,  # x: (T, K); w: (E, 2N, K); last dims contiguous
     N, K,
-    TOP_K: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[pair, n-block] = silu(gate[e] @ x[token]) * (up[e] @ x[token]) for one pair
     (ROUTED=False: expert 0, a dense MLP's weights)."""
+    wait_for_prior_kernel(PDL)
     pair = tl.program_id(0)
     token = (pair // TOP_K).to(tl.int64)
     expert = 0
@@ -291,11 +293,13 @@ def _down_gemv_sum_kernel(
     stride_we, stride_wn,  # h: (pairs, K) contiguous; w: (E, N, K), last dim contiguous; out: (T, N) contiguous
     N, K,
     TOP_K: tl.constexpr, ROUTED: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[token, n-block] = sum over the token's top_k slots of routing_weight * (down[e] @ h[pair]).
     Each pair's product is rounded to the output dtype, scaled and rounded again, as a
     (pairs, N) buffer would hold it; the sum is float32, rounded once. ROUTED=False: one slot,
     expert 0 with weight 1, i.e. out = h @ w[0]^T rounded once, as F.linear."""
+    wait_for_prior_kernel(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S] slots
     s_ok = offs_s < TOP_K
@@ -337,12 +341,12 @@ def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.T
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
     _gate_up_gemv_kernel[(tokens * top_k, triton.cdiv(inter, tiles["BLOCK_N"]))](
         x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden,
-        TOP_K=top_k, ROUTED=True, **tiles)
+        TOP_K=top_k, ROUTED=True, **tiles, **pdl_args(x.device))
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)  # (tokens, hidden)
     _down_gemv_sum_kernel[(tokens, triton.cdiv(hidden, down_block_n))](
         h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter,
         TOP_K=top_k, ROUTED=True, BLOCK_S=triton.next_power_of_2(top_k),
-        **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k})
+        **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k}, **pdl_args(x.device))
     return out
 
 
@@ -356,7 +360,7 @@ def dense_gate_up(x: torch.Tensor, gate_up: torch.Tensor, tiles: dict | None = N
     h = torch.empty(tokens, inter, dtype=x.dtype, device=x.device)  # (T, inter)
     if tokens:
         _gate_up_gemv_kernel[(tokens, triton.cdiv(inter, tiles["BLOCK_N"]))](
-            x, gate_up, x, h, x.stride(0), 0, gate_up.stride(0), inter, k, TOP_K=1, ROUTED=False, **tiles)
+            x, gate_up, x, h, x.stride(0), 0, gate_up.stride(0), inter, k, TOP_K=1, ROUTED=False, **tiles, **pdl_args(x.device))
     return h
 
 
@@ -377,7 +381,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None) -> torch.T
     if tokens:
         tiles = tiles or DENSE_GEMV_TILES
         _down_gemv_sum_kernel[(tokens, triton.cdiv(n, tiles["BLOCK_N"]))](
-            x, w, x, x, out, 0, w.stride(0), n, k, TOP_K=1, ROUTED=False, BLOCK_S=1, **tiles)
+            x, w, x, x, out, 0, w.stride(0), n, k, TOP_K=1, ROUTED=False, BLOCK_S=1, **tiles, **pdl_args(x.device))
     return out
 
 

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import pdl_args, wait_for_prior_kernel
+
 
 def _warps(block: int) -> int:
     return 1 if block <= 256 else 4 if block <= 2048 else 8
@@ -48,7 +50,9 @@ def _rms_norm_kernel(
     H: tl.constexpr, D: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_prior_kernel(PDL)
     t = tl.program_id(0).to(tl.int64)  # one token: all its H rows of D
     offs_h = tl.arange(0, BLOCK_H)  # [BLOCK_H]
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
@@ -87,7 +91,7 @@ def rms_norm(
             x3, residual if residual is not None else x3, weight, out, res_out if residual is not None else out,
             x3.stride(0), x3.stride(1), residual.stride(0) if residual is not None else 0,
             eps, H=heads, D=dim, HAS_RESIDUAL=residual is not None,
-            BLOCK_H=block_h, BLOCK_D=block_d, num_warps=_warps(block_h * block_d),
+            BLOCK_H=block_h, BLOCK_D=block_d, num_warps=_warps(block_h * block_d), **pdl_args(x.device),
         )
     return out if residual is None else (out, res_out)
 
@@ -187,7 +191,8 @@ def rotary(
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_xt, N: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_xt, N: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_for_prior_kernel(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = offs < N
@@ -206,7 +211,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
     if tokens > 0:
         block = min(1024, triton.next_power_of_2(n))
-        _silu_and_mul_kernel[(tokens, triton.cdiv(n, block))](x, out, x.stride(0), N=n, BLOCK=block, num_warps=_warps(block))
+        _silu_and_mul_kernel[(tokens, triton.cdiv(n, block))](x, out, x.stride(0), N=n, BLOCK=block, num_warps=_warps(block), **pdl_args(x.device))
     return out
 
 
@@ -244,10 +249,11 @@ def _keyed_exponential(key, token_ids):
 @triton.jit
 def _gumbel_argmax_chunk_kernel(
     logits_ptr, key_ptr, temp_ptr, best_ptr, best_id_ptr,
-    stride_l, V, CHUNKS, BLOCK: tl.constexpr,
+    stride_l, V, CHUNKS, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """The maximum and its first index in one chunk of a row: of the logits in a greedy row
     (T = 0), of the Gumbel-max score in the others (only they hash noise)."""
+    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
@@ -267,8 +273,9 @@ def _gumbel_argmax_chunk_kernel(
 
 
 @triton.jit
-def _gumbel_argmax_combine_kernel(best_ptr, best_id_ptr, out_ptr, CHUNKS, BLOCK_C: tl.constexpr):
+def _gumbel_argmax_combine_kernel(best_ptr, best_id_ptr, out_ptr, CHUNKS, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
     """The id of a row's largest chunk maximum: the first chunk's on a tie, as argmax's."""
+    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
     v = tl.load(best_ptr + row * CHUNKS + offs, mask=offs < CHUNKS, other=float("-inf"))
@@ -297,10 +304,10 @@ def gumbel_argmax(
         temperatures = temperatures.contiguous()
         _gumbel_argmax_chunk_kernel[(rows, chunks)](
             logits, keys.contiguous(), temperatures, best, best_id,
-            logits.stride(0), vocab, chunks, BLOCK=block, num_warps=_warps(block),
+            logits.stride(0), vocab, chunks, BLOCK=block, num_warps=_warps(block), **pdl_args(logits.device),
         )
         _gumbel_argmax_combine_kernel[(rows,)](best, best_id, out, chunks, BLOCK_C=triton.next_power_of_2(chunks),
-                                               num_warps=1)
+                                               num_warps=1, **pdl_args(logits.device))
     return out
 
 
@@ -325,8 +332,9 @@ def _key_value(key):
 
 
 @triton.jit
-def _group_max_kernel(x_ptr, out_ptr, stride_x, num_groups, GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
+def _group_max_kernel(x_ptr, out_ptr, stride_x, num_groups, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr):
     """out[row, g] = max of logits g * GROUP .. (g + 1) * GROUP - 1, for BLOCK_G groups a program."""
+    wait_for_prior_kernel(PDL)
     row = tl.program_id(0)
     groups = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)  # [BLOCK_G]
     ok = groups < num_groups
@@ -337,9 +345,10 @@ def _group_max_kernel(x_ptr, out_ptr, stride_x, num_groups, GROUP: tl.constexpr,
 
 @triton.jit
 def _top_groups_kernel(x_ptr, maxima_ptr, values_ptr, ids_ptr, stride_x, num_groups, k,
-                       GROUP: tl.constexpr, BLOCK_NG: tl.constexpr, BLOCK_K: tl.constexpr):
+                       GROUP: tl.constexpr, BLOCK_NG: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """Per row: the k groups of largest maxima, then the k largest logits among those groups'
     k * GROUP, largest first (an argmax taken out k times, over order keys)."""
+    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs_g = tl.arange(0, BLOCK_NG)  # [BLOCK_NG]
     keys = tl.load(maxima_ptr + row * num_groups + offs_g, mask=offs_g < num_groups, other=0.0)
@@ -377,11 +386,11 @@ def top_candidates(logits: torch.Tensor, k: int, group: int) -> tuple[torch.Tens
     maxima = torch.empty(rows, num_groups, dtype=torch.float32, device=logits.device)
     block_g = max(1, 4096 // group)
     _group_max_kernel[(rows, triton.cdiv(num_groups, block_g))](logits, maxima, logits.stride(0), num_groups,
-                                                                 GROUP=group, BLOCK_G=block_g, num_warps=4)
+                                                                 GROUP=group, BLOCK_G=block_g, num_warps=4, **pdl_args(logits.device))
     block_k = triton.next_power_of_2(k)
     _top_groups_kernel[(rows,)](logits, maxima, values, ids, logits.stride(0), num_groups, k,
                                 GROUP=group, BLOCK_NG=triton.next_power_of_2(num_groups), BLOCK_K=block_k,
-                                num_warps=_warps(block_k * group))
+                                num_warps=_warps(block_k * group), **pdl_args(logits.device))
     return values, ids
 
 
@@ -396,7 +405,9 @@ def _candidates_draw_kernel(
     values_ptr, ids_ptr, key_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
     stride_v, stride_i, K,
     HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)  # [BLOCK]: the candidates, most likely first
     valid = offs < K
@@ -450,6 +461,6 @@ def candidates_draw(
             unused if min_p is None else min_p.contiguous(), out,
             values.stride(0), ids.stride(0), k,
             HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
-            BLOCK=block, num_warps=_warps(block),
+            BLOCK=block, num_warps=_warps(block), **pdl_args(values.device),
         )
     return out
