@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/tables.py` too
 
-from benchmarks.limits import workload_limit  # noqa: E402
+from benchmarks.limits import decode_step_limits, workload_limit  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 INDEX = RESULTS / "README.md"
 READMES = [ROOT / "README.md", ROOT / "nanovllm_final" / "README.md"]
@@ -235,7 +235,32 @@ def kv_quality_table(prefix: str) -> str:
                      "completions equal", "mean abs Δ logprob", "max abs Δ logprob", "blocks per GiB, bf16 → fp8", "record"], rows)
 
 
-TABLES: dict[str, Callable[[str], str]] = {"ladder": ladder_table, "small": small_table, "final": final_table, "tp": tp_table,
+DECODE_BATCHES = [(1, 16), (17, 64), (65, 128), (129, 192), (193, 256)]
+
+
+def decode_batches_table(prefix: str) -> str:
+    """The mean decode step of a record by batch size (its steps' own batches), against the mean of
+    the workload's limit steps of those batches (benchmarks/limits.py decode_step_limits)."""
+    records = [("Qwen3-0.6B shape, checkpoint sampling", "nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json"),
+               ("same, fp8 KV cache", "nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_h200.json"),
+               ("Llama-3.2-1B shape, temperature only", "nanovllm_llama-3.2-1b_final_h200.json")]
+    rows = []
+    for what, rel in records:
+        record = load(rel)
+        measured, limits = record["stats"]["decode_steps_by_num_seqs"], decode_step_limits(record)
+        cells = []
+        for lo, hi in DECODE_BATCHES:
+            steps = [(v["steps"], v["ms_mean"]) for batch, v in measured.items() if lo <= int(batch) <= hi]
+            at_limit = [seconds for batch, seconds in limits if lo <= batch <= hi]
+            mean_ms = sum(n * ms for n, ms in steps) / sum(n for n, _ in steps)
+            limit_ms = sum(at_limit) / len(at_limit) * 1e3
+            cells.append(f"{mean_ms:.2f} / {limit_ms:.2f} ms (+{mean_ms - limit_ms:.2f})")
+        rows.append([what, *cells, link(rel, prefix)])
+    return markdown(["decode steps of", *[f"batch {lo}–{hi}" for lo, hi in DECODE_BATCHES], "record"], rows)
+
+
+TABLES: dict[str, Callable[[str], str]] = {"ladder": ladder_table, "small": small_table, "final": final_table,
+                                           "decode-batches": decode_batches_table, "tp": tp_table,
                                            "serve": serve_table, "kv-quality": kv_quality_table}
 
 

@@ -303,3 +303,23 @@ def test_workload_limit_counts_what_the_workload_must_move():
     assert limit["output_tokens_per_s"] == pytest.approx(sum(outs) / (limit["kv_s"] + limit["weights_s"] + limit["prefill_s"]))
     record["engine_options"] = {"kv_cache_dtype": "fp8"}
     assert workload_limit(record, bandwidth=1e6, peak_flops=1e9)["kv_s"] == pytest.approx(limit["kv_s"] / 2)
+
+
+def test_decode_step_limits_are_the_steps_of_the_workload():
+    """decode_step_limits on the same two requests, by hand: step t runs the requests with more
+    than t output tokens, reading their in + t cached tokens and the weights once."""
+    from benchmarks.limits import decode_step_limits
+    from nanovllm_final.workloads import make_workload
+
+    params = {"num_seqs": 2, "max_input_len": 8, "max_output_len": 6, "min_input_len": 4, "min_output_len": 3, "seed": 1}
+    prompts, sampling = make_workload("tiny-cpu", 64, **params)
+    ins, outs = [len(p) for p in prompts], [s["max_tokens"] for s in sampling]
+    model = {"vocab_size": 64, "num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 8, "dtype": "bfloat16",
+             "num_parameters": 1000, "model_type": "llama"}
+    record = {"model": model, "workload": {"name": "tiny-cpu", "params": params}, "engine_options": {}}
+    steps = decode_step_limits(record, bandwidth=1e6)
+    assert len(steps) == max(outs) - 1
+    for t, (batch, seconds) in enumerate(steps, start=1):
+        live = [i + t for i, o in zip(ins, outs) if o > t]
+        assert batch == len(live)
+        assert seconds == pytest.approx((sum(live) * 2 * 3 * 2 * 8 * 2 + 1000 * 2) / 1e6)
