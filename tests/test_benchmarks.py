@@ -282,11 +282,9 @@ def test_engine_block_tables_place_blocks_as_the_block_manager_does():
     assert [t[0] for t in tables] == sorted(t[0] for t in tables)
 
 
-def test_workload_limit_counts_what_the_workload_must_move():
-    """benchmarks/limits.py on a two-request workload computed by hand: KV reads of
-    out*in + out^2/2 tokens per request, the weights once per decode step, prefill FLOPs;
-    an fp8 cache halves the KV time, and the share is what run.py prints."""
-    from benchmarks.limits import workload_limit
+def two_request_record() -> tuple[dict, list[int], list[int]]:
+    """A run.py record of a two-request workload on a tiny model (3 layers, 2 kv heads of 8, 1000
+    parameters), with its prompt and output lengths."""
     from nanovllm_final.workloads import make_workload
 
     params = {"num_seqs": 2, "max_input_len": 8, "max_output_len": 6, "min_input_len": 4, "min_output_len": 3, "seed": 1}
@@ -295,6 +293,16 @@ def test_workload_limit_counts_what_the_workload_must_move():
     model = {"vocab_size": 64, "num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 8, "dtype": "bfloat16",
              "num_parameters": 1000, "model_type": "llama"}
     record = {"model": model, "workload": {"name": "tiny-cpu", "params": params}, "engine_options": {}}
+    return record, ins, outs
+
+
+def test_workload_limit_counts_what_the_workload_must_move():
+    """benchmarks/limits.py on a two-request workload computed by hand: KV reads of
+    out*in + out^2/2 tokens per request, the weights once per decode step, prefill FLOPs;
+    an fp8 cache halves the KV time, and the share is what run.py prints."""
+    from benchmarks.limits import workload_limit
+
+    record, ins, outs = two_request_record()
     limit = workload_limit(record, bandwidth=1e6, peak_flops=1e9)
     kv_tokens = sum(o * i + o * o / 2 for i, o in zip(ins, outs))
     assert limit["kv_s"] == pytest.approx(kv_tokens * 2 * 3 * 2 * 8 * 2 / 1e6)
@@ -309,14 +317,8 @@ def test_decode_step_limits_are_the_steps_of_the_workload():
     """decode_step_limits on the same two requests, by hand: step t runs the requests with more
     than t output tokens, reading their in + t cached tokens and the weights once."""
     from benchmarks.limits import decode_step_limits
-    from nanovllm_final.workloads import make_workload
 
-    params = {"num_seqs": 2, "max_input_len": 8, "max_output_len": 6, "min_input_len": 4, "min_output_len": 3, "seed": 1}
-    prompts, sampling = make_workload("tiny-cpu", 64, **params)
-    ins, outs = [len(p) for p in prompts], [s["max_tokens"] for s in sampling]
-    model = {"vocab_size": 64, "num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 8, "dtype": "bfloat16",
-             "num_parameters": 1000, "model_type": "llama"}
-    record = {"model": model, "workload": {"name": "tiny-cpu", "params": params}, "engine_options": {}}
+    record, ins, outs = two_request_record()
     steps = decode_step_limits(record, bandwidth=1e6)
     assert len(steps) == max(outs) - 1
     for t, (batch, seconds) in enumerate(steps, start=1):
