@@ -3,7 +3,8 @@ while the kernel before it in the stream is still finishing, so its launch and i
 start overlap the previous kernel's last wave instead of following it. Each such kernel waits
 (griddepcontrol.wait) before it reads or writes anything, so it sees every result of the
 kernel before it; as every PDL kernel waits, that holds for all earlier kernels too. A decode
-step is a few hundred short kernels, where this overlap is a sizeable share of the step.
+step is a few hundred short kernels, each of which would otherwise start only once the one
+before it has drained.
 
 `pdl_args(device)` gives the launch arguments: the PDL constexpr that makes a kernel call
 `wait_for_prior_kernel`, and Triton's launch_pdl option. Off on CPU, under the Triton
@@ -24,16 +25,11 @@ except ImportError:  # a Triton without grid dependency control: PDL stays off
 
 
 @functools.cache
-def _capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
-
-
-@functools.cache
 def pdl_args(device: torch.device) -> dict:
     """{"PDL": True, "launch_pdl": True} where PDL works, else {"PDL": False}."""
     on = (gdc_wait is not None and device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
           and os.environ.get("NANOVLLM_PDL", "1") != "0"
-          and _capable(device.index if device.index is not None else torch.cuda.current_device()))
+          and torch.cuda.get_device_capability(device) >= (9, 0))
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
