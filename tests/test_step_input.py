@@ -74,3 +74,17 @@ def test_packed_arrays_come_back_with_their_dtypes_shapes_and_values():
     for array, tensor in zip(arrays, unpack(packed, arrays, offsets)):
         assert tensor.dtype == torch.from_numpy(np.ascontiguousarray(array)).dtype and tuple(tensor.shape) == array.shape
         assert np.array_equal(tensor.numpy(), array)
+
+
+def test_decode_rows_known_and_pending():
+    """A decode step's rows: a known token is fed by id, a pending one (sampled by the step in
+    flight) is a 0 carried in on the device from that step's output row; the rows that sample are
+    those Sequence.samples_this_step names."""
+    known, pending = _seq(5, 4), _seq(7, 7)
+    pending.num_pending, pending.num_scheduled_tokens = 1, 1  # its 8th token is still on the device
+    pending.block_table = list(range(2))
+    step = build_step_input([known, pending, _seq(3, 2)], BLOCK, pending_rows={pending.seq_id: 5})
+    assert step.is_decode and step.input_ids.tolist() == [5, 0, 3]
+    assert step.carry_index.tolist() == [1] and step.carry_rows.tolist() == [5]
+    assert step.positions.tolist() == [4, 7, 2]
+    assert step.sample_rows.tolist() == [i for i, s in enumerate([known, pending]) if s.samples_this_step] + [2]

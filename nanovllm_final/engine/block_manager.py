@@ -111,7 +111,7 @@ class BlockManager:
         fill and that are not registered yet, as far as their token ids are known (a block
         holding a pending token waits for it). Only blocks whose K/V are computed, or queued
         on the device before any later step that could read them, can be found."""
-        full = min(num_tokens, seq.num_known_tokens) // self.block_size
+        full = min(num_tokens, len(seq.token_ids)) // self.block_size  # len(token_ids): the known tokens
         if full <= seq.num_hashed_blocks:  # most calls: nothing new
             return
         for i in range(seq.num_hashed_blocks, full):
@@ -130,11 +130,18 @@ class BlockManager:
         seq.block_table.clear()
         seq.num_hashed_blocks = 0
 
+    def blocks_missing(self, seq: Sequence, num_tokens: int) -> int:
+        """Blocks the sequence needs beyond its block table to hold `num_tokens` tokens: 0 at
+        most decode steps (its last block has room), 1 when its newest token starts a block, and
+        0 or less for a prompt chunk (admission gave the prompt all its blocks)."""
+        return -(-num_tokens // self.block_size) - len(seq.block_table)
+
     def can_append(self, seq: Sequence) -> bool:
         """Can the sequence's newest token get a slot (a fresh block if the last one is full)?"""
-        missing = self.blocks_needed(len(seq)) - len(seq.block_table)
-        return missing <= self.num_free_blocks
+        return self.blocks_missing(seq, len(seq)) <= self.num_free_blocks
 
-    def may_append(self, seq: Sequence) -> None:
-        while len(seq.block_table) < self.blocks_needed(len(seq)):
+    def may_append(self, seq: Sequence, missing: int | None = None) -> None:
+        """Give the sequence's newest token a slot: `missing` fresh blocks (blocks_missing's,
+        computed here when None)."""
+        for _ in range(self.blocks_missing(seq, len(seq)) if missing is None else missing):
             seq.block_table.append(self._take_free_block())

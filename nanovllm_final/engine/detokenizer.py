@@ -53,7 +53,8 @@ class IncrementalDetokenizer:
         decode now and return whether one was found (the text is then cut before it)."""
         if self.stopped:
             return True
-        self.push(token_id)
+        self.ids.append(token_id)  # push's body: this runs for every token of every sequence
+        self.num_tokens += 1
         return self.update(final) if self.stop else False
 
     def push(self, token_id: int) -> None:

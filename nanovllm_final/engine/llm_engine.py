@@ -220,6 +220,7 @@ class LLMEngine:
             sampled = done.sample.result() if done.sample is not None else None
             now = time.perf_counter()
             news: dict[str, Request] = {}
+            ended: set[str] = set()  # requests a sequence of which ended here: only they may have finished
             for row, seq in enumerate(done.sampling):
                 if seq.is_finished:
                     continue  # aborted, or stopped by the token of the step before
@@ -235,8 +236,9 @@ class LLMEngine:
                 reason = request.on_token(seq, token_id, logprob, now, self.eos_set, self.config.max_model_len)
                 if reason is not None:
                     self.scheduler.finish(seq, reason)
+                    ended.add(request.request_id)
                 news[request.request_id] = request
-            finished = [request for request in news.values() if request.finished]
+            finished = [request for request_id, request in news.items() if request_id in ended and request.finished]
             outputs = [request.output() for request in (finished if finished_only else news.values())]
         except Exception as err:
             self._fail(done.seqs, err)

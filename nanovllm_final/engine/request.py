@@ -69,11 +69,12 @@ class Request:
         if completion.logprob_list is not None:
             k = seq.params.logprobs  # the batch computed the most any row asked for
             completion.logprob_list.append({**logprob, "top_logprobs": dict(list(logprob["top_logprobs"].items())[:k])})
-        p, n = seq.params, seq.num_known_tokens - seq.num_prompt_tokens  # this token is the n-th
+        p, known = seq.params, seq.num_known_tokens
+        n = known - seq.num_prompt_tokens  # this token is the n-th
         reason = None
         if n >= p.min_tokens and ((not p.ignore_eos and token_id in eos_token_ids) or token_id in p.stop_token_ids):
             reason = "stop"
-        elif seq.reaches_length_limit(seq.num_known_tokens, max_model_len):
+        elif seq.reaches_length_limit(known, max_model_len):
             reason = "length"
         if completion.detok.add(token_id, final=reason is not None):
             reason = "stop"

@@ -52,21 +52,25 @@ class Scheduler:
 
     def schedule_running(self, budget: int) -> list[Sequence]:
         """In admission order: a decode token, or the next prompt chunk, while the budget lasts."""
-        scheduled, still_running = [], []
+        # This loop runs for every sequence at every step, so it asks each one's length once.
+        scheduled, still_running, blocks = [], [], self.block_manager
         while self.running:
             seq = self.running.popleft()
-            if budget == 0 or (seq.num_pending and seq.reaches_length_limit(len(seq), self.max_model_len)):
+            num_tokens = len(seq)
+            if budget == 0 or (seq.num_pending and seq.reaches_length_limit(num_tokens, self.max_model_len)):
                 still_running.append(seq)  # no room this step, or its last token is in flight: it keeps its blocks and waits
                 continue
-            while not self.block_manager.can_append(seq):
+            missing = blocks.blocks_missing(seq, num_tokens)  # 0 unless its newest token starts a block
+            while missing > 0 and missing > blocks.num_free_blocks:
                 if self.running:
                     self.preempt(self.running.pop())  # the most recently admitted
                 else:
                     self.preempt(seq)
                     break
             else:
-                self.block_manager.may_append(seq)
-                seq.num_scheduled_tokens = min(len(seq) - seq.num_cached_tokens, budget)
+                if missing > 0:
+                    blocks.may_append(seq, missing)
+                seq.num_scheduled_tokens = min(num_tokens - seq.num_cached_tokens, budget)
                 budget -= seq.num_scheduled_tokens
                 scheduled.append(seq)
                 still_running.append(seq)

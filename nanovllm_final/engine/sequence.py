@@ -45,7 +45,7 @@ class Sequence:
     @property
     def num_completion_tokens(self) -> int:
         """Generated tokens, pending ones included (the index the next sampled token gets)."""
-        return len(self) - self.num_prompt_tokens
+        return len(self.token_ids) + self.num_pending - self.num_prompt_tokens  # len(self) - prompt
 
     @property
     def num_known_tokens(self) -> int:
@@ -64,7 +64,7 @@ class Sequence:
     @property
     def samples_this_step(self) -> bool:
         """Does this step's feed reach the sequence's end (so a token is sampled)?"""
-        return self.num_cached_tokens + self.num_scheduled_tokens == len(self)
+        return self.num_cached_tokens + self.num_scheduled_tokens == len(self.token_ids) + self.num_pending  # == len(self)
 
     def reaches_length_limit(self, num_tokens: int, max_model_len: int) -> bool:
         """Does the sequence end by length once it holds `num_tokens` tokens (max_tokens or max_model_len)?"""

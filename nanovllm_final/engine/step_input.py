@@ -72,8 +72,19 @@ def pack(arrays: list[np.ndarray], pin: bool = False) -> tuple[torch.Tensor, lis
 
 
 def unpack(packed: torch.Tensor, arrays: list[np.ndarray], offsets: list[int]) -> list[torch.Tensor]:
-    """Views of `packed` (pack's bytes, wherever they are) with the arrays' dtypes and shapes."""
-    return [packed[start : start + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape) for a, start in zip(arrays, offsets)]
+    """Views of `packed` (pack's bytes, wherever they are) with the arrays' dtypes and shapes:
+    the buffer is viewed once per dtype (its size and every offset are multiples of _ALIGN),
+    then sliced per array, as few tensor ops as there can be (a step runs this on the host's
+    critical path)."""
+    typed: dict[np.dtype, torch.Tensor] = {}
+    views = []
+    for a, start in zip(arrays, offsets):
+        if a.dtype not in typed:
+            typed[a.dtype] = packed.view(_torch_dtype(a.dtype))
+        first = start // a.itemsize
+        flat = typed[a.dtype][first : first + a.size]
+        views.append(flat if a.ndim == 1 else flat.view(a.shape))
+    return views
 
 
 @functools.cache
@@ -122,8 +133,12 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
     per-token arrays are computed with numpy, not a Python loop over tokens. `pending_rows`:
     the step in flight's output row of each sequence it samples for (seq_id -> row).
     `block_tables`: the engine's, kept from step to step (a fresh one when None)."""
-    starts = np.fromiter((s.num_cached_tokens for s in seqs), np.int64, len(seqs))  # (seqs,)
-    counts = np.fromiter((s.num_scheduled_tokens for s in seqs), np.int64, len(seqs))  # (seqs,)
+    n = len(seqs)
+    # the sequences' counters as arrays, one plain attribute per pass (a decode step has hundreds of rows)
+    starts = np.fromiter((s.num_cached_tokens for s in seqs), np.int64, n)  # (seqs,)
+    counts = np.fromiter((s.num_scheduled_tokens for s in seqs), np.int64, n)  # (seqs,)
+    known = np.fromiter((len(s.token_ids) for s in seqs), np.int64, n)  # (seqs,) tokens whose ids the host knows
+    pending = np.fromiter((s.num_pending for s in seqs), np.int64, n)  # (seqs,) sampled ones still on the device
     ends = starts + counts
     cu = np.zeros(len(seqs) + 1, np.int64)
     np.cumsum(counts, out=cu[1:])
@@ -133,14 +148,15 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
     slots = tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
     max_seqlen_q = int(counts.max())
     is_decode = max_seqlen_q == 1
-    if is_decode:  # one token each: the one at `start` (a pending one is 0 here)
-        input_ids = np.fromiter((s.token_ids[a] if a < len(s.token_ids) else 0 for s, a in zip(seqs, starts.tolist())),
-                                np.int64, len(seqs))
+    if is_decode:  # one token each: the one at `start`; a pending one (most, with overlap) is 0 here
+        input_ids = np.zeros(n, np.int64)
+        for i in np.flatnonzero(starts < known).tolist():
+            input_ids[i] = seqs[i].token_ids[starts[i]]
     else:
         input_ids = np.fromiter(chain.from_iterable(fed_ids(s, a, b) for s, a, b in zip(seqs, starts.tolist(), ends.tolist())),
                                 np.int64, int(cu[-1]))
-    samples = np.fromiter((s.samples_this_step for s in seqs), bool, len(seqs))
-    pending = [i for i, s in enumerate(seqs) if s.num_pending]
+    samples = ends == known + pending  # (seqs,) the feed reaches the sequence's end: Sequence.samples_this_step
+    carried = np.flatnonzero(pending)  # (carried,) rows whose fed token is a pending one
     return StepInput(
         input_ids=input_ids,
         positions=positions,
@@ -149,8 +165,8 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
         context_lens=ends.astype(np.int32),
         block_tables=tables,
         sample_rows=(cu[1:] - 1)[samples],  # the last fed token of each sequence that samples
-        carry_index=cu[1:][pending] - 1,
-        carry_rows=np.array([pending_rows[seqs[i].seq_id] for i in pending], np.int64),
+        carry_index=cu[1:][carried] - 1,
+        carry_rows=np.fromiter((pending_rows[seqs[i].seq_id] for i in carried.tolist()), np.int64, len(carried)),
         max_seqlen_q=max_seqlen_q,
         is_decode=is_decode,
         decode_order=np.argsort(-ends, kind="stable").astype(np.int32),
