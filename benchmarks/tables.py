@@ -335,7 +335,7 @@ FILES = [
 ]
 RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
     ("tp_*", "tp"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),
-    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
+    ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("variants/nanovllm_llama-3.2-1b*", "throughput"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
     ("nanovllm_*", "throughput"),
 ]
 SPECIALIZED = ("made while the Triton prefill kernel was still specialized on the step's sequence count and block-table width: "
@@ -372,6 +372,11 @@ NOTES = {  # facts about a record that its fields do not say
         "made before the decode attention kernel applied RoPE and stored the new K/V itself, and before "
         "the dense matrix-vector path",
     "variants/nanovllm_qwen3-30b-a3b_final_prefill-specialized_h200.json": SPECIALIZED,
+    "variants/nanovllm_llama-3.2-1b_final_slower-host-path_h200.json":
+        "the command of nanovllm_llama-3.2-1b_final_h200.json twice on the code before a decode step's host work was cut "
+        "(scheduling asked each sequence's length and block needs several times, the step's arrays came from per-row "
+        "property calls, every request was asked whether it had finished), run from an export of that commit (no "
+        "git_commit) and alternating with the current code's runs on one host",
     "variants/serve_qwen3-0.6b_c256_prefill-specialized_h200.json": SPECIALIZED,
     "variants/nanovllm-short_qwen3-0.6b_03_04_05_05_04_03_h200.json":
         "the 05 records are not valid: that 05 ran without `torch.inference_mode()`; 03 and 04 are",
