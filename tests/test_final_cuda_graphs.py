@@ -68,8 +68,8 @@ class Recorded:
     def replay(self) -> None:
         is_decode, n = self.key
         set_context(self.graphs.context(is_decode, n))
-        g = self.graphs.inputs
-        self.graphs.output[:n] = self.model(g["input_ids"][:n], g["positions"][:n])
+        ids, pos = self.graphs.token_inputs(is_decode)
+        self.graphs.output[:n] = self.model(ids[:n], pos[:n])
         set_context(None)
 
 
@@ -121,15 +121,24 @@ def test_replay_through_padded_buffers_matches_eager(kind):
     assert graph_for(step.num_tokens, sizes) == graph_for(larger.num_tokens, sizes)
     cache = torch.randn(2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM, device=DEVICE)  # the cached prefixes (and stale slots)
     outputs, caches = [], []
+
+    def replay(step):  # a decode step goes through write_decode, a step with prompts through the buffers' copies
+        if step.is_decode:
+            assert graphs.can_replay_decode(step.num_tokens) and not graphs.can_replay(_context(step), step.num_tokens)
+            t = graphs.write_decode(step)
+            assert torch.equal(t["input_ids"].cpu(), torch.from_numpy(step.input_ids))
+            return graphs.replay_decode(step.num_tokens)
+        assert graphs.can_replay(_context(step), step.num_tokens)
+        return graphs.replay(_tensor(step.input_ids), _tensor(step.positions), _context(step))
+
     for replayed in (False, True):
         if replayed:
             model.attn.k_cache, model.attn.v_cache = cache.clone().unbind(0)
-            graphs.replay(_tensor(larger.input_ids), _tensor(larger.positions), _context(larger))
+            replay(larger)
         model.attn.k_cache, model.attn.v_cache = kv = cache.clone().unbind(0)
         ids, pos, context = _tensor(step.input_ids), _tensor(step.positions), _context(step)
         if replayed:
-            assert graphs.can_replay(context, len(ids))
-            out = graphs.replay(ids, pos, context).clone()
+            out = replay(step).clone()
         else:
             set_context(context)
             out = model(ids, pos)

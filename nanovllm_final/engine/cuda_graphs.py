@@ -2,8 +2,9 @@
 ladder, and steps that carry prompt tokens, one graph per token count of a second ladder.
 
 A graph replays every kernel launch of a step with one call, on fixed buffers: a step
-copies its inputs into the first rows of the buffers and replays the graph of the next
-captured size up (the padding rows store nothing and attend to nothing). Eagerly, a step of
+copies its inputs into the first rows of the buffers (a decode step in one copy,
+decode_inputs.py) and replays the graph of the next captured size up (the padding rows store
+nothing and attend to nothing). Eagerly, a step of
 a small model is bound by the host's ~500 launches (~15 ms on an H200 at any token count up
 to a few thousand, against ~2 ms for a decode step replayed), so a step that admits a new
 prompt would stall every running stream for several decode steps; replayed, it costs its
@@ -17,6 +18,8 @@ from torch import nn
 
 from ..layers.context import Context, set_context
 from .block_manager import blocks_needed
+from .decode_inputs import DecodeInputs
+from .step_input import StepInput
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -47,20 +50,20 @@ class CUDAGraphs:
         self.sizes = graph_batch_sizes(max_num_seqs)  # decode: sequences
         self.token_sizes = graph_token_sizes(max_prompt_tokens)  # with prompts: tokens
         self.max_num_seqs = max_num_seqs
-        max_tokens = max([self.sizes[-1], *self.token_sizes])
-        max_seqs = max(self.sizes[-1], self.seq_rows(max_tokens))
+        max_tokens = max(self.token_sizes, default=0)
+        max_seqs = self.seq_rows(max_tokens)
         max_blocks = blocks_needed(max_model_len, block_size)
-        self.inputs = {  # static buffers shared by every graph; a graph uses their first rows
+        self.inputs = {  # static buffers of the steps with prompts; a graph uses their first rows
             "input_ids": torch.zeros(max_tokens, dtype=torch.int64, device=device),
             "positions": torch.zeros(max_tokens, dtype=torch.int64, device=device),
             "slot_mapping": torch.full((max_tokens,), -1, dtype=torch.int64, device=device),
             "context_lens": torch.zeros(max_seqs, dtype=torch.int32, device=device),
             "block_tables": torch.full((max_seqs, max_blocks), -1, dtype=torch.int32, device=device),
-            "cu_seqlens_q": torch.zeros(max_seqs + 1, dtype=torch.int32, device=device),  # steps with prompts only
-            "decode_order": torch.arange(self.sizes[-1], dtype=torch.int32, device=device),
+            "cu_seqlens_q": torch.zeros(max_seqs + 1, dtype=torch.int32, device=device),
         }
-        self.identity = torch.arange(self.sizes[-1] + 1, dtype=torch.int32, device=device)  # decode padding rows' order
-        self.output = torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device)
+        self.decode_inputs = DecodeInputs(self.sizes[-1], max_blocks, device)  # the decode steps'
+        self.identity = torch.arange(self.sizes[-1] + 1, dtype=torch.int32, device=device)  # decode's cu_seqlens_q (never read)
+        self.output = torch.zeros(max(self.sizes[-1], max_tokens), hidden_size, dtype=dtype, device=device)
         self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}  # (is_decode, sequences or tokens) -> graph
         self.num_replays = {True: 0, False: 0}  # by is_decode
 
@@ -78,7 +81,7 @@ class CUDAGraphs:
             is_decode, n = key
             graph = torch.cuda.CUDAGraph()
             set_context(self.context(is_decode, n))
-            ids, pos = self.inputs["input_ids"][:n], self.inputs["positions"][:n]
+            ids, pos = (buffer[:n] for buffer in self.token_inputs(is_decode))
             self.output[:n] = model(ids, pos)  # warm-up: autotuning and allocations happen outside the graph
             with torch.cuda.graph(graph, pool):
                 self.output[:n] = model(ids, pos)
@@ -87,11 +90,16 @@ class CUDAGraphs:
             torch.cuda.synchronize()
         set_context(None)
 
+    def token_inputs(self, is_decode: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (input_ids, positions) buffers the graphs of one ladder read."""
+        g = self.decode_inputs.views if is_decode else self.inputs
+        return g["input_ids"], g["positions"]
+
     def context(self, is_decode: bool, n: int) -> Context:
         """The context a graph of `n` sequences (decode) or tokens (with prompts) reads. While
         capturing, every row is padding: nothing is stored (slots -1), nothing attended to
         (context 0, and no prompt sequence has a token: cu_seqlens_q all 0)."""
-        g = self.inputs
+        g = self.decode_inputs.views if is_decode else self.inputs
         seqs = n if is_decode else self.seq_rows(n)
         return Context(
             cu_seqlens_q=self.identity[: seqs + 1] if is_decode else g["cu_seqlens_q"][: seqs + 1],  # decode: 0, 1, ..., never read
@@ -104,14 +112,29 @@ class CUDAGraphs:
         )
 
     def can_replay(self, context: Context, num_tokens: int) -> bool:
-        sizes = self.sizes if context.is_decode else self.token_sizes
-        return bool(self.graphs) and bool(sizes) and num_tokens <= sizes[-1]
+        """Is there a graph for this step with prompt tokens (decode steps: can_replay_decode)?"""
+        return bool(self.graphs) and not context.is_decode and bool(self.token_sizes) and num_tokens <= self.token_sizes[-1]
+
+    def can_replay_decode(self, num_seqs: int) -> bool:
+        return bool(self.graphs) and num_seqs <= self.sizes[-1]
+
+    def write_decode(self, step: StepInput) -> dict[str, torch.Tensor]:
+        """A decode step's arrays into the decode graphs' inputs, in one copy (decode_inputs.py);
+        the device views of its input_ids, sample_rows, carry_index and carry_rows."""
+        return self.decode_inputs.write(step, graph_for(step.num_tokens, self.sizes))
+
+    def replay_decode(self, num_seqs: int) -> torch.Tensor:
+        """(seqs, hidden): the hidden states of the decode step write_decode wrote."""
+        self.graphs[(True, graph_for(num_seqs, self.sizes))].replay()
+        self.num_replays[True] += 1
+        return self.output[:num_seqs]
 
     def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
-        """(tokens, hidden): the step's hidden states, from the graph of the next size up."""
+        """(tokens, hidden): a step with prompt tokens, from the graph of the next token count up,
+        its inputs copied into the graphs' buffers."""
         n, seqs = len(input_ids), len(context.context_lens)
-        size = graph_for(n, self.sizes if context.is_decode else self.token_sizes)
-        rows = size if context.is_decode else self.seq_rows(size)  # sequence rows of that graph
+        size = graph_for(n, self.token_sizes)
+        rows = self.seq_rows(size)  # sequence rows of that graph
         g = self.inputs
         g["input_ids"][:n] = input_ids
         g["positions"][:n] = positions
@@ -121,12 +144,8 @@ class CUDAGraphs:
         g["context_lens"][:seqs] = context.context_lens
         width = context.block_tables.shape[1]
         g["block_tables"][:seqs, :width] = context.block_tables
-        if context.is_decode:
-            g["decode_order"][n:size] = self.identity[n:size]  # padding rows last, each once
-            g["decode_order"][:n] = context.decode_order
-        else:
-            g["cu_seqlens_q"][: seqs + 1] = context.cu_seqlens_q
-            g["cu_seqlens_q"][seqs + 1 : rows + 1].fill_(n)  # padding sequences hold no token
-        self.graphs[(context.is_decode, size)].replay()
-        self.num_replays[context.is_decode] += 1
+        g["cu_seqlens_q"][: seqs + 1] = context.cu_seqlens_q
+        g["cu_seqlens_q"][seqs + 1 : rows + 1].fill_(n)  # padding sequences hold no token
+        self.graphs[(False, size)].replay()
+        self.num_replays[False] += 1
         return self.output[:n]  # (tokens, hidden)

@@ -203,7 +203,8 @@ class LLMEngine:
                                     self.block_tables)
             execute = functools.partial(self.model_runner.execute, carried=prev.sample.token_ids if prev is not None and prev.sample is not None else None)
             logits = execute(step) if self.workers is None else self.workers.call("execute", execute, step)
-            sampling = [seq for seq in seqs if seq.samples_this_step]
+            all_sample = len(step.sample_rows) == len(seqs)  # most steps: every sequence samples
+            sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
             batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns) if sampling else None
             pending = sample(self.model_runner.sampler, logits, batch) if sampling else None
         except Exception as err:

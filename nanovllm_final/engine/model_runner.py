@@ -185,12 +185,17 @@ class ModelRunner:
         """(tokens,) the step's token ids (`t`: its arrays on the device), with the tokens the step
         before sampled (`carried`, still on rank 0's device) put in at `carry_index`; rank 0 sends
         them to the other ranks."""
-        input_ids = t["input_ids"]
-        if len(t["carry_index"]):
+        input_ids, num_carried = t["input_ids"], len(t["carry_index"])
+        if num_carried == len(input_ids):  # a decode step of carried tokens only: carry_index is 0, 1, ..., in place
+            if self.rank == 0:
+                torch.index_select(carried, 0, t["carry_rows"], out=input_ids)
+            if self.world_size > 1:
+                broadcast_from_first(input_ids)
+        elif num_carried:
             if self.rank == 0:
                 carried = carried[t["carry_rows"]]  # (carried,)
             else:
-                carried = torch.empty(len(t["carry_index"]), dtype=torch.int64, device=self.device)
+                carried = torch.empty(num_carried, dtype=torch.int64, device=self.device)
             if self.world_size > 1:
                 broadcast_from_first(carried)
             input_ids[t["carry_index"]] = carried
@@ -201,25 +206,33 @@ class ModelRunner:
         """Run the model on the step's tokens; logits (rows, vocab) of the sampling rows on rank 0,
         None on the other ranks (and when no row samples). `carried`: on rank 0, the sampled ids
         of the step in flight (overlap scheduling), which feed this one."""
-        arrays = step.arrays()
-        t = dict(zip(arrays, upload(list(arrays.values()), self.device)))  # the step's arrays on the device, one copy
-        context = Context(
-            cu_seqlens_q=t["cu_seqlens_q"],
-            slot_mapping=t["slot_mapping"],
-            context_lens=t["context_lens"],
-            block_tables=t["block_tables"],
-            max_seqlen_q=step.max_seqlen_q,
-            is_decode=step.is_decode,
-            decode_order=t["decode_order"] if step.is_decode else None,  # only decode kernels read it
-        )
-        hidden = self.forward(self.input_ids(t, carried), t["positions"], context)  # (tokens, hidden)
-        if not len(step.sample_rows):
+        graphs = self.cuda_graphs
+        if step.is_decode and graphs is not None and graphs.can_replay_decode(step.num_tokens):
+            t = graphs.write_decode(step)  # straight into the graph's inputs
+            self.input_ids(t, carried)
+            hidden = graphs.replay_decode(step.num_tokens)  # (seqs, hidden)
+        else:
+            arrays = step.arrays()
+            t = dict(zip(arrays, upload(list(arrays.values()), self.device)))  # the step's arrays on the device, one copy
+            context = Context(
+                cu_seqlens_q=t["cu_seqlens_q"],
+                slot_mapping=t["slot_mapping"],
+                context_lens=t["context_lens"],
+                block_tables=t["block_tables"],
+                max_seqlen_q=step.max_seqlen_q,
+                is_decode=step.is_decode,
+                decode_order=t["decode_order"] if step.is_decode else None,  # only decode kernels read it
+            )
+            hidden = self.forward(self.input_ids(t, carried), t["positions"], context)  # (tokens, hidden)
+        num_rows = len(step.sample_rows)
+        if not num_rows:
             return None
-        return self.model.compute_logits(hidden[t["sample_rows"]])  # (rows, vocab) on rank 0
+        rows = hidden if num_rows == len(hidden) else hidden[t["sample_rows"]]  # every token samples: each decode row
+        return self.model.compute_logits(rows)  # (rows, vocab) on rank 0
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
-        """A step replays the graph captured for the next size up (decode: sequences; with
-        prompt tokens: tokens) when there is one; anything else runs eagerly."""
+        """A step with prompt tokens replays the graph captured for the next token count up when
+        there is one (decode steps replay in `execute`); anything else runs eagerly."""
         if self.cuda_graphs is not None and self.cuda_graphs.can_replay(context, len(input_ids)):
             return self.cuda_graphs.replay(input_ids, positions, context)
         set_context(context)

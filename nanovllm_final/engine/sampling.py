@@ -8,7 +8,7 @@
 The math (penalties, masks, Gumbel-max, logprobs) is layers/sampler.py's; this module turns
 sequences into its inputs and its outputs into what the engine reads."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ class SamplingBatch:
     penalties: dict | None  # repetition/presence/frequency (rows,) and the rows' prompt/output ids
     suppress: tuple[np.ndarray, np.ndarray] | None  # (row, token id) pairs masked out (min_tokens)
     num_logprobs: int | None  # the largest `logprobs` of the rows; None: no row asks
+    on_device: dict = field(default_factory=dict)  # the columns' device copies, kept with the columns (SamplingColumns)
 
     @property
     def all_greedy(self) -> bool:
@@ -65,6 +66,7 @@ def param_columns(seqs: list[Sequence]) -> dict:
         },
         "min_tokens": any(p.min_tokens for p in params),
         "num_logprobs": max(asked) if asked else None,
+        "on_device": {},  # filled by sample(): the columns are uploaded once while they stay
     }
 
 
@@ -110,6 +112,7 @@ def build_sampling_batch(seqs: list[Sequence], eos_token_ids: list[int], columns
         },
         suppress=(np.array(suppress_rows, np.int64), np.array(suppress_ids, np.int64)) if suppress_rows else None,
         num_logprobs=cols["num_logprobs"],
+        on_device=cols["on_device"],
     )
 
 
@@ -160,11 +163,14 @@ def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> Pend
     if batch.all_greedy:
         token_ids = logits.argmax(dim=-1)  # (rows,)
     else:
-        # the rows' columns on the device in one copy; positions are the seeded noise's input only
+        # the rows' columns on the device, in one copy while the rows stay; positions change every step
         names = [name for name in ("top_k", "top_p", "min_p", "seeds") if getattr(batch, name) is not None]
-        names += ["positions"] * (batch.seeds is not None)
-        *columns, temperatures = upload([getattr(batch, name) for name in names] + [batch.temperatures], device)
+        if device not in batch.on_device:
+            batch.on_device[device] = upload([getattr(batch, name) for name in names] + [batch.temperatures], device)
+        *columns, temperatures = batch.on_device[device]
         optional = dict(zip(names, columns))
+        if batch.seeds is not None:  # the seeded noise's input
+            optional["positions"] = to_device(batch.positions, device)
         # every row keeps at most its top_k: a partial sort of max(top_k) columns is enough (known on the host)
         max_k = int(batch.top_k.max()) if batch.top_k is not None and (batch.top_k > 0).all() else None
         token_ids = sampler(logits, temperatures, max_k=max_k, greedy_rows=bool((batch.temperatures == 0).any()), **optional)
