@@ -15,7 +15,7 @@ from .block_manager import BlockManager
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .request import Request, validate_request
-from .sampling import PendingSample, SamplingColumns, build_sampling_batch, sample
+from .sampling import PendingSample, SampledTokens, SamplingColumns, build_sampling_batch, sample
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_input import BlockTables, StepInput, build_step_input
@@ -218,23 +218,23 @@ class LLMEngine:
     def _complete(self, done: InFlight, finished_only: bool) -> None:
         """Wait for the step's tokens; resolve, detokenize, check stops, queue the outputs."""
         try:
-            sampled = done.sample.result() if done.sample is not None else None
+            sampled = done.sample.result() if done.sample is not None else SampledTokens([], None)  # no row sampled
             now = time.perf_counter()
             news: dict[str, Request] = {}
             ended: set[str] = set()  # requests a sequence of which ended here: only they may have finished
-            for row, seq in enumerate(done.sampling):
+            if max(sampled.token_ids, default=0) >= self.tokenizer_size:
+                log_once(logger, logging.WARNING, (
+                    f"sampled a token id of {self.tokenizer_size} or more, but the tokenizer has only {self.tokenizer_size} tokens: "
+                    "such ids decode to no text (is this a random-weight model whose vocab_size exceeds its tokenizer?)"
+                ))
+            # a row of every sequence the step sampled for (this loop runs for each, every step)
+            requests, resolve, eos, max_len = self.requests, self.scheduler.resolve, self.eos_set, self.config.max_model_len
+            for seq, token_id, logprob in zip(done.sampling, sampled.token_ids, sampled.logprobs or itertools.repeat(None)):
                 if seq.is_finished:
                     continue  # aborted, or stopped by the token of the step before
-                token_id = sampled.token_ids[row]
-                self.scheduler.resolve(seq, token_id)
-                request = self.requests[seq.request_id]
-                if token_id >= self.tokenizer_size:
-                    log_once(logger, logging.WARNING, (
-                        f"sampled a token id of {self.tokenizer_size} or more, but the tokenizer has only {self.tokenizer_size} tokens: "
-                        "such ids decode to no text (is this a random-weight model whose vocab_size exceeds its tokenizer?)"
-                    ))
-                logprob = sampled.logprobs[row] if sampled.logprobs else None
-                reason = request.on_token(seq, token_id, logprob, now, self.eos_set, self.config.max_model_len)
+                resolve(seq, token_id)
+                request = requests[seq.request_id]
+                reason = request.on_token(seq, token_id, logprob, now, eos, max_len)
                 if reason is not None:
                     self.scheduler.finish(seq, reason)
                     ended.add(request.request_id)
