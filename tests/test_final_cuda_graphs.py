@@ -158,3 +158,25 @@ def test_larger_steps_run_eagerly():
     assert not graphs.can_replay(_context(step), step.num_tokens)
     step = build_step_input([_seq(32, 0, 0)], BLOCK)
     assert graphs.can_replay(_context(step), step.num_tokens)
+
+
+def test_decode_inputs_rows_padding_and_tables():
+    """DecodeInputs.write puts a step's arrays where the decode graphs read them, after a wider step
+    of the same graph size: its rows, padding rows up to the graph's size that store and attend to
+    nothing and run last, and its packed block tables spread into the graphs' (rows, max_blocks) table."""
+    from nanovllm_final.engine.decode_inputs import DecodeInputs
+
+    inputs = DecodeInputs(rows=8, max_blocks=6, device=DEVICE)
+    wider = build_step_input([_seq(20, 19, 0), _seq(9, 8, 5), _seq(13, 12, 8), _seq(5, 4, 12)], BLOCK)
+    inputs.write(wider, 4)
+    step = build_step_input([_seq(9, 8, 0), _seq(5, 4, 3)], BLOCK)
+    t = inputs.write(step, 4)
+    v = {name: view.cpu() for name, view in inputs.views.items()}
+    assert torch.equal(t["input_ids"].cpu(), torch.from_numpy(step.input_ids)) and len(t["carry_index"]) == 0
+    for name in ("positions", "slot_mapping", "context_lens", "decode_order"):
+        assert v[name][:2].tolist() == getattr(step, name).tolist(), name
+    assert v["slot_mapping"][2:4].tolist() == [-1, -1] and v["context_lens"][2:4].tolist() == [0, 0]
+    assert v["decode_order"][2:4].tolist() == [2, 3]
+    width = step.block_tables.shape[1]
+    assert width < wider.block_tables.shape[1]
+    assert v["block_tables"][:2, :width].tolist() == step.block_tables.tolist()

@@ -4,8 +4,10 @@ The decode graphs read their inputs from views of one device block. The host wri
 arrays into a pinned copy of that block (numpy, no tensor op), pads the rows up to the graph's
 size, and queues one copy of the block's used part: one host-to-device copy a step instead of an
 upload, a view per array and a copy per graph buffer. The per-row arrays come first, each
-sized for the largest graph, then the block tables, so the rows a step uses end at a prefix of
-the block. Three host copies take turns; each waits for its last copy to have run (two steps
+sized for the largest graph, then the step's block tables packed (sequences x its widest table),
+so what a step uses is a prefix of the block; one copy on the device spreads the packed tables
+into the graphs' (rows, max_blocks) table, whose width max_model_len sets, and which is never
+sent whole. Three host copies take turns; each waits for its last copy to have run (two steps
 back, so it has)."""
 
 import numpy as np
@@ -29,22 +31,26 @@ class DecodeInputs:
         for name, dtype in ROW_ARRAYS.items():
             self.offsets[name] = total
             total += rows * dtype.itemsize
-        self.offsets["block_tables"] = total
-        total += rows * max_blocks * torch.int32.itemsize
-        self.block = torch.zeros(total, dtype=torch.uint8, device=device)
-        self.views = self._views(self.block)  # what the graphs read
+        table_bytes = rows * max_blocks * torch.int32.itemsize
+        self.offsets["packed_tables"] = total  # the step's (seqs, width) tables, as the host sends them
+        self.offsets["block_tables"] = total + table_bytes  # (rows, max_blocks): what the graphs read; on the device only
+        self.block = torch.zeros(total + 2 * table_bytes, dtype=torch.uint8, device=device)
+        self.views = self._views(self.block)
         self.views["block_tables"].fill_(-1)
         pin = device.type == "cuda"
-        self.host = [torch.zeros(total, dtype=torch.uint8, pin_memory=pin) for _ in range(NUM_HOST_COPIES)]
+        self.host = [torch.zeros(total + table_bytes, dtype=torch.uint8, pin_memory=pin) for _ in range(NUM_HOST_COPIES)]
         self.host_views = [{name: view.numpy() for name, view in self._views(h).items()} for h in self.host]
         self.copied = [torch.cuda.Event() if pin else None for _ in self.host]  # each host copy's last copy to the device
         self.turn = 0
         self.order_padding = np.arange(rows, dtype=np.int32)  # padding rows run last, each once
 
     def _views(self, block: torch.Tensor) -> dict[str, torch.Tensor]:
-        views = {name: block[start : start + self.rows * dtype.itemsize].view(dtype)
-                 for (name, dtype), start in zip(ROW_ARRAYS.items(), self.offsets.values())}
-        views["block_tables"] = block[self.offsets["block_tables"] :].view(torch.int32).view(self.rows, self.max_blocks)
+        """The arrays' views of `block` (the device's, or a host copy, which ends at block_tables)."""
+        at = self.offsets
+        views = {name: block[at[name] : at[name] + self.rows * dtype.itemsize].view(dtype) for name, dtype in ROW_ARRAYS.items()}
+        views["packed_tables"] = block[at["packed_tables"] : at["block_tables"]].view(torch.int32)  # (rows * max_blocks,)
+        if len(block) > at["block_tables"]:
+            views["block_tables"] = block[at["block_tables"] :].view(torch.int32).view(self.rows, self.max_blocks)
         return views
 
     def write(self, step: StepInput, size: int) -> dict[str, torch.Tensor]:
@@ -64,11 +70,14 @@ class DecodeInputs:
         h["sample_rows"][:rows] = step.sample_rows
         h["carry_index"][:k] = step.carry_index
         h["carry_rows"][:k] = step.carry_rows
-        h["block_tables"][:n, : step.block_tables.shape[1]] = step.block_tables  # the columns past it are never read
-        end = self.offsets["block_tables"] + size * self.max_blocks * torch.int32.itemsize
+        width = step.block_tables.shape[1]
+        h["packed_tables"][: n * width] = step.block_tables.reshape(-1)
+        end = self.offsets["packed_tables"] + n * width * torch.int32.itemsize
         self.block[:end].copy_(self.host[i][:end], non_blocking=True)
         if self.copied[i] is not None:
             self.copied[i].record()
         v = self.views
+        # (seqs, width) into the graphs' table: its columns past width and its padding rows are never read
+        v["block_tables"][:n, :width].copy_(v["packed_tables"][: n * width].view(n, width))
         return {"input_ids": v["input_ids"][:n], "sample_rows": v["sample_rows"][:rows],
                 "carry_index": v["carry_index"][:k], "carry_rows": v["carry_rows"][:k]}
