@@ -169,14 +169,54 @@ def test_decode_inputs_rows_padding_and_tables():
     inputs = DecodeInputs(rows=8, max_blocks=6, device=DEVICE)
     wider = build_step_input([_seq(20, 19, 0), _seq(9, 8, 5), _seq(13, 12, 8), _seq(5, 4, 12)], BLOCK)
     inputs.write(wider, 4)
-    step = build_step_input([_seq(9, 8, 0), _seq(5, 4, 3)], BLOCK)
+    chunk = _seq(9, 4, 3)  # a prompt fed one token short of its end: a decode-shaped step's row that samples nothing
+    chunk.num_scheduled_tokens = 1
+    step = build_step_input([_seq(9, 8, 0), chunk, _seq(5, 4, 6)], BLOCK)
+    assert step.is_decode and step.sample_rows.tolist() == [0, 2]
     t = inputs.write(step, 4)
     v = {name: view.cpu() for name, view in inputs.views.items()}
     assert torch.equal(t["input_ids"].cpu(), torch.from_numpy(step.input_ids)) and len(t["carry_index"]) == 0
+    assert t["sample_rows"].tolist() == [0, 2]
     for name in ("positions", "slot_mapping", "context_lens", "decode_order"):
-        assert v[name][:2].tolist() == getattr(step, name).tolist(), name
-    assert v["slot_mapping"][2:4].tolist() == [-1, -1] and v["context_lens"][2:4].tolist() == [0, 0]
-    assert v["decode_order"][2:4].tolist() == [2, 3]
+        assert v[name][:3].tolist() == getattr(step, name).tolist(), name
+    assert v["slot_mapping"][3:4].tolist() == [-1] and v["context_lens"][3:4].tolist() == [0]
+    assert v["decode_order"][3:4].tolist() == [3]
     width = step.block_tables.shape[1]
     assert width < wider.block_tables.shape[1]
-    assert v["block_tables"][:2, :width].tolist() == step.block_tables.tolist()
+    assert v["block_tables"][:3, :width].tolist() == step.block_tables.tolist()
+
+
+def test_engine_decode_through_graph_inputs_matches_eager(model_dir):
+    """The runner's decode path with graphs, each captured graph replaced by a stand-in that runs
+    the model on the graphs' buffers: a step written into DecodeInputs, the tokens sampled by the
+    step before put in on the device, the logits of its rows, under overlap scheduling. Greedy and
+    seeded rows, prompts of several lengths (steps of 1 to 5 sequences on graphs of 1 to 8), and
+    max_num_batched_tokens small enough that prompts are chunked beside decodes: the tokens of the
+    eager engine that completes each step before the next (no token carried on the device)."""
+    from nanovllm_final import LLM
+
+    path = str(model_dir("qwen3"))
+    prompts = [[(5 * i + j) % 90 + 3 for j in range(length)] for i, length in enumerate((3, 11, 6, 17, 9))]
+    params = [SamplingParams(temperature=0.0, max_tokens=6 + i, ignore_eos=True) if i % 2 else
+              SamplingParams(temperature=0.8, top_k=20, seed=i, max_tokens=6 + i, ignore_eos=True) for i in range(len(prompts))]
+    options = dict(device=DEVICE.type, dtype="float32", enforce_eager=True, attention_backend="triton", max_model_len=64,
+                   kvcache_block_size=BLOCK, max_num_seqs=8, max_num_batched_tokens=16)
+    with LLM(path, overlap_scheduling=False, **options) as eager:
+        expected = [o["token_ids"] for o in eager.generate(prompts, params, use_tqdm=False)]
+    with LLM(path, **options) as llm:
+        runner = llm.engine.model_runner
+        graphs = CUDAGraphs(max_num_seqs=8, max_prompt_tokens=0, max_model_len=64, block_size=BLOCK,
+                            hidden_size=llm.engine.model_config.hidden_size, dtype=runner.dtype, device=runner.device)
+        graphs.graphs = {(True, bs): Recorded(graphs, runner.model, (True, bs)) for bs in graphs.sizes}
+        runner.cuda_graphs = graphs
+        got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert graphs.num_replays[True] > 0
+        # a decode-shaped step one row of which samples nothing: the logits of the other rows
+        chunk = _seq(9, 4, 3)
+        chunk.num_scheduled_tokens = 1
+        step = build_step_input([_seq(9, 8, 0), chunk, _seq(5, 4, 6)], BLOCK)
+        replayed = runner.execute(step)  # (2, vocab), through a graph of 4 rows
+        runner.cuda_graphs = None
+        assert replayed.shape[0] == 2
+        torch.testing.assert_close(replayed, runner.execute(step), atol=1e-4, rtol=1e-4)  # the padded batch's GEMMs may round otherwise
+    assert got == expected
