@@ -2,13 +2,14 @@
 
 The decode graphs read their inputs from views of one device block. The host writes a step's
 arrays into a pinned copy of that block (numpy, no tensor op), pads the rows up to the graph's
-size, and queues one copy of the block's used part: one host-to-device copy a step instead of an
-upload, a view per array and a copy per graph buffer. The per-row arrays come first, each
-sized for the largest graph, then the step's block tables packed (sequences x its widest table),
-so what a step uses is a prefix of the block; one copy on the device spreads the packed tables
-into the graphs' (rows, max_blocks) table, whose width max_model_len sets, and which is never
-sent whole. Three host copies take turns; each waits for its last copy to have run (two steps
-back, so it has)."""
+size, and queues one copy of the block's used part: a step costs one host-to-device copy and one
+copy on the device, instead of an upload, a view per array and a copy or fill per graph buffer.
+The per-row arrays come first, each sized for the largest graph, then the step's block tables
+packed (sequences x its widest table), so what a step uses is a prefix of the block; the copy on
+the device spreads the packed tables into the graphs' (rows, max_blocks) table, whose width
+max_model_len sets, and which is never sent whole. Three host copies take turns; each waits for
+its last copy, three steps back, to have run (overlap scheduling keeps at most two steps in
+flight, so it has)."""
 
 import numpy as np
 import torch
