@@ -378,6 +378,16 @@ NOTES = {  # facts about a record that its fields do not say
         "property calls, every request was asked whether it had finished), run from an export of that commit (no "
         "git_commit) and alternating with the current code's runs on one host",
     "variants/serve_qwen3-0.6b_c256_prefill-specialized_h200.json": SPECIALIZED,
+    "variants/nanovllm_llama-3.2-1b_final_graph-inputs-one-copy_h200.json":
+        "the command of nanovllm_llama-3.2-1b_final_h200.json with a decode step's inputs written into its CUDA graph's "
+        "input block in one copy (engine/decode_inputs.py): two runs alternating on one host with the runs of "
+        "variants/nanovllm_llama-3.2-1b_final_graph-inputs-per-buffer_h200.json, then one run of the block tables sent packed, "
+        "on another host",
+    "variants/nanovllm_llama-3.2-1b_final_graph-inputs-per-buffer_h200.json":
+        "the command of nanovllm_llama-3.2-1b_final_h200.json on the code before a decode step's inputs went to its CUDA graph "
+        "in one copy (an upload, then a copy into each graph buffer), its nanovllm_final put in place of the current one (no "
+        "git_commit), alternating on one host with the first two runs of "
+        "variants/nanovllm_llama-3.2-1b_final_graph-inputs-one-copy_h200.json",
     "variants/nanovllm-short_qwen3-0.6b_03_04_05_05_04_03_h200.json":
         "the 05 records are not valid: that 05 ran without `torch.inference_mode()`; 03 and 04 are",
 }
