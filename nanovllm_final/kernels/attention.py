@@ -1,6 +1,7 @@
 """Paged attention in Triton: our own kernels for the KV-cache store, prefill and decode.
 
-Same semantics as ``attention_torch.py`` (the reference):
+The reference is layers/attention_torch.py (the torch backend): the same three functions,
+the same semantics (tests/test_kernels.py and tests/test_kv_fp8.py check these against it):
 
     k_cache, v_cache: (num_blocks, block_size, kv_heads, head_dim)
     slot = block_id * block_size + offset_in_block
@@ -32,14 +33,13 @@ apply the scales once per row (``_kv_scales``: K's in the softmax scale, V's on 
 the scales are read by pointer, so a captured graph stays valid.
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from .fused_triton import rope_rows
+from . import tuning
 from .launch import pdl_args, wait_for_prior_kernel
+from .norm_rope import rope_rows
 
 name = "triton"
 capturable = True  # no launch reads a device value
@@ -339,10 +339,10 @@ def paged_prefill_attention(
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32, padded with -1
     scale: float,
     max_seqlen_q: int,  # longest q_len in the batch (the API's; this kernel's grid needs only the shapes)
-    BLOCK_M: int = 64,
-    BLOCK_N: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,  # best on an H200 for head_dim 128 (bf16), see benchmarks/kernel_bench.py
+    BLOCK_M: int | None = None,  # this and the three below, None: the device's tuning
+    BLOCK_N: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     *,
     k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
     v_scale: torch.Tensor | None = None,
@@ -360,6 +360,9 @@ def paged_prefill_attention(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_tokens == 0 or num_seqs == 0 or max_seqlen_q == 0:
         return out
+    tiles = tuning.for_device(q.device).prefill(head_dim)
+    BLOCK_M, BLOCK_N = BLOCK_M or tiles["BLOCK_M"], BLOCK_N or tiles["BLOCK_N"]
+    num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
     max_tiles = triton.cdiv(num_tokens, BLOCK_M) + num_seqs  # >= the tiles of any split of num_tokens into num_seqs
     grid = (num_heads, max_tiles)
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
@@ -586,59 +589,33 @@ def _paged_decode_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
+class SplitCounters:
+    """The decode kernel's split counters: int32 zeros that outlive each launch (the merge resets
+    each to 0). One growing buffer per device; a smaller one is kept as long as this object, as
+    a CUDA graph may have captured it. Each Attention layer owns one."""
+
+    def __init__(self):
+        self.buffers: dict[torch.device, list[torch.Tensor]] = {}
+
+    def get(self, device: torch.device, n: int) -> torch.Tensor:
+        """>= n zeros on `device`."""
+        buffers = self.buffers.setdefault(device, [])
+        if not buffers or buffers[-1].numel() < n:
+            buffers.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+        return buffers[-1]
+
+
+def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: torch.device, BLOCK_N: int,
+                       programs_per_sm: int) -> int:
+    """Split-K factor for decode: 1 when the batch alone fills the GPU (programs_per_sm programs
+    on every SM), else enough splits for the tuning's waves of them (at most one split per key
+    tile, at most its max_splits)."""
+    programs, sms = num_seqs * kv_heads, tuning.describe(device).sms
+    if device.type != "cuda" or programs >= programs_per_sm * sms:
         return 1
-    return _sms_of(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _sms_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-_COUNTS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def _split_counts(device: torch.device, n: int) -> torch.Tensor:
-    """>= n int32 zeros that outlive the launch: the split counters (the merge resets each to 0).
-    One growing buffer per device; none is ever freed, as a CUDA graph may have captured it."""
-    buffers = _COUNTS.setdefault(device, [])
-    if not buffers or buffers[-1].numel() < n:
-        buffers.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
-    return buffers[-1]
-
-
-def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: torch.device,
-                       BLOCK_N: int = 64, per_sm: int = 2, max_splits: int = 32) -> int:
-    """Split-K factor for decode: 1 when the batch alone fills the GPU (per_sm programs on
-    every SM), else enough splits for two such waves (at most one split per key tile, at
-    most max_splits)."""
-    programs, sms = num_seqs * kv_heads, _num_sms(device)
-    if device.type != "cuda" or programs >= per_sm * sms:
-        return 1
-    return max(1, min(triton.cdiv(2 * per_sm * sms, programs), triton.cdiv(max_context, BLOCK_N), max_splits))
-
-
-def decode_programs_per_sm(fp8: bool) -> int:
-    """default_num_splits' per_sm for decode_tiles' tiles: an fp8 program (2 warps, 168
-    registers a thread) runs 6 to an SM, and fp8 batches of 37-65 Qwen3-0.6B sequences (below 6
-    programs per SM) take 0.2022 ms split this way against 0.2383 unsplit
-    (results/decode_tiles_fp8-kv_qwen3-0.6b_h200.json); for bf16, 2, the value the rule had
-    before it took per_sm."""
-    return 6 if fp8 else 2
-
-
-def decode_tiles(fp8: bool, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of the decode kernel, as the engine calls it (new K/V
-    stored, q/k norms and RoPE applied), the fastest on an H200 (or within 0.4 % of it) over the
-    snapshots of nano-vllm's workload (benchmarks/decode_tiles_bench.py; results/decode_tiles_*_h200.json): for a bf16
-    cache 2 warps and 3 stages at head_dim 128 (Qwen3), tiles of 128 keys at head_dim 64
-    (Llama-3.2-1B); for fp8, 2 warps and 2 stages (an fp8 tile costs more instructions than
-    bytes: fewer warps per program let more programs share an SM)."""
-    if fp8:
-        return 64, 2, 2
-    return (128, 4, 2) if head_dim <= 64 else (64, 2, 3)
+    rule = tuning.for_device(device).decode_splits()
+    waves = triton.cdiv(rule["waves"] * programs_per_sm * sms, programs)
+    return max(1, min(waves, triton.cdiv(max_context, BLOCK_N), rule["max_splits"]))
 
 
 def paged_decode_attention(
@@ -650,7 +627,7 @@ def paged_decode_attention(
     scale: float,
     order: torch.Tensor | None = None,  # (num_seqs,) int32 permutation: the launch order of the sequences
     num_splits: int | None = None,  # split-K factor; None = default_num_splits(...)
-    BLOCK_N: int | None = None,  # keys per tile; this and the two below, None: decode_tiles(...)
+    BLOCK_N: int | None = None,  # keys per tile; this and the two below, None: the device's tuning
     num_warps: int | None = None,
     num_stages: int | None = None,
     *,
@@ -658,6 +635,7 @@ def paged_decode_attention(
     v_scale: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # (k, v, slot_mapping) of the new tokens
     rope: tuple | None = None,  # (positions, cos, sin, q_norm weight or None, k_norm weight or None, eps)
+    counters: SplitCounters | None = None,  # split-K's counters; None: fresh ones (not for a CUDA graph)
 ) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
     """Attention of each sequence's single query (position context_len - 1) over its cache.
 
@@ -680,17 +658,18 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
-    tiles = decode_tiles(fp8, head_dim)
-    BLOCK_N, num_warps, num_stages = BLOCK_N or tiles[0], num_warps or tiles[1], num_stages or tiles[2]
+    tiles = tuning.for_device(q.device).decode(fp8, head_dim)
+    BLOCK_N = BLOCK_N or tiles["BLOCK_N"]
+    num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
     if num_splits is None:
         max_context = block_tables.shape[1] * page_size  # upper bound on any context_len
-        num_splits = default_num_splits(num_seqs, kv_heads, max_context, q.device, BLOCK_N, decode_programs_per_sm(fp8))
+        num_splits = default_num_splits(num_seqs, kv_heads, max_context, q.device, BLOCK_N, tiles["programs_per_sm"])
     assert num_splits >= 1
 
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
-        counts = _split_counts(q.device, num_seqs * kv_heads)
+        counts = (counters or SplitCounters()).get(q.device, num_seqs * kv_heads)
     else:
         part_out = part_lse = out  # unused placeholders
         counts = context_lens
