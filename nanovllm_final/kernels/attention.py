@@ -400,36 +400,73 @@ def paged_prefill_attention(
 
 
 @triton.jit
-def _split_size(context_len, num_splits, BLOCK_N: tl.constexpr):
-    """Keys per split for one sequence: ceil(context_len / num_splits) in whole tiles (>= 1 tile)."""
-    return tl.maximum(tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N), 1) * BLOCK_N
+def _split_range(context_len, split, num_splits, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(kv_start, kv_end, num_valid): the keys of one sequence this split attends to, and how many
+    splits see at least one key. A split's size is ceil(context_len / num_splits) in whole tiles
+    (>= 1 tile), from the sequence's own context: every split has work whatever the block-table
+    width. Empty (kv_start >= kv_end) for a split past a short context, or a context of 0."""
+    if SPLIT:
+        partition = tl.maximum(tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N), 1) * BLOCK_N
+        kv_start = split * partition
+        return kv_start, tl.minimum(context_len, kv_start + partition), tl.cdiv(context_len, partition)
+    else:
+        return 0, context_len, 1
 
 
 @triton.jit
 def _store_new_kv(
-    new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, seq, kv_head, k_s, v_s, offs_d, d_mask,
+    new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, seq, kv_head, k_s, v_s, offs_d, d_mask,
     pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
     stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, FP8: tl.constexpr,
 ):
-    """Sequence seq's new K/V of one kv head into cache slot `slot`, as store_kvcache writes
-    them; with ROPE, K is rotated (after its norm) first, as the rotary layer would. Rows are
-    [1, BLOCK_D] tiles, the shape rope_rows works on."""
-    zero = tl.zeros([1], tl.int64)  # [1]: the one row's offset
-    row_ok = zero == 0
-    mask = row_ok[:, None] & d_mask[None, :]
-    k_row = seq.to(tl.int64) * stride_nk + kv_head * stride_nkh + zero  # [1]
+    """Sequence seq's new K/V of one kv head into its cache slot (slot_ptr[seq]; -1: none), as
+    store_kvcache writes them; with ROPE, K is rotated (after its norm) first, as the rotary layer
+    would. Rows are [1, BLOCK_D] tiles, the shape rope_rows works on. Ends with a barrier: every
+    thread's store is done before any thread reads the tile back."""
+    slot = tl.load(slot_ptr + seq).to(tl.int64)
+    if slot >= 0:
+        zero = tl.zeros([1], tl.int64)  # [1]: the one row's offset
+        row_ok = zero == 0
+        mask = row_ok[:, None] & d_mask[None, :]
+        k_row = seq.to(tl.int64) * stride_nk + kv_head * stride_nkh + zero  # [1]
+        if ROPE:
+            k = rope_rows(new_k_ptr, k_row, row_ok, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, offs_d,
+                          HEAD_DIM, HAS_NORM)
+        else:
+            k = tl.load(new_k_ptr + k_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
+        v_row = seq.to(tl.int64) * stride_nv + kv_head * stride_nvh + zero
+        v = tl.load(new_v_ptr + v_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
+        if FP8:
+            k, v = _to_e4m3(k, k_s), _to_e4m3(v, v_s)
+        dst = ((slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs + kv_head * stride_ch
+               + zero[:, None] + offs_d[None, :])
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d, h_mask,
+                  stride_qs, stride_qh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROPE: tl.constexpr,
+                  HAS_NORM: tl.constexpr, FP8: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """The GROUP query heads of one kv head as the rows of a [BLOCK_H, BLOCK_D] matrix (padding
+    rows 0), in the dtype the K/V tiles are widened to; with ROPE rotated first (after the q norm).
+    The rotation works element by element, so it runs on the GROUP real rows only (BLOCK_G of
+    them), which are then spread over the BLOCK_H rows that tl.dot needs."""
+    q_row = q_ptr + seq.to(tl.int64) * stride_qs
     if ROPE:
-        k = rope_rows(new_k_ptr, k_row, row_ok, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM)
+        offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
+        q = rope_rows(q_row, (kv_head * GROUP + offs_g) * stride_qh, offs_g < GROUP, pos, cos_ptr, sin_ptr,
+                      stride_cos, q_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM)  # [BLOCK_G, BLOCK_D]
+        q = tl.reshape(tl.broadcast_to(q[None, :, :], (BLOCK_H // BLOCK_G, BLOCK_G, BLOCK_D)), (BLOCK_H, BLOCK_D))
+        q = tl.where(h_mask[:, None], q, 0.0).to(q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
     else:
-        k = tl.load(new_k_ptr + k_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    v_row = seq.to(tl.int64) * stride_nv + kv_head * stride_nvh + zero
-    v = tl.load(new_v_ptr + v_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    if FP8:
-        k, v = _to_e4m3(k, k_s), _to_e4m3(v, v_s)
-    dst = (slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs + kv_head * stride_ch + zero[:, None] + offs_d[None, :]
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        heads = kv_head * GROUP + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+        mask = h_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+        q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=mask, other=0.0)
+    return _widen_to(q, FP8)
 
 
 @triton.jit
@@ -452,6 +489,31 @@ def _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, 
         w = w * alpha + beta
         m = m_new
     return acc / w[:, None]
+
+
+@triton.jit
+def _write_output(out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_ptr, counts_ptr, seq, kv_head,
+                  heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS: tl.constexpr, KVH: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's output [BLOCK_H, BLOCK_D] to out_ptrs; with several splits that see keys,
+    its partial result and log-sum-exp (base 2) go to the split buffers instead, and the last of
+    the sequence's splits to finish (counted with an atomic) merges them and resets the count."""
+    if SPLIT:
+        if num_valid > 1:
+            first_row = (seq.to(tl.int64) * NUM_HEADS + heads) * num_splits  # [BLOCK_H]: split 0's rows
+            tl.store(part_out_ptr + (first_row + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
+            tl.store(part_lse_ptr + first_row + split, m_i + tl.log2(l_safe), mask=h_mask)
+            tl.debug_barrier()  # all of this program's partials are written before it counts itself
+            count_ptr = counts_ptr + seq * KVH + kv_head
+            if tl.atomic_add(count_ptr, 1, sem="acq_rel") == num_valid - 1:  # the others are done
+                out = _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, offs_d,
+                                    out_mask, h_mask, HEAD_DIM, BLOCK_H, BLOCK_D)
+                tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
+        else:  # the whole context in one split: its result is the output
+            tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -506,45 +568,23 @@ def _paged_decode_kernel(
     out_ptrs = out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
 
     context_len = tl.load(context_lens_ptr + seq)
-    if SPLIT:
-        partition = _split_size(context_len, num_splits, BLOCK_N)
-        num_valid = tl.cdiv(context_len, partition)  # splits that see at least one key
-        kv_start = split * partition
-        if kv_start >= context_len:  # short sequence: nothing left for this split
-            if context_len == 0 and split == 0:  # a padding row: zeros, as one split gives
-                tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty), mask=out_mask)
-            return
-        kv_end = tl.minimum(context_len, kv_start + partition)
-    else:
-        kv_start = 0
-        kv_end = context_len
+    kv_start, kv_end, num_valid = _split_range(context_len, split, num_splits, SPLIT, BLOCK_N)
+    if kv_start >= kv_end:  # a split past a short context: nothing to do
+        if context_len == 0 and split == 0:  # a padding row: zeros
+            tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty), mask=out_mask)
+        return
 
     k_s, v_s = _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8)
     pos = 0
     if ROPE:
         pos = tl.load(pos_ptr + seq).to(tl.int64)
-    if STORE:
-        if kv_end == context_len and context_len > 0:  # this program holds the last key: the new token's
-            slot = tl.load(slot_ptr + seq).to(tl.int64)
-            if slot >= 0:  # -1: a token not to store
-                _store_new_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, seq, kv_head, k_s, v_s, offs_d,
-                              d_mask, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
-                              stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
-                              HEAD_DIM, PAGE_SIZE, ROPE, HAS_NORM, FP8)
-            tl.debug_barrier()  # every thread's store is done before any thread reads the tile back
-
-    q_row = q_ptr + seq.to(tl.int64) * stride_qs
-    if ROPE:
-        # The rotation works element by element, so it runs on the GROUP real rows only (BLOCK_G of
-        # them), which are then spread over the BLOCK_H rows that tl.dot needs.
-        offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
-        q = rope_rows(q_row, (kv_head * GROUP + offs_g) * stride_qh, offs_g < GROUP, pos, cos_ptr, sin_ptr, stride_cos,
-                      q_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM)  # [BLOCK_G, BLOCK_D]
-        q = tl.reshape(tl.broadcast_to(q[None, :, :], (BLOCK_H // BLOCK_G, BLOCK_G, BLOCK_D)), (BLOCK_H, BLOCK_D))
-        q = tl.where(h_mask[:, None], q, 0.0).to(q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
-    else:
-        q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=out_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
-    q = _widen_to(q, FP8)
+    if STORE and kv_end == context_len:  # this program holds the last key: the new token's
+        _store_new_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, seq, kv_head, k_s, v_s, offs_d,
+                      d_mask, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
+                      stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
+                      HEAD_DIM, PAGE_SIZE, ROPE, HAS_NORM, FP8)
+    q = _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d, h_mask,
+                      stride_qs, stride_qh, GROUP, HEAD_DIM, ROPE, HAS_NORM, FP8, BLOCK_G, BLOCK_H, BLOCK_D)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -567,26 +607,11 @@ def _paged_decode_kernel(
         m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :],
                                              APPLY_MASK=True)
 
-    # l_i == 0 only for an empty context (e.g. a padding row): output zeros, not NaN.
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc * (v_s / l_safe)[:, None]  # [BLOCK_H, BLOCK_D]: sum p * (v * v_s) / l
-    if SPLIT:
-        if num_valid > 1:
-            # Partial result of this split + its log-sum-exp (base 2); the last split to finish merges.
-            first_row = (seq.to(tl.int64) * NUM_HEADS + heads) * num_splits  # [BLOCK_H]: split 0's rows
-            tl.store(part_out_ptr + (first_row + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
-            tl.store(part_lse_ptr + first_row + split, m_i + tl.log2(l_safe), mask=h_mask)
-            tl.debug_barrier()  # all of this program's partials are written before it counts itself
-            count_ptr = counts_ptr + seq * KVH + kv_head
-            if tl.atomic_add(count_ptr, 1, sem="acq_rel") == num_valid - 1:  # the others are done
-                out = _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, offs_d,
-                                    out_mask, h_mask, HEAD_DIM, BLOCK_H, BLOCK_D)
-                tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
-                tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
-        else:  # the whole context in one split: its result is the output
-            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    _write_output(out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_ptr, counts_ptr, seq, kv_head,
+                  heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS, KVH, HEAD_DIM, SPLIT,
+                  BLOCK_H, BLOCK_D)
 
 
 class SplitCounters:
