@@ -31,7 +31,7 @@ import torch
 
 from ..log import log_once
 
-logger = logging.getLogger("nanovllm_final")
+logger = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).parent / "configs"
 ENV = "NANOVLLM_KERNEL_CONFIG"
 
@@ -214,14 +214,20 @@ def for_device(device: torch.device) -> Tuning:
 
 @functools.cache
 def _for(kind: str, index: int | None) -> Tuning:
-    dev = describe(torch.device(kind, index) if kind == "cuda" else torch.device(kind))
+    return choose(describe(torch.device(kind, index) if kind == "cuda" else torch.device(kind)))
+
+
+def choose(dev: Device) -> Tuning:
+    """A GPU's file (NANOVLLM_KERNEL_CONFIG's, or configs/<its name>.json) if there is one, else the
+    rules on its properties; which, one log line says (once per device and source)."""
+    if dev.name == "cpu":
+        return Tuning(check(rules(dev), "rules"), "rules for a CPU")
     path = Path(os.environ[ENV]) if os.environ.get(ENV) else CONFIG_DIR / file_name(dev.name)
-    if dev.name != "cpu" and path.exists():
+    if path.exists():
         tuning = Tuning(load(path), f"file {path}")
     else:
-        tuning = Tuning(check(rules(dev), "rules"), f"rules ({dev})")
-    if kind == "cuda":
-        log_once(logger, logging.INFO, f"kernel tuning for {dev.name}: {tuning.source}")
+        tuning = Tuning(check(rules(dev), "rules"), f"no file {path.name}, rules from {dev}")
+    log_once(logger, logging.INFO, f"kernel tuning for {dev.name}: {tuning.source}")
     return tuning
 
 
