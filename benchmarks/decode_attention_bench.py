@@ -124,7 +124,7 @@ def main() -> None:
             ms = graph_time_ms(fn, args.reps)
             row["tiles"][f"splits{n}/longest_first"] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9,
                                                         "max_err": (fn().float() - expected).abs().max().item()}
-        tiles = tuning.for_device(q.device).decode(k_cache.dtype == torch.float8_e4m3fn, q.shape[-1])
+        tiles = tuning.for_device(q.device).decode(kc.dtype == torch.float8_e4m3fn, q.shape[-1])
         row["default_num_splits"] = attention_triton.default_num_splits(len(contexts), KV_HEADS, tables.shape[1] * BLOCK, q.device,
                                                                        tiles["BLOCK_N"], tiles["programs_per_sm"])
         best = min((v["ms"], k) for k, v in row["tiles"].items() if "ms" in v)

@@ -32,12 +32,13 @@ from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms  # noqa: E402
 from nanovllm_final.kernels import attention as attention_triton  # noqa: E402
 from nanovllm_final.kernels import tuning  # noqa: E402
 from nanovllm_final.layers import attention_torch  # noqa: E402
+from nanovllm_final.tune import DECODE_TILES  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
 
 # heads, kv heads, head_dim, q/k norms (Qwen3), RoPE theta
 SHAPES = {"qwen3-0.6b": (16, 8, 128, True, 1e6), "llama-3.2-1b": (32, 8, 64, False, 5e5)}
-TILES = [(64, 4, 3), (64, 2, 3), (64, 2, 2), (128, 4, 2), (128, 2, 2), (128, 4, 3), (32, 2, 2), (64, 1, 2), (32, 1, 2)]
+TILES = DECODE_TILES  # the candidates `python -m nanovllm_final.tune` times
 STEPS = (1, 300, 400, 500, 600, 700, 750, 850, 900, 950, 980, 1000, 1020)  # decode steps into the run (snapshot)
 SPLITS = (1, 2, 3, 4, 6, 8)  # split-K factors tried at decode_tiles' tile
 

@@ -211,8 +211,9 @@ def tune_gemv(timer: Timer, plan: Plan, record: dict) -> dict:
         return [lambda x=x, w=w: fn(x, w, tiles) if tiles else fn(x, w) for x, w in zip(xs, weights[kind])]
 
     for kind in weights:
-        best, times = timer.fastest({"{}x{}w{}".format(*t): calls(kind, 1, _gemv_tiles(t)) + calls(kind, 2, _gemv_tiles(t))
-                                     for t in plan.gemv_tiles})
+        choices = {"{}x{}w{}".format(*t): [fn for rows in (1, 2) for fn in calls(kind, rows, _gemv_tiles(t))]
+                   for t in plan.gemv_tiles}
+        best, times = timer.fastest(choices)
         out[kind] = _gemv_tiles(next(t for t in plan.gemv_tiles if "{}x{}w{}".format(*t) == best))
         record[f"gemv.{kind}"] = {"tiles_ms": times}
     out["rows"] = 0
@@ -291,7 +292,8 @@ NOTES = {
                         "batches of 1, 3 and 6 programs per SM",
     "decode_splits": "not timed: 2 waves of programs_per_sm programs on every SM, at most 32 splits",
     "gemv.rows": "the most rows (counting up) at which the matrix-vector kernels took no longer than cuBLAS",
-    "moe.small_pairs": "the most (token, expert) pairs (counting up) at which the matrix-vector path beat the grouped one",
+    "moe.small_pairs": "the most (token, expert) pairs (counting up) at which the matrix-vector path beat the "
+                       "grouped one",
 }
 
 
@@ -357,7 +359,8 @@ def run(args: argparse.Namespace) -> None:
         if os.environ.get("TRITON_INTERPRET") != "1":  # read as triton is imported: run again with it set
             argv = [sys.executable, "-m", "nanovllm_final.tune", "--dry-run", "--out", str(args.out)]
             env = {**os.environ, "TRITON_INTERPRET": "1"}
-            raise SystemExit(subprocess.run(argv + (["--reps", str(args.reps)] if args.reps else []), env=env).returncode)
+            argv += ["--reps", str(args.reps)] if args.reps else []
+            raise SystemExit(subprocess.run(argv, env=env).returncode)
         device, plan = torch.device("cpu"), DRY_PLAN
     elif not torch.cuda.is_available():
         raise SystemExit("error: tuning times kernels on a CUDA GPU (--dry-run runs tiny shapes on the CPU)")

@@ -42,7 +42,8 @@ def test_a_device_with_a_file_uses_it_and_says_so_once(tmp_path, monkeypatch, ca
     assert choice.gemv_rows == 5 and choice.decode(False, 128)["BLOCK_N"] == 32
     assert choice.decode(False, 64)["BLOCK_N"] == 128  # a head_dim up to 64: the "64" entry
     assert choice.decode(False, 256)["BLOCK_N"] == 32  # past the largest key: the largest
-    assert records(caplog, "Test GPU (with file)") == [f"kernel tuning for Test GPU (with file): file {tmp_path}/Test_GPU_with_file.json"]
+    expected = f"kernel tuning for Test GPU (with file): file {tmp_path}/Test_GPU_with_file.json"
+    assert records(caplog, "Test GPU (with file)") == [expected]
 
 
 def test_an_unknown_device_takes_the_rules_and_says_so_once(tmp_path, monkeypatch, caplog):

@@ -396,7 +396,10 @@ def paged_prefill_attention(
 # sync (CUDA-graph safe).
 #
 # The new token's K/V (`new_kv`): the program that holds a sequence's last key writes them
-# into the cache before its loop reads them back, so a decode step needs no store launch.
+# into the cache before its loop reads them back (store_kvcache's job), so a decode step needs
+# no store launch. With `rope` as well, q and the new K come as the qkv projection gives them:
+# the kernel applies Qwen3's q/k norms (when their weights are given) and the rotary embedding
+# itself, as the rotary layer would: the whole of a decode step's attention is one launch.
 
 
 @triton.jit
@@ -643,6 +646,43 @@ def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: t
     return max(1, min(waves, triton.cdiv(max_context, BLOCK_N), rule["max_splits"]))
 
 
+def _split_buffers(q: torch.Tensor, kv_heads: int, num_splits: int, counters: SplitCounters | None,
+                   out: torch.Tensor, context_lens: torch.Tensor) -> tuple:
+    """(part_out, part_lse, counts) of split-K: each split's output and log-sum-exp, and the
+    counters; without splits, stand-ins (unread)."""
+    assert num_splits >= 1
+    if num_splits == 1:
+        return out, out, context_lens
+    num_seqs, num_heads, head_dim = q.shape
+    part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    return part_out, part_lse, (counters or SplitCounters()).get(q.device, num_seqs * kv_heads)
+
+
+def _new_kv_args(q: torch.Tensor, kv_heads: int, new_kv: tuple | None) -> tuple:
+    """(new_k, new_v, slot_mapping) for the decode launch, checked; q stands in for each (unread) without them."""
+    if new_kv is None:
+        return q, q, q
+    new_k, new_v, slot_mapping = new_kv  # (seqs, kv_heads, head_dim) x2, (seqs,)
+    num_seqs, _, head_dim = q.shape
+    assert new_k.shape == new_v.shape == (num_seqs, kv_heads, head_dim) and slot_mapping.shape == (num_seqs,)
+    assert new_k.stride(-1) == 1 and new_v.stride(-1) == 1
+    return new_kv
+
+
+def _rope_args(q: torch.Tensor, new_kv: tuple | None, rope: tuple | None) -> tuple:
+    """(positions, cos, sin, q_norm weight, k_norm weight, eps) for the decode launch, checked;
+    q stands in for the tensors (unread) without rope."""
+    if rope is None:
+        return q, q, q, None, None, 0.0
+    assert new_kv is not None, "rope rotates the new K as it stores it: it needs new_kv"
+    positions, cos, sin, q_w, k_w, _ = rope  # (seqs,), (positions, head_dim) x2, (head_dim,) x2 or None
+    assert positions.shape == (q.shape[0],) and cos.shape[1] == q.shape[2]
+    assert cos.is_contiguous() and sin.is_contiguous()
+    assert (q_w is None) == (k_w is None)
+    return rope
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # (num_seqs, heads, head_dim), one query per sequence
     k_cache: torch.Tensor,  # (num_blocks, block_size, kv_heads, head_dim)
@@ -662,20 +702,12 @@ def paged_decode_attention(
     rope: tuple | None = None,  # (positions, cos, sin, q_norm weight or None, k_norm weight or None, eps)
     counters: SplitCounters | None = None,  # split-K's counters; None: fresh ones (not for a CUDA graph)
 ) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
-    """Attention of each sequence's single query (position context_len - 1) over its cache.
-
-    One program per (sequence, kv head[, split]) handles all query heads of the GQA group.
-    The launch reads no device values (graph-capturable); a context_len of 0 gives zeros.
-    With `new_kv`, each sequence's new K/V is first written into its slot (store_kvcache's
-    job, done here by the program that reads that key). With `rope` as well, q and the new K
-    come as the qkv projection gives them: the kernel applies Qwen3's q/k norms (when their
-    weights are given) and the rotary embedding itself, as the rotary layer would, so that the
-    whole of a decode step's attention is one launch.
-    `order` changes only which programs start first: in a batch of mixed lengths, longest
-    first keeps the last wave of programs short (the runner passes it, step_input.py).
-    """
-    num_seqs, num_heads, head_dim = q.shape
-    kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
+    """Attention of each sequence's single query (position context_len - 1) over its cache: one
+    program per (sequence, kv head[, split]) for all query heads of the GQA group. The launch
+    reads no device values (graph-capturable); a context_len of 0 gives zeros. `new_kv` and
+    `rope`: see "Decode" above. `order` changes only which programs start first: in a batch of
+    mixed lengths, longest first keeps the last wave short (the runner passes it, step_input.py)."""
+    (num_seqs, num_heads, head_dim), (kv_heads, page_size) = q.shape, (k_cache.shape[2], k_cache.shape[1])
     assert num_heads % kv_heads == 0 and k_cache.shape[3] == head_dim
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride()
     group = num_heads // kv_heads
@@ -689,32 +721,12 @@ def paged_decode_attention(
     if num_splits is None:
         max_context = block_tables.shape[1] * page_size  # upper bound on any context_len
         num_splits = default_num_splits(num_seqs, kv_heads, max_context, q.device, BLOCK_N, tiles["programs_per_sm"])
-    assert num_splits >= 1
-
-    if num_splits > 1:
-        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
-        counts = (counters or SplitCounters()).get(q.device, num_seqs * kv_heads)
-    else:
-        part_out = part_lse = out  # unused placeholders
-        counts = context_lens
-    if new_kv is not None:
-        new_k, new_v, slot_mapping = new_kv  # (seqs, kv_heads, head_dim) x2, (seqs,)
-        assert new_k.shape == new_v.shape == (num_seqs, kv_heads, head_dim) and slot_mapping.shape == (num_seqs,)
-        assert new_k.stride(-1) == 1 and new_v.stride(-1) == 1
-    else:
-        new_k = new_v = slot_mapping = q  # unread
-    if rope is not None:
-        assert new_kv is not None, "rope rotates the new K as it stores it: it needs new_kv"
-        positions, cos, sin, q_w, k_w, eps = rope  # (seqs,), (positions, head_dim) x2, (head_dim,) x2 or None
-        assert positions.shape == (num_seqs,) and cos.shape[1] == head_dim and cos.is_contiguous() and sin.is_contiguous()
-        assert (q_w is None) == (k_w is None)
-    else:
-        positions, cos, sin, q_w, k_w, eps = q, q, q, None, None, 0.0  # unread
+    part_out, part_lse, counts = _split_buffers(q, kv_heads, num_splits, counters, out, context_lens)
+    new_k, new_v, slot_mapping = _new_kv_args(q, kv_heads, new_kv)
+    positions, cos, sin, q_w, k_w, eps = _rope_args(q, new_kv, rope)
     _paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse, counts,
-        new_k, new_v, slot_mapping,
-        positions, cos, sin, q_w if q_w is not None else q, k_w if k_w is not None else q,
+        q, k_cache, v_cache, out, part_out, part_lse, counts, new_k, new_v, slot_mapping,
+        positions, cos, sin, q if q_w is None else q_w, q if k_w is None else k_w,
         context_lens, block_tables, order if order is not None else context_lens,
         k_scale, v_scale,
         scale * LOG2E, eps,
