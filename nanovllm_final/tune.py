@@ -323,7 +323,8 @@ def tune(device: torch.device, plan: Plan) -> dict:
         bar.update(bar.total - bar.n)  # the counts that stopped early (gemv rows, small pairs) were not timed
     config["decode_splits"] = {"waves": 2, "max_splits": 32}
     config["record"] = {
-        "made_by": " ".join(["python -m nanovllm_final.tune", *sys.argv[1:]]), "device": str(dev),
+        "made_by": "python -m nanovllm_final.tune" + (f" --reps {plan.reps}" if plan.reps != Plan.reps else ""),
+        "device": str(dev),
         "torch": torch.__version__, "triton": _triton_version(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "notes": NOTES,
         "measured_ms": measured,
