@@ -106,32 +106,40 @@ def test_tokenizer_endpoints(server, hf):
     assert post(server.base + "/detokenize", {"tokens": [10**6]})[0] == 400
 
 
-def hf_choice_accuracy(model, tokenizer) -> float:
-    """The story_choice accuracy from Hugging Face's logprobs, the harness's way: context and
-    " " + choice encoded together, the continuation the tokens past the context's."""
+def hf_choice_scores(model, tokenizer) -> tuple[list[list[float]], list[int]]:
+    """Per story_choice item, each choice's loglikelihood from Hugging Face's logprobs, the
+    harness's way (context and " " + choice encoded together, the continuation the tokens past
+    the context's); and the labels."""
     items = [json.loads(line) for line in (TASKS / "story_choice.jsonl").read_text().splitlines()]
-    correct = 0
+    scores = []
     for item in items:
         context = tokenizer.encode(item["context"], add_special_tokens=False)
-        scores = []
+        scores.append([])
         for choice in item["choices"]:
             whole = tokenizer.encode(item["context"] + " " + choice, add_special_tokens=False)
             lp = hf_logprobs(model, whole)
-            scores.append(sum(lp[p - 1, whole[p]].item() for p in range(len(context), len(whole))))
-        correct += max(range(len(scores)), key=scores.__getitem__) == item["label"]
-    return correct / len(items)
+            scores[-1].append(sum(lp[p - 1, whole[p]].item() for p in range(len(context), len(whole))))
+    return scores, [item["label"] for item in items]
 
 
 def test_lm_eval_harness(server, hf, tmp_path):
+    """The harness tokenizes through the server (/tokenizer_info, /tokenize), scores every choice
+    with echo, and generates with stop strings."""
     pytest.importorskip("lm_eval")
     args = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
             f"model={NAME},base_url={server.base}/v1/completions,num_concurrent=1,max_retries=1",
-            "--tasks", "story_choice,story_next", "--include_path", str(TASKS), "--output_path", str(tmp_path)]
+            "--tasks", "story_choice,story_next", "--include_path", str(TASKS), "--output_path", str(tmp_path), "--log_samples"]
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Using remote tokenizer" in run.stdout + run.stderr  # /tokenizer_info and /tokenize answered
     results = json.loads(next(tmp_path.rglob("results_*.json")).read_text())["results"]
     print({task: {k: v for k, v in r.items() if "," in k} for task, r in results.items()})
-    assert "Using remote tokenizer" in run.stdout + run.stderr  # /tokenizer_info and /tokenize answered
-    assert results["story_choice"]["acc,none"] == hf_choice_accuracy(*hf)
-    assert "exact_match,strip" in results["story_next"]
+    scores, labels = hf_choice_scores(*hf)
+    samples = [json.loads(line) for line in next(tmp_path.rglob("samples_story_choice_*.jsonl")).read_text().splitlines()]
+    for sample in samples:
+        ours = [float(resp[0][0]) for resp in sample["resps"]]
+        assert max(abs(a - b) for a, b in zip(ours, scores[sample["doc_id"]])) < TOL, sample["doc_id"]
+    hf_accuracy = sum(max(range(len(s)), key=s.__getitem__) == label for s, label in zip(scores, labels)) / len(labels)
+    assert results["story_choice"]["acc,none"] == hf_accuracy
+    assert len(samples) == len(labels) and "exact_match,strip" in results["story_next"]
