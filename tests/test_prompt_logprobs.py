@@ -92,11 +92,22 @@ def test_overlap_preemption_and_n(checkpoint, overlap):
         assert_matches_hf(path, prompt, out["prompt_logprobs"], k=1)
 
 
+def test_tensor_parallel(checkpoint):
+    """TP=2 (gloo): every rank computes its vocabulary slice of each chunk's logits, rank 0 scores."""
+    path = checkpoint("qwen3")
+    prompts = random_prompts([30, 7], seed=14)
+    with LLM(path, device="cpu", max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4, tensor_parallel_size=2) as llm:
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=K), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert_matches_hf(path, prompt, out["prompt_logprobs"])
+
+
 def test_bad_prompt_logprobs(checkpoint):
     with pytest.raises(Problem, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=-1)
-    with LLM(checkpoint("qwen3"), device="cpu", max_model_len=32) as llm, pytest.raises(Problem, match="prompt_logprobs"):
-        llm.generate([[5, 6]], SamplingParams(prompt_logprobs=10**6), use_tqdm=False)
+    with LLM(checkpoint("qwen3"), device="cpu", max_model_len=32) as llm:
+        with pytest.raises(Problem, match="prompt_logprobs"):
+            llm.generate([[5, 6]], SamplingParams(prompt_logprobs=10**6), use_tqdm=False)
 
 
 def peak_bytes(fn) -> tuple[int, object]:
@@ -104,7 +115,8 @@ def peak_bytes(fn) -> tuple[int, object]:
     memory events, in order), and fn's result."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
     now = peak = 0
     for e in events:  # an allocation (bytes > 0) or a free (< 0)
         now += e.nbytes()

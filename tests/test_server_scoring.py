@@ -74,7 +74,8 @@ def test_score_only_and_token_prompts(server, hf):
     """max_tokens 0 with echo: the prompt alone, one entry per prompt token; a batch of token-id prompts."""
     model, tokenizer = hf
     prompts = [tokenizer.encode(text, add_special_tokens=False) for text in (PROMPT, "He had many friends.")]
-    status, body = post(server.base + "/v1/completions", {"prompt": prompts, "max_tokens": 0, "logprobs": 0, "echo": True})
+    body = {"prompt": prompts, "max_tokens": 0, "logprobs": 0, "echo": True}
+    status, body = post(server.base + "/v1/completions", body)
     assert status == 200, body
     assert body["usage"]["completion_tokens"] == 0
     for ids, choice in zip(prompts, sorted(body["choices"], key=lambda c: c["index"])):
@@ -128,7 +129,8 @@ def test_lm_eval_harness(server, hf, tmp_path):
     pytest.importorskip("lm_eval")
     args = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
             f"model={NAME},base_url={server.base}/v1/completions,num_concurrent=1,max_retries=1",
-            "--tasks", "story_choice,story_next", "--include_path", str(TASKS), "--output_path", str(tmp_path), "--log_samples"]
+            "--tasks", "story_choice,story_next", "--include_path", str(TASKS), "--output_path", str(tmp_path),
+            "--log_samples"]
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -136,7 +138,8 @@ def test_lm_eval_harness(server, hf, tmp_path):
     results = json.loads(next(tmp_path.rglob("results_*.json")).read_text())["results"]
     print({task: {k: v for k, v in r.items() if "," in k} for task, r in results.items()})
     scores, labels = hf_choice_scores(*hf)
-    samples = [json.loads(line) for line in next(tmp_path.rglob("samples_story_choice_*.jsonl")).read_text().splitlines()]
+    lines = next(tmp_path.rglob("samples_story_choice_*.jsonl")).read_text().splitlines()
+    samples = [json.loads(line) for line in lines]
     for sample in samples:
         ours = [float(resp[0][0]) for resp in sample["resps"]]
         assert max(abs(a - b) for a, b in zip(ours, scores[sample["doc_id"]])) < TOL, sample["doc_id"]

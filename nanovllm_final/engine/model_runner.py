@@ -227,7 +227,9 @@ class ModelRunner:
             )
             hidden = self.forward(self.input_ids(t, carried), t["positions"], context)  # (tokens, hidden)
         # prompt_logprobs: rank 0 keeps the step's scores (on their way to the host) for the engine to read
-        self.prompt_scores = None if step.scoring is None else score_rows(self.model, hidden, step.scoring, self.config.max_num_seqs)
+        self.prompt_scores = None
+        if step.scoring is not None:
+            self.prompt_scores = score_rows(self.model, hidden, step.scoring, self.config.max_num_seqs)
         num_rows = len(step.sample_rows)
         if not num_rows:
             return None

@@ -22,7 +22,8 @@ class PromptScoring:
 def needs_prompt_scores(seq: Sequence) -> bool:
     """Are some of this sequence's prompt positions still to be scored? (Only a request's first
     completion scores; its siblings share the prompt.)"""
-    return seq.params.prompt_logprobs is not None and seq.index == 0 and seq.num_prompt_scored < seq.num_prompt_tokens - 1
+    asks = seq.params.prompt_logprobs is not None and seq.index == 0
+    return asks and seq.num_prompt_scored < seq.num_prompt_tokens - 1
 
 
 def plan_scoring(seqs: list[Sequence], starts: np.ndarray, ends: np.ndarray, cu: np.ndarray) -> PromptScoring | None:

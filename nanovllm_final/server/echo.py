@@ -26,7 +26,8 @@ def vllm_prompt_logprobs(server, prompt: list[int], scored: list | None) -> list
     out: list[dict | None] = [None]
     for entry in (scored or [None])[1:]:
         chosen = {entry["token_id"]: entry["logprob"]} | entry["top_logprobs"]
-        out.append({str(t): {"logprob": server.finite(lp), "decoded_token": server.token_text(int(t))} for t, lp in chosen.items()})
+        out.append({str(t): {"logprob": server.finite(lp), "decoded_token": server.token_text(int(t))}
+                    for t, lp in chosen.items()})
     return out
 
 
@@ -48,7 +49,8 @@ def echo_choices(server, req: CompletionRequest, reply) -> list[dict]:
                 logprobs = server.completion_logprobs(prompt_entries(prompt, scored) + generated)
         elif req.logprobs is not None:
             logprobs = server.completion_logprobs(generated)
-        choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": "length" if req.score_only else reply.finish_reason[i]}
+        reason = "length" if req.score_only else reply.finish_reason[i]
+        choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
         if req.prompt_logprobs is not None:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(server, prompt, scored)
         choices.append(choice)

@@ -70,7 +70,7 @@ class Handle:
         self.choices = [Choice(tokenizer, p, params) for p in prompts for _ in range(params.n)]
         self.unfinished = set(self.request_ids)  # reader thread (under the client's lock)
         self.cached_tokens = [0] * len(prompts)
-        self.prompt_logprobs: list[list | None] = [None] * len(prompts)  # per prompt, once scored (params.prompt_logprobs)
+        self.prompt_logprobs: list[list | None] = [None] * len(prompts)  # per prompt once scored (prompt_logprobs)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cut_off = asyncio.Event()
         self.created = time.time()

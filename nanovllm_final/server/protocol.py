@@ -103,7 +103,8 @@ class CompletionRequest(_Common):
             raise RequestError("echo and prompt_logprobs are not supported with stream=true by this server",
                                "echo" if self.echo else "prompt_logprobs")
         if self.max_tokens == 0 and not self.echo:
-            raise RequestError("max_tokens must be at least 1; 0 is allowed with echo=true (score the prompt only)", "max_tokens")
+            raise RequestError("max_tokens must be at least 1; 0 is allowed with echo=true (score the prompt only)",
+                               "max_tokens")
         if self.suffix:
             raise RequestError("suffix is not supported by this server", "suffix")
         if self.best_of is not None and self.best_of != self.n:
@@ -123,7 +124,8 @@ class CompletionRequest(_Common):
         if self.logprobs is not None:
             kwargs["logprobs"] = self.logprobs
         if (self.echo and self.logprobs is not None) or self.prompt_logprobs is not None:  # echo joins the prompt's
-            kwargs["prompt_logprobs"] = max(self.logprobs if self.echo and self.logprobs is not None else 0, self.prompt_logprobs or 0)
+            echoed = self.logprobs if self.echo and self.logprobs is not None else 0
+            kwargs["prompt_logprobs"] = max(echoed, self.prompt_logprobs or 0)
         return kwargs
 
     @property

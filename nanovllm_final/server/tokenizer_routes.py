@@ -42,12 +42,14 @@ def add_tokenizer_routes(app: FastAPI, server) -> None:
     async def tokenizer_info():
         names = ("eos_token", "bos_token", "pad_token", "unk_token")
         return {"tokenizer_class": type(tokenizer).__name__, **{name: getattr(tokenizer, name, None) for name in names},
-                "chat_template": tokenizer.chat_template, "model_max_length": server.max_model_len, "vocab_size": len(tokenizer)}
+                "chat_template": tokenizer.chat_template, "model_max_length": server.max_model_len,
+                "vocab_size": len(tokenizer)}
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
         req = await body(request, TokenizeRequest)
-        ids = await on_pool(lambda: tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens, verbose=False))
+        ids = await on_pool(lambda: tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens,
+                                                     verbose=False))
         return {"count": len(ids), "max_model_len": server.max_model_len, "tokens": ids, "token_strs": None}
 
     @app.post("/detokenize")
