@@ -126,7 +126,6 @@ def hf_choice_scores(model, tokenizer) -> tuple[list[list[float]], list[int]]:
 def test_lm_eval_harness(server, hf, tmp_path):
     """The harness tokenizes through the server (/tokenizer_info, /tokenize), scores every choice
     with echo, and generates with stop strings."""
-    pytest.importorskip("lm_eval")
     args = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
             f"model={NAME},base_url={server.base}/v1/completions,num_concurrent=1,max_retries=1",
             "--tasks", "story_choice,story_next", "--include_path", str(TASKS), "--output_path", str(tmp_path),
