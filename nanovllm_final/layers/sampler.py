@@ -215,5 +215,5 @@ def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[
     """log_softmax of the raw logits in float32: the sampled tokens' (rows,), and the top k's
     values and ids (rows, k)."""
     lp = torch.log_softmax(logits.float(), dim=-1)  # (rows, vocab)
-    top = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], token_ids[:, None][:, :0])
+    top = lp.topk(k, dim=-1) if k > 0 else (lp.new_empty(len(lp), 0), token_ids.new_empty(len(lp), 0))  # no views of lp
     return lp.gather(1, token_ids.unsqueeze(1)).squeeze(1), top[0], top[1]
