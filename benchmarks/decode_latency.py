@@ -55,7 +55,7 @@ def gemv_rows(st, path, args) -> list[dict]:
             with tuning.override({"gemv": {"rows": limit}}):
                 ms = measure(st, path, batch, False, args.dtype, args.prompt_len)
             rows.append({"gemv_rows": limit, "batch": batch, "graph_ms": ms})
-            print(f"GEMV_ROWS {limit}  batch {batch:4d}: graph {rows[-1]['graph_ms']:7.3f} ms", flush=True)
+            print(f"gemv rows {limit}  batch {batch:4d}: graph {rows[-1]['graph_ms']:7.3f} ms", flush=True)
     return rows
 
 
