@@ -3,6 +3,7 @@
     python -m nanovllm_final.tune                  (or: nanovllm tune)
     python -m nanovllm_final.tune --out my.json    (anywhere else; NANOVLLM_KERNEL_CONFIG=my.json uses it)
     python -m nanovllm_final.tune --dry-run --out /tmp/cpu.json   (tiny shapes on the CPU, Triton's interpreter)
+    python -m nanovllm_final.tune --only gemv moe (time these; the rest stay as this GPU's file or rules have them)
 
 For each kernel (kernels/tuning.py lists the file's fields) it times a short list of candidates
 on the shapes of the models this engine serves (Qwen3-0.6B, Llama-3.2-1B, Qwen3-30B-A3B's
@@ -297,36 +298,42 @@ NOTES = {
 }
 
 
-def candidates(plan: Plan) -> int:
-    """How many timings the progress bar counts."""
+def candidates(plan: Plan) -> dict[str, int]:
+    """How many timings each section counts on the progress bar."""
     shapes = sum(len(s) for s in plan.decode_shapes.values())
-    decode = shapes * (len(plan.decode_tiles) + len(plan.programs_per_sm))
-    prefill = len(plan.decode_shapes["bf16"]) * len(plan.prefill_tiles)
-    gemv = len(plan.gemv_shapes) * len(plan.gemv_tiles) + 2 * len(plan.gemv_rows)
-    moe = len(plan.moe_sizes) * len(plan.moe_tiles) + len(plan.moe_gemv_tiles) + 2 * len(plan.moe_small_tokens)
-    return decode + prefill + gemv + moe
+    return {
+        "decode_attention": shapes * (len(plan.decode_tiles) + len(plan.programs_per_sm)),
+        "prefill_attention": len(plan.decode_shapes["bf16"]) * len(plan.prefill_tiles),
+        "gemv": len(plan.gemv_shapes) * len(plan.gemv_tiles) + 2 * len(plan.gemv_rows),
+        "moe": len(plan.moe_sizes) * len(plan.moe_tiles) + len(plan.moe_gemv_tiles) + 2 * len(plan.moe_small_tokens),
+    }
 
 
-def tune(device: torch.device, plan: Plan) -> dict:
-    """The device's configuration, in kernels/tuning.py's layout, with its record."""
+def tune(device: torch.device, plan: Plan, only: list[str] | None = None) -> dict:
+    """The device's configuration, in kernels/tuning.py's layout, with its record. Sections left
+    out of `only` keep the device's present choices (its file, or the rules)."""
     from tqdm.auto import tqdm
 
     torch.manual_seed(0)
     dev = tuning.describe(device)
+    present = tuning.choose(dev)
     measured: dict = {}
-    config = {"device": dev.name}
-    with tqdm(total=candidates(plan), desc=f"tuning {dev.name}", unit="timing") as bar:
+    config = {"device": dev.name, **{name: present.config[name] for name in SECTIONS if only and name not in only}}
+    timed = [name for name in SECTIONS if name not in config]
+    with tqdm(total=sum(candidates(plan)[name] for name in timed), desc=f"tuning {dev.name}", unit="timing") as bar:
         timer = Timer(device, plan.reps, bar)
-        for name, fn in SECTIONS.items():
+        for name in timed:
             bar.set_postfix_str(name)
-            config[name] = fn(timer, plan, measured)
+            config[name] = SECTIONS[name](timer, plan, measured)
         bar.update(bar.total - bar.n)  # the counts that stopped early (gemv rows, small pairs) were not timed
     config["decode_splits"] = {"waves": 2, "max_splits": 32}
+    kept = [name for name in SECTIONS if name not in timed]
+    notes = {**NOTES, "kept": f"{', '.join(kept)}: not timed, as they were ({present.source})"} if kept else NOTES
     config["record"] = {
         "made_by": "python -m nanovllm_final.tune" + (f" --reps {plan.reps}" if plan.reps != Plan.reps else ""),
         "device": str(dev),
         "torch": torch.__version__, "triton": _triton_version(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "notes": NOTES,
+        "notes": notes,
         "measured_ms": measured,
     }
     return tuning.check(config, "the tuned configuration")
@@ -351,6 +358,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes and two candidates each, on the CPU under Triton's interpreter (a test)")
     parser.add_argument("--reps", type=int, help="timed replays per candidate (default 10)")
+    parser.add_argument("--only", nargs="+", choices=tuple(SECTIONS),
+                        help="time these kernels only; the others keep this GPU's present choices")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -360,7 +369,7 @@ def run(args: argparse.Namespace) -> None:
         if os.environ.get("TRITON_INTERPRET") != "1":  # read as triton is imported: run again with it set
             argv = [sys.executable, "-m", "nanovllm_final.tune", "--dry-run", "--out", str(args.out)]
             env = {**os.environ, "TRITON_INTERPRET": "1"}
-            argv += ["--reps", str(args.reps)] if args.reps else []
+            argv += (["--reps", str(args.reps)] if args.reps else []) + (["--only", *args.only] if args.only else [])
             raise SystemExit(subprocess.run(argv, env=env).returncode)
         device, plan = torch.device("cpu"), DRY_PLAN
     elif not torch.cuda.is_available():
@@ -369,7 +378,7 @@ def run(args: argparse.Namespace) -> None:
         device, plan = torch.device("cuda", torch.cuda.current_device()), Plan()
     if args.reps:
         plan = Plan(**{**plan.__dict__, "reps": args.reps})
-    config = tune(device, plan)
+    config = tune(device, plan, args.only)
     out = args.out or tuning.CONFIG_DIR / tuning.file_name(config["device"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(config, indent=1) + "\n")

@@ -4,6 +4,7 @@ files (python -m nanovllm_final.tune, here in its CPU dry run under the Triton i
 import argparse
 import json
 import logging
+import os
 
 import pytest
 import torch
@@ -106,7 +107,7 @@ def test_tune_dry_run_writes_a_file_the_tuning_reads(tmp_path):
     from nanovllm_final import tune
 
     out = tmp_path / "cpu.json"
-    tune.run(argparse.Namespace(dry_run=True, out=out, reps=1))
+    tune.run(argparse.Namespace(dry_run=True, out=out, reps=1, only=None))
     config = tuning.load(out)
     plan = tune.DRY_PLAN
     assert config["device"] == "cpu" and config["record"]["measured_ms"]
@@ -117,3 +118,16 @@ def test_tune_dry_run_writes_a_file_the_tuning_reads(tmp_path):
     assert set(config["moe"]["grouped"]) == set(plan.moe_sizes)
     timed = config["record"]["measured_ms"]["decode_attention.bf16.32"]["tiles_ms"]
     assert set(timed) == {"16w1s1", "32w1s1"} and all(t > 0 for t in timed.values())
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="kernels on a CPU need Triton's interpreter")
+def test_tune_only_some_kernels_keeps_the_others():
+    """--only gemv: the gemv section timed (the interpreter's kernels lose to cuBLAS at one row),
+    the others as the present choices have them (a CPU's rules), which the record says."""
+    from nanovllm_final import tune
+
+    config = tune.tune(torch.device("cpu"), tune.DRY_PLAN, only=["gemv"])
+    rules = tuning.rules(tuning.describe(torch.device("cpu")))
+    assert config["decode_attention"] == rules["decode_attention"] and config["moe"] == rules["moe"]
+    assert set(config["record"]["measured_ms"]) == {"gemv.linear", "gemv.gate_up", "gemv.down", "gemv.rows.1"}
+    assert "decode_attention, prefill_attention, moe: not timed" in config["record"]["notes"]["kept"]
