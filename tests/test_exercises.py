@@ -515,3 +515,23 @@ def test_run_returns_a_passing_function_and_stops_on_a_wrong_one(capsys):
     assert "\N{CHECK MARK} graph_batch_sizes" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match="max num seqs"):
         exercises.run(ex(6).check_graph_batch_sizes, WRONG["graph_batch_sizes"][0])
+
+
+# ---- the instructor's guide keeps up with the notebooks ----
+
+
+def test_the_instructors_guide_covers_every_notebook_and_exercise():
+    import re
+    from pathlib import Path
+
+    root = Path(exercises.__file__).resolve().parent.parent
+    guide = (root / "INSTRUCTORS.md").read_text(encoding="utf-8")
+    quiz = guide.split("## Quiz questions", 1)[1].split("\n## ", 1)[0]
+    sections = dict(re.findall(r"^### (.+?)\n(.*?)(?=^### |\Z)", quiz, re.S | re.M))
+    syllabus = re.findall(r"^\| \[([^\]]+)\]\(([^)]+\.ipynb)\)", (root / "README.md").read_text(), re.M)
+    for title, notebook in syllabus:
+        assert notebook in guide.split("## The capstone", 1)[0], f"the session plan has no session for {notebook}"
+        questions = re.findall(r"^\d+\. ", sections.get(title, ""), re.M)
+        assert len(questions) >= 3, f"the quiz has {len(questions)} questions for {title!r} (at least 3)"
+    for n, name in CHECKS:
+        assert f"`{name}`" in guide.split("## The capstone", 1)[0], f"the session plan never sets {name} ({_name(n)})"
