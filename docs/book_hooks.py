@@ -25,7 +25,6 @@ MAX_BYTES = 400_000  # larger files are not copied into the book
 LINK = re.compile(r"(\]\(\s*<?)([^)\s>]+)(>?(?:\s+\"[^\"]*\")?\s*\))|((?:href|src)=\")([^\"]+)(\")")
 ROW_LINK = re.compile(r"^\|\s*\[([^\]]+)\]\(([^)#\s]+\.ipynb)\)")
 
-STYLE = "assets/book.css"  # docs/book.css, as the book serves it
 WORKER = "assets/iframe-worker.js"  # docs/iframe-worker.js: mkdocs.yml names it among extra.polyfills
 _state: dict = {}
 
@@ -50,7 +49,6 @@ def on_config(config):
     docs = Path(config.docs_dir).resolve()
     _state.update(root=root, docs=docs)
     config.nav = [{"Start here": "README.md"}, *syllabus(docs / "README.md")]
-    config.extra_css.append(STYLE)
     return config
 
 
@@ -151,8 +149,7 @@ class _Collector:
 
 
 def on_files(files: Files, config) -> Files:
-    for uri, name in ((STYLE, "book.css"), (WORKER, "iframe-worker.js")):
-        files.append(File.generated(config, uri, abs_src_path=str(_state["root"] / "docs" / name)))
+    files.append(File.generated(config, WORKER, abs_src_path=str(_state["root"] / "docs" / "iframe-worker.js")))
     collector = _Collector(config, files)
     pages = [Path(f.abs_src_path).resolve() for f in files if f.abs_src_path and f.src_uri.endswith((".md", ".ipynb"))]
     collector.follow(pages)

@@ -57,10 +57,10 @@ def diff_table(a: str, b: str) -> Markdown:
     """Every file that differs between stages a and b: status, lines added and removed, links."""
     old, new = _pair(a, b)
     diffs = stage_tool.diff_stages(old, new)
-    rows = ["| file | status | + | − |", "|---|---|--:|--:|"]
+    rows = ["| file | status | lines |", "|---|---|--:|"]  # three columns: narrow enough for a phone
     for d in diffs:
         target = f"{new.rel}/{d.path}" if d.status != "removed" else f"{old.rel}/{d.path}"
-        rows.append(f"| {link(target, _name(d.path))} | {d.status} | +{d.added} | −{d.removed} |")
+        rows.append(f"| {link(target, _name(d.path))} | {d.status} | +{d.added} −{d.removed} |")
     added, removed = sum(d.added for d in diffs), sum(d.removed for d in diffs)
     head = (f"`python -m tools.stages diff {old.name} {new.name}`: {len(diffs)} files, +{added} −{removed} lines "
             f"({link(new.rel + '/README.md', new.name + ' README')})")

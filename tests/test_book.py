@@ -150,7 +150,14 @@ REPORT = """(async () => {
           search: !!search && getComputedStyle(search).display !== 'none' && search.offsetParent !== null,
           images: [...main.querySelectorAll('img')].map(i => ({src: i.currentSrc.slice(0, 120),
                   width: i.naturalWidth, height: i.naturalHeight})),
-          code: main.querySelectorAll('pre').length};
+          code: main.querySelectorAll('pre').length,
+          clipped: [...main.querySelectorAll('table')].filter(t => {  // wider than the page, and nothing scrolls it
+            if (t.getBoundingClientRect().right <= main.getBoundingClientRect().right + 1) return false;
+            for (let e = t; e && e !== main; e = e.parentElement) {
+              if (['auto', 'scroll'].includes(getComputedStyle(e).overflowX)) return false;
+            }
+            return true;
+          }).length};
 })()"""
 
 
@@ -322,6 +329,8 @@ def test_every_page_renders_with_its_figures(site: Path, tmp_path: Path, mode: s
                 if not img["src"] or img["width"] == 0 or img["height"] == 0:
                     problems.append(f"{path}: image not loaded: {img['src']!r}")
             problems += [f"{path}: script error: {error}" for error in shown["errors"]]
+            if shown["clipped"]:
+                problems.append(f"{path}: {shown['clipped']} tables wider than the page, clipped (no scrolling)")
             notebook = NOTEBOOKS / (path.strip("/").removesuffix(".html") + ".ipynb")
             if notebook.exists() and path.count("/") == 1:
                 expected = _image_outputs(notebook)

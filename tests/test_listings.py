@@ -55,7 +55,7 @@ def test_a_stale_diff_table_is_caught(tmp_path: Path):
     def old_counts(nb):
         first = listings.listings(nb)[0]
         data = nb.cells[first.cell].outputs[first.output].data
-        data["text/markdown"] = data["text/markdown"].replace("| +1 | −0 |", "| +2 | −0 |")
+        data["text/markdown"] = data["text/markdown"].replace("| +1 −0 |", "| +2 −0 |")
 
     problems = listings.stale(_plant(tmp_path, old_counts))
     assert len(problems) == 1 and "diff_table('03_paged', '04_prefix_cache')" in problems[0], problems
