@@ -23,7 +23,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-MARK = re.compile(r"<!-- codeview: (.+?) -->\s*$", re.S)
+MARK = re.compile(r"<!-- codeview: ([^\n]+) -->\s*\Z")  # the last line of a listing
 CALLS = ("diff_table", "diff", "source")
 
 
