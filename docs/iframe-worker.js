@@ -1,5 +1,5 @@
 /* Web workers for a book read from disk. A page opened from file:// may not start
-   `new Worker(url)` (Chromium and Firefox refuse it), and the book's search runs in a worker, so
+   `new Worker(url)` (Chromium refuses it), and the book's search runs in a worker, so
    from disk it would never leave "Initializing search". On such a page this replaces Worker with
    one that runs the worker's script in a hidden iframe and passes messages both ways, with no
    network: Material's offline plugin (mkdocs.yml) otherwise loads a shim from unpkg.com, and it
