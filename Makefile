@@ -17,7 +17,7 @@ ARGS ?=
 .PHONY: help demo test install notebooks book stage clean
 
 help:
-	@echo "make demo       set up .venv, then the final engine tells a story with the course model"
+	@echo "make demo       set up .venv, then the final engine tells a story with the course model (greedy; TEMPERATURE=0.8 samples)"
 	@echo "make test       the whole suite: stage-tool check, pytest, every notebook under nbval"
 	@echo "make stage      one stage on a model:  make stage STAGE=03 PROMPT='Hello' [MODEL=dir] [ARGS='--max-tokens 16']"
 	@echo "                (STAGE: 01..07, a name such as 03_paged or paged, or final (the default); MODEL: the course model,"
@@ -31,14 +31,25 @@ help:
 install: .venv/.installed
 
 .venv/.installed: pyproject.toml
+	@echo "== Setting up .venv (once): torch ($(TORCH), from $(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configured index)),"
+	@echo "   then this repository in editable mode with its test tools (the 'dev' extra: transformers, pytest, nbval, ...)."
+	@echo "   The first time this downloads several hundred MB and takes a few minutes; pip shows its progress below."
+	$(if $(TORCH_INDEX),,@echo "   CPU-only Linux machine? Unless your pip serves CPU wheels, Ctrl-C now and run")
+	$(if $(TORCH_INDEX),,@echo "   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu  (or pip fetches the multi-GB CUDA torch)")
 	python3 -m venv .venv
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --progress-bar on "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install --progress-bar on -e ".[dev]"
 	touch $@
+	@echo "== .venv is ready (later runs skip this step)."
 
 # A story from the course model (models/course-llama: a 5.2M-parameter Llama trained here), final engine.
+# Greedy by default, so the demo, the README and `nanovllm serve` at temperature 0 tell the same story.
+TEMPERATURE ?= 0
 demo: install
-	$(PY) -m nanovllm_final generate --model $(COURSE) --prompt "$(PROMPT)" --max-tokens 64
+	@echo "== The final engine (nanovllm_final) continues \"$(PROMPT)\" with the course model ($(COURSE)), on this"
+	@echo "   machine's CPU or GPU: 64 tokens, $(if $(filter 0 0.0,$(TEMPERATURE)),greedy (temperature 0: the same story every run; TEMPERATURE=0.8 samples),sampled at temperature $(TEMPERATURE))."
+	$(PY) -m nanovllm_final generate --model $(COURSE) --prompt "$(PROMPT)" --max-tokens 64 --temperature $(TEMPERATURE)
+	@echo "== Next: make test (the whole suite), make notebooks (the course), make help (everything else)."
 
 # The whole suite: the stage tool's check, then the unit and equivalence tests and every notebook
 # under nbval, in one pytest run spread over one worker per core (pytest-xdist; WORKERS=0: all in one process).
@@ -67,11 +78,13 @@ notebooks: .venv/.notebook
 	touch $@
 
 # The course book (MkDocs Material + mkdocs-jupyter; mkdocs.yml): notebooks/README.md and the notebooks
-# with their committed outputs, nothing re-executed. Read it at http://127.0.0.1:8000 after
+# with their committed outputs, nothing re-executed, once every listing in them is checked against the code
+# (tools/listings.py). Open _book/index.html from disk, or read it at http://127.0.0.1:8000 after
 # `$(PY) -m http.server -d _book -b 127.0.0.1 8000`.
 book: .venv/.book
+	$(PY) -m tools.listings check
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build -q
-	@echo "built _book/; read it with: $(PY) -m http.server -d _book -b 127.0.0.1 8000"
+	@echo "built _book/; open _book/index.html in a browser, or serve it: $(PY) -m http.server -d _book -b 127.0.0.1 8000"
 
 clean:
 	rm -rf .venv .models _book

@@ -25,6 +25,7 @@ MAX_BYTES = 400_000  # larger files are not copied into the book
 LINK = re.compile(r"(\]\(\s*<?)([^)\s>]+)(>?(?:\s+\"[^\"]*\")?\s*\))|((?:href|src)=\")([^\"]+)(\")")
 ROW_LINK = re.compile(r"^\|\s*\[([^\]]+)\]\(([^)#\s]+\.ipynb)\)")
 
+WORKER = "assets/iframe-worker.js"  # docs/iframe-worker.js: mkdocs.yml names it among extra.polyfills
 _state: dict = {}
 
 
@@ -148,6 +149,7 @@ class _Collector:
 
 
 def on_files(files: Files, config) -> Files:
+    files.append(File.generated(config, WORKER, abs_src_path=str(_state["root"] / "docs" / "iframe-worker.js")))
     collector = _Collector(config, files)
     pages = [Path(f.abs_src_path).resolve() for f in files if f.abs_src_path and f.src_uri.endswith((".md", ".ipynb"))]
     collector.follow(pages)

@@ -1,5 +1,7 @@
 """The course book (`make book`): built from the executed notebooks, then every page opened in
 headless Chromium, which must render it with all its figures loaded; no internal link may be broken.
+The book is read both ways, over http and from disk (file://): its links name files, never folders
+(a folder from disk is a directory listing), and its search works from either.
 
 Chromium is driven over the DevTools protocol on a pipe (--remote-debugging-pipe: JSON messages
 ending in NUL on file descriptors 3 and 4), so nothing beyond the Debian package is needed.
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 PAGE_TIMEOUT_S = 30.0
-pytestmark = pytest.mark.xdist_group("book")  # one worker builds the book once for all three tests
+pytestmark = pytest.mark.xdist_group("book")  # one worker builds the book once for all its tests
 
 
 def _requirements() -> str | None:
@@ -65,7 +67,7 @@ def _pages(site: Path) -> list[Path]:
 
 def _url_path(site: Path, page: Path) -> str:
     rel = page.relative_to(site).as_posix()
-    return "/" + (rel[: -len("index.html")] if rel.endswith("index.html") else rel)
+    return "/" + page.relative_to(site).as_posix()
 
 
 class _Links(html.parser.HTMLParser):
@@ -108,11 +110,11 @@ def test_book_has_the_syllabus(site: Path):
     assert not unlisted, f"not in the syllabus table of notebooks/README.md (its rows are the book's contents): {unlisted}"
     for nb in listed:
         assert (NOTEBOOKS / nb).exists(), f"the syllabus lists {nb}, which is not in notebooks/"
-        assert (site / nb.removesuffix(".ipynb") / "index.html").exists(), f"{nb} has no page in the book"
+        assert (site / nb.replace(".ipynb", ".html")).exists(), f"{nb} has no page in the book"
     index = (site / "index.html").read_text(encoding="utf-8")
     for nb in listed:  # the navigation lists every notebook, in the syllabus' order
-        assert f'href="{nb.removesuffix(".ipynb")}/"' in index, f"{nb} is not in the book's navigation"
-    positions = [index.index(f'href="{nb.removesuffix(".ipynb")}/"') for nb in listed]
+        assert f'href="{nb.replace(".ipynb", ".html")}"' in index, f"{nb} is not in the book's navigation"
+    positions = [index.index(f'href="{nb.replace(".ipynb", ".html")}"') for nb in listed]
     assert positions == sorted(positions), "the navigation is not in the syllabus' order"
 
 
@@ -128,7 +130,9 @@ def test_no_internal_link_is_broken(site: Path):
                 continue
             url = urlsplit(urljoin(base, link))
             target = _file_for(site, url.path) if url.path != base or not link.startswith("#") else page
-            if target is None:
+            if url.path.endswith("/") or (site / unquote(url.path).lstrip("/")).is_dir():
+                broken.append(f"{_url_path(site, page)}: {link} (a folder: read from disk, a directory listing)")
+            elif target is None:
                 broken.append(f"{_url_path(site, page)}: {link} (no such file in the book)")
             elif url.fragment and target.suffix == ".html" and unquote(url.fragment) not in ids.get(target, set()):
                 broken.append(f"{_url_path(site, page)}: {link} (no element with id {url.fragment!r})")
@@ -141,10 +145,19 @@ REPORT = """(async () => {
   await Promise.all([...document.images].map(i => i.complete ? null :
     new Promise(done => { i.addEventListener('load', done); i.addEventListener('error', done); })));
   const main = document.querySelector('article') || document.body;
+  const search = document.querySelector('.md-search');
   return {title: document.title, text: main.innerText.length,
+          search: !!search && getComputedStyle(search).display !== 'none' && search.offsetParent !== null,
           images: [...main.querySelectorAll('img')].map(i => ({src: i.currentSrc.slice(0, 120),
                   width: i.naturalWidth, height: i.naturalHeight})),
-          code: main.querySelectorAll('pre').length};
+          code: main.querySelectorAll('pre').length,
+          clipped: [...main.querySelectorAll('table')].filter(t => {  // wider than the page, and nothing scrolls it
+            if (t.getBoundingClientRect().right <= main.getBoundingClientRect().right + 1) return false;
+            for (let e = t; e && e !== main; e = e.parentElement) {
+              if (['auto', 'scroll'].includes(getComputedStyle(e).overflowX)) return false;
+            }
+            return true;
+          }).length};
 })()"""
 
 
@@ -266,26 +279,60 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def test_every_page_renders_with_its_figures(site: Path, tmp_path: Path):
+# Type a query into the search box; the titles of the results it lists (run in the page).
+SEARCH = """(async () => {
+  const input = document.querySelector('input.md-search__input');
+  if (!input) return {error: 'no search box'};
+  input.focus();
+  input.value = %s;
+  input.dispatchEvent(new Event('input', {bubbles: true}));
+  input.dispatchEvent(new KeyboardEvent('keyup', {bubbles: true}));
+  for (let i = 0; i < 100; i++) {
+    const items = document.querySelectorAll('.md-search-result__item');
+    if (items.length) return {results: [...items].slice(0, 5).map(e => e.innerText.split('\\n')[0])};
+    await new Promise(done => setTimeout(done, 100));
+  }
+  return {results: [], meta: (document.querySelector('.md-search-result__meta') || {}).innerText};
+})()"""
+
+
+def _search(browser: "_Chromium", url: str, query: str) -> dict:
+    session = browser.new_tab()
+    browser.call("Page.navigate", {"url": url}, session=session)
+    browser._next_event("Page.loadEventFired", {session})
+    result = browser.call("Runtime.evaluate", {"expression": SEARCH % json.dumps(query), "awaitPromise": True,
+                                               "returnByValue": True}, session=session)
+    return result["result"].get("value") or {"error": str(result.get("exceptionDetails"))}
+
+
+@pytest.mark.parametrize("mode", ["http", "file"])
+def test_every_page_renders_with_its_figures(site: Path, tmp_path: Path, mode: str):
     binary = next(shutil.which(b) for b in BROWSERS if shutil.which(b))
     browser = _Chromium(binary, tmp_path / "profile")  # started before the server's thread (it forks)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
+    base = f"http://127.0.0.1:{server.server_address[1]}" if mode == "http" else site.as_uri()
     problems, figures = [], 0
     try:
         paths = [_url_path(site, page) for page in _pages(site)]
         shown_all = browser.open_all([base + path for path in paths])
+        found = _search(browser, base + "/index.html", "block table")
+        if not found.get("results"):
+            problems.append(f"search over {mode} found nothing for 'block table': {found}")
         for path in paths:
             shown = shown_all[base + path]
+            if not shown["search"]:
+                problems.append(f"{path}: no search box shown")
             if not shown["title"] or shown["text"] < 20:
                 problems.append(f"{path}: blank (title {shown['title']!r}, {shown['text']} characters of text)")
             for img in shown["images"]:
                 if not img["src"] or img["width"] == 0 or img["height"] == 0:
                     problems.append(f"{path}: image not loaded: {img['src']!r}")
             problems += [f"{path}: script error: {error}" for error in shown["errors"]]
-            notebook = NOTEBOOKS / (path.strip("/") + ".ipynb")
-            if notebook.exists() and path.count("/") == 2:
+            if shown["clipped"]:
+                problems.append(f"{path}: {shown['clipped']} tables wider than the page, clipped (no scrolling)")
+            notebook = NOTEBOOKS / (path.strip("/").removesuffix(".html") + ".ipynb")
+            if notebook.exists() and path.count("/") == 1:
                 expected = _image_outputs(notebook)
                 loaded = sum(1 for i in shown["images"] if i["width"] > 0)
                 figures += loaded

@@ -38,7 +38,7 @@ CHECKS = [(1, "naive_generate"), (1, "gumbel_max"), (1, "filter_probs"), (1, "ro
           (2, "step_inputs"), (2, "attend_cached"), (2, "static_scheduler"), (3, "slot_mapping"), (3, "gather_kv"), (3, "block_manager"), (4, "prefix_hashes"),
           (4, "cached_blocks"), (4, "prefix_block_manager"), (5, "plan_step"), (5, "document_chunks"), (5, "schedule"),
           (6, "graph_batch_sizes"), (6, "pad_for_graph"), (6, "replay"), (7, "row_parallel_linear"), (7, "qkv_rows"),
-          (7, "tp_mlp"), (K, "merge_splits"), (K, "store_kvcache")]
+          (7, "tp_mlp"), (K, "merge_splits"), (K, "prefill_key_tiles"), (K, "quantize_kv"), (K, "store_kvcache")]
 REFERENCE = {"static_scheduler": "StaticBatchScheduler", "block_manager": "BlockManager",
              "prefix_block_manager": "PrefixBlockManager"}  # classes: check_NAME checks solutions' CLASS
 
@@ -459,6 +459,18 @@ WRONG = {
     "tp_mlp": [_mlp_fused_rows, _mlp_down_by_rows],
     "merge_splits": [_merge_mean, _merge_empty_weighs, _merge_unnormalised],
     "store_kvcache": [_store_ignores_skip, _store_ignores_strides, _store_block_major],
+    "prefill_key_tiles": [
+        lambda q, c, t, bm, bn: (c - q + t * bm, min(c, c - q + (t + 1) * bm)),  # not whole key tiles
+        lambda q, c, t, bm, bn: (t * bm // bn * bn, min(c, (t + 1) * bm)),  # forgets the cached prefix
+        lambda q, c, t, bm, bn: ((c - q + t * bm) // bn * bn, c),  # reads every key up to the context's end
+        lambda q, c, t, bm, bn: (((c - q + t * bm) // bn + 1) * bn, min(c, c - q + (t + 1) * bm)),  # a tile too far
+        lambda q, c, t, bm, bn: (0, min(c, c - q + (t + 1) * bm)),  # masks everything: right, but slow
+    ],
+    "quantize_kv": [
+        lambda x, s: (x.float() * s[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn),  # multiplies by the scale
+        lambda x, s: (x.float() / s.max()).clamp(-448, 448).to(torch.float8_e4m3fn),  # one scale for all heads
+        lambda x, s: (x.float() / s[:, None]).clamp(-448, 448).to(torch.float8_e5m2),  # the other fp8 format
+    ],
 }
 
 WRONG_CASES = [(n, name, i) for n, name in CHECKS for i in range(len(WRONG[name]))]
@@ -515,3 +527,23 @@ def test_run_returns_a_passing_function_and_stops_on_a_wrong_one(capsys):
     assert "\N{CHECK MARK} graph_batch_sizes" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match="max num seqs"):
         exercises.run(ex(6).check_graph_batch_sizes, WRONG["graph_batch_sizes"][0])
+
+
+# ---- the instructor's guide keeps up with the notebooks ----
+
+
+def test_the_instructors_guide_covers_every_notebook_and_exercise():
+    import re
+    from pathlib import Path
+
+    root = Path(exercises.__file__).resolve().parent.parent
+    guide = (root / "INSTRUCTORS.md").read_text(encoding="utf-8")
+    quiz = guide.split("## Quiz questions", 1)[1].split("\n## ", 1)[0]
+    sections = dict(re.findall(r"^### (.+?)\n(.*?)(?=^### |\Z)", quiz, re.S | re.M))
+    syllabus = re.findall(r"^\| \[([^\]]+)\]\(([^)]+\.ipynb)\)", (root / "README.md").read_text(), re.M)
+    for title, notebook in syllabus:
+        assert notebook in guide.split("## The capstone", 1)[0], f"the session plan has no session for {notebook}"
+        questions = re.findall(r"^\d+\. ", sections.get(title, ""), re.M)
+        assert len(questions) >= 3, f"the quiz has {len(questions)} questions for {title!r} (at least 3)"
+    for n, name in CHECKS:
+        assert f"`{name}`" in guide.split("## The capstone", 1)[0], f"the session plan never sets {name} ({_name(n)})"

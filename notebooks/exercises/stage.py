@@ -23,6 +23,8 @@ load = stages.load  # the stage package itself: load("03_paged").LLM, .SamplingP
 
 STAT_KEYS = ("num_seqs", "num_tokens", "kv_slots_reserved", "kv_slots_used", "blocks_used", "running", "waiting",
              "preemptions", "prefix_hit_tokens", "chunked_prefills")  # what a step's record says (no timings)
+# kv_slots_used adds up each running sequence's cached tokens, so from stage 04 on a block that several sequences
+# share counts once per sequence there and once in kv_slots_reserved: used > reserved is sharing, not an error.
 
 
 def drive(llm, prompts: list[list[int]], params: list, *, max_steps: int, on_step=None):

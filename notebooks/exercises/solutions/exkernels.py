@@ -35,3 +35,19 @@ def store_kvcache(key, value, k_cache, v_cache, slot_mapping) -> None:
     _store_kernel[(tokens,)](key, value, k_cache, v_cache, slot_mapping, key.stride(0), key.stride(1),
                              value.stride(0), value.stride(1), KVH=kv_heads, D=d,
                              BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(d))
+
+
+def prefill_key_tiles(q_len: int, context_len: int, tile_m: int, BLOCK_M: int, BLOCK_N: int) -> tuple[int, int]:
+    prefix = context_len - q_len  # cached tokens before the first new one
+    first_q = prefix + tile_m * BLOCK_M  # the tile's first query: every key before it is visible to all
+    full_end = first_q // BLOCK_N * BLOCK_N  # whole key tiles only
+    kv_end = min(context_len, prefix + (tile_m + 1) * BLOCK_M)  # one past the tile's last query
+    return full_end, kv_end
+
+
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+
+
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    # x: (..., kv_heads, head_dim); scale: (kv_heads,) -> one scale per kv head, broadcast over head_dim
+    return (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
