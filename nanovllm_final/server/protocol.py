@@ -153,6 +153,8 @@ class ChatCompletionRequest(_Common):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict] | None = None
     tool_choice: Any = None
+    functions: list[dict] | None = None  # OpenAI's legacy form of tools
+    function_call: Any = None
     response_format: dict | None = None
     chat_template: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -167,6 +169,11 @@ class ChatCompletionRequest(_Common):
                                "own template, for generation", "chat_template_kwargs")
         if self.tools:
             raise RequestError("tools are not supported by this server", "tools")
+        if self.functions or self.function_call is not None:
+            raise RequestError("functions and function_call are not supported by this server", "functions")
+        if self.tool_choice not in (None, "none", "auto"):  # "required" or a named tool: a tool call this server cannot make
+            raise RequestError(f"tool_choice {self.tool_choice!r} needs tools, which this server does not support",
+                               "tool_choice")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise RequestError("only response_format {'type': 'text'} is supported", "response_format")
         if self.top_logprobs and not self.logprobs:
