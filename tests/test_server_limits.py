@@ -130,7 +130,8 @@ def test_a_client_leaving_a_plain_request_logs_no_traceback(server):
 
 def test_an_unknown_model_is_404(server):
     status, answer = post(server.base + "/v1/completions", {**NORMAL, "model": "gpt-nothing"})
-    assert status == 404 and answer["error"]["code"] == "model_not_found" and answer["error"]["param"] == "model"
+    assert status == 404 and answer["error"] == {"message": answer["error"]["message"], "type": "invalid_request_error",
+                                                 "param": "model", "code": "model_not_found"}, answer
 
 
 def test_int8_kv_cache_is_a_clean_error(model):

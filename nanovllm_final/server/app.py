@@ -60,7 +60,7 @@ class EventStream(StreamingResponse):
                 group.start_soon(cut_off)
                 await self.listen_for_disconnect(receive)
                 group.cancel_scope.cancel()
-            if self.handle.cut_off.is_set():  # the last events go into the connection's buffer, for a client that reads on
+            if self.handle.cut_off.is_set():  # the last events go into the buffer, for a client that reads on
                 with anyio.move_on_after(CUT_OFF_SEND_S):
                     last = _sse(self.handle.error.body()) + "data: [DONE]\n\n"
                     try:
@@ -185,9 +185,9 @@ class Server:
         body = await self.read_body(request)
         req, prompts, params = await self.workers.run(body, lambda raw: self.prepare(endpoint, raw))
         limit = self.limits.request_timeout_s
+        left = None if limit is None else max(0.0, arrival + limit - asyncio.get_running_loop().time())
         try:
-            handle = await asyncio.wait_for(self.submit(prompts, params, endpoint.prefix),
-                                            None if limit is None else max(0.0, arrival + limit - asyncio.get_running_loop().time()))
+            handle = await asyncio.wait_for(self.submit(prompts, params, endpoint.prefix), left)
         except asyncio.TimeoutError:
             raise self.timeout_error() from None
         timer = self.deadline(handle, arrival)

@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", help=MODEL_HELP)
-    parser.add_argument("--model", dest="model_option", metavar="MODEL", help="the same as the first argument (as generate takes it)")
+    parser.add_argument("--model", dest="model_option", metavar="MODEL",
+                        help="the same as the first argument (as generate takes it)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=_port, default=8000, help="port to listen on, 0..65535, 0: one the system picks (default: %(default)s)")
     parser.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: the model's name)")

@@ -149,8 +149,8 @@ class EngineClient:
         threading.Thread(target=self._read, name="nanovllm-engine-reader", daemon=True).start()
         threading.Thread(target=self._send, name="nanovllm-engine-sender", daemon=True).start()
         if self.watchdog_s:
-            self._watchdog = Watchdog(self.heartbeat, self.watchdog_s, lambda: self._in_flight > 0 or bool(self._adding),
-                                      self._on_hung)
+            busy = lambda: self._in_flight > 0 or bool(self._adding)  # noqa: E731
+            self._watchdog = Watchdog(self.heartbeat, self.watchdog_s, busy, self._on_hung)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Stop the engine process (it shuts down its workers); kill it if it does not go in time."""

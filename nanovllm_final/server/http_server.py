@@ -75,8 +75,9 @@ class ConnectionLimit:
         error = RequestError(f"the server has more than {self.max_connections} open connections; retry later",
                              status=503, code="too_many_connections")
         body = json.dumps(error.body()).encode()
-        await send({"type": "http.response.start", "status": 503, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"retry-after", b"1")]})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"retry-after", b"1")]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 

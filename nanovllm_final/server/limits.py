@@ -30,8 +30,9 @@ class Limits:
     def __init__(self, max_body_bytes: int = 8 << 20, body_timeout_s: float = 30.0, tokenizer_threads: int = 4,
                  large_body_bytes: int = 256 << 10, large_threads: int = 1, max_large_waiting: int = 8,
                  request_timeout_s: float | None = None):
-        self.max_body_bytes, self.body_timeout_s, self.tokenizer_threads = max_body_bytes, body_timeout_s, tokenizer_threads
-        self.large_body_bytes, self.large_threads, self.max_large_waiting = large_body_bytes, large_threads, max_large_waiting
+        self.max_body_bytes, self.body_timeout_s = max_body_bytes, body_timeout_s
+        self.tokenizer_threads, self.large_threads = tokenizer_threads, large_threads
+        self.large_body_bytes, self.max_large_waiting = large_body_bytes, max_large_waiting
         self.request_timeout_s = request_timeout_s
 
 
@@ -94,7 +95,8 @@ def parse_json(raw: bytes):
     except RecursionError:
         raise RequestError("the request body is nested too deeply") from None
     except UnicodeEncodeError as err:
-        raise RequestError(f"the request body has a lone surrogate ({err.object[err.start:err.end]!r}), which is not text") from None
+        lone = err.object[err.start:err.end]
+        raise RequestError(f"the request body has a lone surrogate ({lone!r}), which is not text") from None
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, NaN, an int of too many digits
         raise RequestError(f"the request body is not valid JSON: {err}") from None
     return data

@@ -24,7 +24,7 @@ class RequestError(Exception):
 
     @property
     def type(self) -> str:
-        return {400: "invalid_request_error", 404: "not_found_error", 408: "invalid_request_error", 413: "invalid_request_error",
+        return {400: "invalid_request_error", 404: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
                 429: "rate_limit_error"}.get(self.status, "server_error")
 
     def body(self) -> dict:
@@ -171,7 +171,7 @@ class ChatCompletionRequest(_Common):
             raise RequestError("tools are not supported by this server", "tools")
         if self.functions or self.function_call is not None:
             raise RequestError("functions and function_call are not supported by this server", "functions")
-        if self.tool_choice not in (None, "none", "auto"):  # "required" or a named tool: a tool call this server cannot make
+        if self.tool_choice not in (None, "none", "auto"):  # "required", a named tool: a call this server cannot make
             raise RequestError(f"tool_choice {self.tool_choice!r} needs tools, which this server does not support",
                                "tool_choice")
         if self.response_format and self.response_format.get("type", "text") != "text":

@@ -62,7 +62,8 @@ def add_router_endpoints(app: FastAPI, server) -> None:
         _, prompts = await tokens_of(request)
         if len(prompts) != 1:
             raise RequestError("/tokenize takes one prompt", "prompt")
-        return {"count": len(prompts[0]), "max_model_len": server.max_model_len, "tokens": prompts[0], "token_strs": None}
+        ids = prompts[0]
+        return {"count": len(ids), "max_model_len": server.max_model_len, "tokens": ids, "token_strs": None}
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
