@@ -95,6 +95,12 @@ def test_router_endpoints_answer_in_the_routers_shapes(replicas):
     assert status == 200 and chat["token_ids"], chat
 
 
+def test_the_router_knows_the_model(router):
+    """The router read the model's name from the replicas' /get_model_info (not "unknown")."""
+    status, models = get(router.base + "/v1/models")
+    assert status == 200 and NAME in models, models
+
+
 def test_the_router_answers_as_a_replica_does(replicas, router):
     for body, path in (({"prompt": "the lighthouse keeper", "max_tokens": 12, "temperature": 0}, "/v1/completions"),
                        ({"messages": [{"role": "user", "content": "bread"}], "max_tokens": 12, "temperature": 0},
