@@ -50,7 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--header-timeout", type=_positive(float), default=10.0,
                         help="seconds a connection has to send a request's headers (default: %(default)s)")
     parser.add_argument("--max-connections", type=_positive(int), default=4096,
-                        help="open connections past which a request gets HTTP 503 (default: %(default)s)")
+                        help="open connections past which the idle ones are closed, and, while all are busy, a "
+                             "request gets HTTP 503 (/health is always answered) (default: %(default)s)")
     parser.add_argument("--body-timeout", type=_positive(float), default=30.0,
                         help="seconds a client has to send a request's body (default: %(default)s)")
     parser.add_argument("--max-stream-backlog", type=_positive(int), default=256,
@@ -61,7 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout", type=_positive(float), default=None,
                         help="seconds a request may take from arrival; then it is aborted with HTTP 504 "
                              "(a stream: an error event) (default: none)")
-    parser.add_argument("--watchdog-timeout", type=float, default=60.0,
+    parser.add_argument("--watchdog-timeout", type=_positive(float, zero=True), default=60.0,
                         help="seconds the engine may give no sign of progress while requests wait; then they get "
                              "HTTP 503 and the server exits with code 1; 0: no watchdog (default: %(default)s)")
     parser.add_argument("--shutdown-timeout", type=float, default=5.0,
@@ -144,14 +145,14 @@ def _port(text: str) -> int:
     return port
 
 
-def _positive(kind: type):
+def _positive(kind: type, zero: bool = False):
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text} must be > 0")
+        if not (value >= 0 if zero else value > 0):
+            raise argparse.ArgumentTypeError(f"{text} must be {'>=' if zero else '>'} 0")
         return value
 
     return parse
