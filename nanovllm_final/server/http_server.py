@@ -25,6 +25,7 @@ class HeaderTimeoutProtocol(H11Protocol):
 
     header_timeout_s = 10.0
     max_connections: int | None = None
+    idle_order: dict = {}  # the server's connections, the longest idle first (run() gives each server its own)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -39,9 +40,14 @@ class HeaderTimeoutProtocol(H11Protocol):
         super().on_response_complete()
         self._arm()
 
+    def connection_lost(self, exc) -> None:
+        super().connection_lost(exc)
+        self.idle_order.pop(self, None)
+
     def _arm(self) -> None:
         cycle = self.cycle
-        self.idle_since = self.loop.time()
+        self.idle_order.pop(self, None)
+        self.idle_order[self] = None  # idle from now: last in the order
         self.loop.call_later(self.header_timeout_s, self._check, cycle)
 
     def _idle(self) -> bool:
@@ -50,9 +56,12 @@ class HeaderTimeoutProtocol(H11Protocol):
     def _evict_idle(self, count: int) -> None:
         """Past max_connections: close the `count` connections idle the longest (no request in
         progress), so that a flood of idle connections makes room for the next client."""
-        idle = sorted((c for c in self.connections if c is not self and c._idle()), key=lambda c: c.idle_since)
-        for conn in idle[:count]:
-            conn.transport.close()
+        order = self.idle_order  # (a connection that got busy since it was put there is dropped from it)
+        while count > 0 and (conn := next(iter(order), self)) is not self:
+            del order[conn]
+            if conn._idle():
+                conn.transport.close()
+                count -= 1
 
     def _check(self, cycle) -> None:
         # no new request since the timer was armed: its headers did not come in time
@@ -105,7 +114,7 @@ def run(server: Server, sock: socket.socket, log_level: str = "info", header_tim
     connection is closed. Past `max_connections` open connections the idle ones are closed, and
     while all are busy a request gets a JSON 503 at once (/health is always answered)."""
     protocol = type("Protocol", (HeaderTimeoutProtocol,), {"header_timeout_s": header_timeout_s,
-                                                           "max_connections": max_connections})
+                                                           "max_connections": max_connections, "idle_order": {}})
     config = uvicorn.Config(create_app(server), log_level=log_level, lifespan="off", http=protocol,
                             timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=server.shutdown_grace_s + 5,
                             backlog=max(2048, (max_connections or 0) + 256))
