@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.request import validate_request
 from .engine_client import EngineClient, Handle
-from .limits import Limits, Workers, check_shape, parse_json
+from .limits import Limits, Workers, check_shape, decode, parse_json
 from .router_endpoints import add_router_endpoints
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, make_sampling_params, parse
 
@@ -218,9 +218,11 @@ class Server:
         """On a worker thread: the body checked in the order of cost (limits.py), then parsed,
         tokenized and validated -> (request, prompt token ids, SamplingParams; None unless
         `generate`: a prompt only tokenized is not held to the pending budget)."""
-        data = parse_json(body) if data is None else data
         in_flight = self.client.in_flight if generate else 0
-        check_shape(data, endpoint.chat, in_flight, self.client.max_pending, self.max_model_len)
+        if data is None:
+            data = decode(body, endpoint.chat, in_flight, self.client.max_pending, self.max_model_len)
+        else:
+            check_shape(data, endpoint.chat, in_flight, self.client.max_pending, self.max_model_len)
         req = parse(endpoint.request_class, data)
         if req.model is not None and req.model not in self.names:
             raise RequestError(f"the model {req.model!r} does not exist here; this server serves {self.names[0]!r}",

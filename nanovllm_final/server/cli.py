@@ -10,6 +10,7 @@ If the engine process dies, or hangs while requests wait (--watchdog-timeout), e
 request gets a 503 and the server exits with code 1, for a supervisor to restart it."""
 
 import argparse
+import gc
 import logging
 import signal
 import socket
@@ -113,6 +114,7 @@ def serve(args: argparse.Namespace) -> None:
         limits = Limits(max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout,
                         large_body_bytes=args.large_request_bytes, request_timeout_s=args.request_timeout)
         server = Server(client, names, args.shutdown_timeout, limits)
+        gc.freeze()  # what start-up built (the tokenizer, the libraries) is never traversed by a collection again
         run(server, sock, args.log_level, header_timeout_s=args.header_timeout, max_connections=args.max_connections)
     finally:
         client.stop()

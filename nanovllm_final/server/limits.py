@@ -14,6 +14,7 @@ past that a large body gets 503 at once, which bounds the memory the large bodie
 """
 
 import asyncio
+import gc
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +101,25 @@ def parse_json(raw: bytes):
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, NaN, an int of too many digits
         raise RequestError(f"the request body is not valid JSON: {err}") from None
     return data
+
+
+def decode(raw: bytes, chat: bool, in_flight: int, max_pending: int, max_messages: int):
+    """parse_json, then check_shape; a body refused is freed here, on the worker thread. The
+    collector waits meanwhile: JSON has no cycles, and a million containers would otherwise
+    set off collections of the whole heap, which hold up every thread."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        data = parse_json(raw)
+        try:
+            check_shape(data, chat, in_flight, max_pending, max_messages)
+        except RequestError:
+            data = None  # (the traceback keeps this frame, not the body)
+            raise
+        return data
+    finally:
+        if collecting:
+            gc.enable()
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape
