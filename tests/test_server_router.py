@@ -1,10 +1,12 @@
 """Two CPU replicas of the course model behind sglang-router (the `router` extra), on
 127.0.0.1: the router's answers equal a direct request's, requests that share a prefix stick
-to one replica (cache-aware routing), a replica killed mid-run loses no request the router
-can retry, and benchmarks/serve_bench.py --url runs against the router."""
+to one replica (cache-aware routing) and find it cached there, a replica killed mid-run loses
+no request the router can retry, and benchmarks/serve_bench.py --url runs against the router.
+vllm-router, where installed, keeps the groups on one replica too."""
 
 import json
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,16 +23,19 @@ MODEL = ROOT / "models" / "course-llama"
 REQUESTS = "nanovllm_request_success_total"
 
 
+SGLANG = [sys.executable, "-m", "sglang_router.launch_router", "--log-level", "warn", "--health-check-interval-secs", "1",
+          "--retry-initial-backoff-ms", "50"]
+
+
 class Router:
-    def __init__(self, workers: list[ServerProcess], log_path: pathlib.Path):
+    def __init__(self, command: list[str], workers: list[ServerProcess], log_path: pathlib.Path):
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = open(log_path, "wb")
         self.log_path = log_path
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
-             "--worker-urls", *[w.base for w in workers], "--policy", "cache_aware", "--log-level", "warn",
-             "--health-check-interval-secs", "1", "--retry-initial-backoff-ms", "50"],
+            [*command, "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *[w.base for w in workers],
+             "--policy", "cache_aware", "--prometheus-port", str(_free_port())],  # (each its own, not the default 29000)
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
@@ -69,7 +74,7 @@ def replicas(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def router(replicas, tmp_path_factory):
-    r = Router(replicas, tmp_path_factory.mktemp("router") / "router.log")
+    r = Router(SGLANG, replicas, tmp_path_factory.mktemp("router") / "router.log")
     yield r
     r.stop()
 
@@ -114,13 +119,18 @@ def test_the_router_answers_as_a_replica_does(replicas, router):
 
 def test_prefix_groups_stick_to_one_replica(replicas, router):
     """Four groups of requests, each sharing a long prefix: every request of a group is served
-    by the replica that served its first."""
-    for g in range(4):
+    by the replica that served its first, which finds the prefix in its cache."""
+    assert_groups_stick(replicas, router, range(4))
+
+
+def assert_groups_stick(replicas: list[ServerProcess], router: Router, groups) -> None:
+    for g in groups:
         prefix = f"group {g}: " + " ".join(f"word{g}{i}" for i in range(60))
         before = [served(w) for w in replicas]
         for i in range(4):
-            assert post(router.base + "/v1/completions", {"model": NAME, "prompt": f"{prefix} question {i}",
-                                                          "max_tokens": 2})[0] == 200
+            status, answer = post(router.base + "/v1/completions", {"model": NAME, "prompt": f"{prefix} question {i}",
+                                                                    "max_tokens": 2})
+            assert status == 200 and (i == 0 or answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 200), answer
         gained = [served(w) - b for w, b in zip(replicas, before)]
         assert sorted(gained) == [0, 4], f"group {g} was split over the replicas: {gained}"
 
@@ -135,6 +145,19 @@ def test_serve_bench_runs_against_the_router(router, tmp_path):
     assert code in (0, None)
     record = json.loads(out.read_text())
     assert record["completed"] == 8 and record["failed"] == 0 and record["output_tokens"] > 0, record
+
+
+def test_vllm_router_routes_by_the_rendered_prompt(replicas, tmp_path):
+    """vllm-router's cache-aware policy renders each prompt on a replica (/v1/completions/render)
+    and keeps a group on one replica too."""
+    binary = shutil.which("vllm-router") or pathlib.Path(sys.executable).with_name("vllm-router")
+    if not pathlib.Path(binary).exists():
+        pytest.skip("vllm-router is not installed (pip install vllm-router)")
+    vllm = Router([str(binary)], replicas, tmp_path / "vllm-router.log")
+    try:
+        assert_groups_stick(replicas, vllm, range(10, 13))
+    finally:
+        vllm.stop()
 
 
 def test_a_replica_killed_mid_run_loses_no_request(replicas, router):
