@@ -21,9 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.request import validate_request
 from .engine_client import EngineClient, Handle
-from .limits import Limits, Workers, check_shape, decode, parse_json
-from .router_endpoints import add_router_endpoints
+from .limits import Limits, Workers, check_shape, decode
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, make_sampling_params, parse
+from .router_endpoints import add_router_endpoints
 
 log = logging.getLogger("nanovllm.server")
 CUT_OFF_SEND_S = 1.0  # how long a stream cut off for slow reading waits to hand over its error event and [DONE]

@@ -45,21 +45,21 @@ def add_router_endpoints(app: FastAPI, server) -> None:
         if path != "load":
             app.add_api_route(f"/{path}", handler, methods=["GET"])
 
-    async def tokens_of(request: Request) -> tuple[bool, list[list[int]]]:
+    async def tokens_of(request: Request) -> list[list[int]]:
         """The body's prompts (chat: its `messages` through the template) as token ids, parsed,
         checked and tokenized on the worker threads like a completion's."""
         body = await server.read_body(request)
 
-        def work(raw: bytes) -> tuple[bool, list[list[int]]]:
+        def work(raw: bytes) -> list[list[int]]:
             data = parse_json(raw)
             chat = isinstance(data, dict) and "messages" in data
-            return chat, server.prepare(server.endpoints[chat], raw, data=data, generate=False)[1]
+            return server.prepare(server.endpoints[chat], raw, data=data, generate=False)[1]
 
         return await server.workers.run(body, work)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
-        _, prompts = await tokens_of(request)
+        prompts = await tokens_of(request)
         if len(prompts) != 1:
             raise RequestError("/tokenize takes one prompt", "prompt")
         ids = prompts[0]
@@ -80,10 +80,10 @@ def add_router_endpoints(app: FastAPI, server) -> None:
 
     @app.post("/v1/completions/render")
     async def render_completion(request: Request):
-        _, prompts = await tokens_of(request)
+        prompts = await tokens_of(request)
         return [{"token_ids": ids, "features": None, "model": server.names[0]} for ids in prompts]
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(request: Request):
-        _, prompts = await tokens_of(request)
+        prompts = await tokens_of(request)
         return {"token_ids": prompts[0], "features": None, "model": server.names[0]}
