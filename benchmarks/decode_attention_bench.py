@@ -25,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms  # noqa: E402
 from nanovllm_final.engine.block_manager import blocks_needed  # noqa: E402
-from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E402
+from nanovllm_final.kernels import attention as attention_triton  # noqa: E402
+from nanovllm_final.kernels import tuning  # noqa: E402
+from nanovllm_final.layers import attention_torch  # noqa: E402
 from nanovllm_final.workloads import nanovllm  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 128, 16
@@ -122,7 +124,9 @@ def main() -> None:
             ms = graph_time_ms(fn, args.reps)
             row["tiles"][f"splits{n}/longest_first"] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9,
                                                         "max_err": (fn().float() - expected).abs().max().item()}
-        row["default_num_splits"] = attention_triton.default_num_splits(len(contexts), KV_HEADS, tables.shape[1] * BLOCK, q.device)
+        tiles = tuning.for_device(q.device).decode(kc.dtype == torch.float8_e4m3fn, q.shape[-1])
+        row["default_num_splits"] = attention_triton.default_num_splits(len(contexts), KV_HEADS, tables.shape[1] * BLOCK, q.device,
+                                                                       tiles["BLOCK_N"], tiles["programs_per_sm"])
         best = min((v["ms"], k) for k, v in row["tiles"].items() if "ms" in v)
         default = row["tiles"]["64w4s3/batch_order"]["ms"]
         print(f"step {step:4d}: batch {row['batch']:3d}, mean ctx {row['mean_context']:6.0f}, max {row['max_context']:5d}: "

@@ -10,7 +10,7 @@ the per-token latency of a single stream.
 
     python -m benchmarks.decode_latency --engine final --gemv-rows 0 2 4 --batches 1 2 4 8 --out ...
 
-measures the final engine's graph steps instead once per value of fused_moe.GEMV_ROWS (the
+measures the final engine's graph steps instead once per value of the tuning's gemv.rows (the
 most rows a dense layer sends to the matrix-vector kernels; 0: cuBLAS always), in one process."""
 
 import argparse
@@ -47,14 +47,15 @@ def latency_rows(st, path, args) -> list[dict]:
 
 def gemv_rows(st, path, args) -> list[dict]:
     """Graph steps at each batch for each limit of the final engine's dense matrix-vector path."""
-    from nanovllm_final.layers import fused_moe
+    from nanovllm_final.kernels import tuning
 
     rows = []
     for limit in args.gemv_rows:
-        fused_moe.GEMV_ROWS = limit
         for batch in args.batches:
-            rows.append({"gemv_rows": limit, "batch": batch, "graph_ms": measure(st, path, batch, False, args.dtype, args.prompt_len)})
-            print(f"GEMV_ROWS {limit}  batch {batch:4d}: graph {rows[-1]['graph_ms']:7.3f} ms", flush=True)
+            with tuning.override({"gemv": {"rows": limit}}):
+                ms = measure(st, path, batch, False, args.dtype, args.prompt_len)
+            rows.append({"gemv_rows": limit, "batch": batch, "graph_ms": ms})
+            print(f"gemv rows {limit}  batch {batch:4d}: graph {rows[-1]['graph_ms']:7.3f} ms", flush=True)
     return rows
 
 
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--gemv-rows", type=int, nargs="+", help="final engine: graph steps at each fused_moe.GEMV_ROWS")
+    parser.add_argument("--gemv-rows", type=int, nargs="+", help="final engine: graph steps at each gemv.rows (kernels/tuning.py)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -14,7 +14,7 @@ blocks in one run, the later ones a block at a time across the batch; `shuffled`
 at a random place, as decode_attention_bench.py has them), for each
 (BLOCK_N, num_warps, num_stages), checks each result against the PyTorch path (the rotary layer,
 the reference store and attention), and sums the snapshots' times: the sum is what
-`attention_triton.decode_tiles` picks by. At decode_tiles' tile it also times split-K factors
+the device's tuning (kernels/tuning.py) picks by. At the chosen tile it also times split-K factors
 and the number default_num_splits picks (the splits' sums beside the tiles').
 """
 
@@ -29,13 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.decode_attention_bench import BLOCK, engine_block_tables, paged_batch, snapshot  # noqa: E402
 from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms  # noqa: E402
-from nanovllm_final.layers import attention_torch, attention_triton  # noqa: E402
+from nanovllm_final.kernels import attention as attention_triton  # noqa: E402
+from nanovllm_final.kernels import tuning  # noqa: E402
+from nanovllm_final.layers import attention_torch  # noqa: E402
+from nanovllm_final.tune import DECODE_TILES  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
 
 # heads, kv heads, head_dim, q/k norms (Qwen3), RoPE theta
 SHAPES = {"qwen3-0.6b": (16, 8, 128, True, 1e6), "llama-3.2-1b": (32, 8, 64, False, 5e5)}
-TILES = [(64, 4, 3), (64, 2, 3), (64, 2, 2), (128, 4, 2), (128, 2, 2), (128, 4, 3), (32, 2, 2), (64, 1, 2), (32, 1, 2)]
+TILES = DECODE_TILES  # the candidates `python -m nanovllm_final.tune` times
 STEPS = (1, 300, 400, 500, 600, 700, 750, 850, 900, 950, 980, 1000, 1020)  # decode steps into the run (snapshot)
 SPLITS = (1, 2, 3, 4, 6, 8)  # split-K factors tried at decode_tiles' tile
 
@@ -71,12 +74,13 @@ def main() -> None:
         for norm in norms:
             norm.weight.data = 1 + 0.1 * torch.randn_like(norm.weight)
     scale = head_dim ** -0.5
+    chosen = tuning.for_device(torch.device("cuda")).decode(fp8, head_dim)
     record = {"benchmark": "decode_tiles", "shape": args.shape, "kv_cache_dtype": args.kv_cache_dtype, "layout": args.layout,
               "attention_shape": {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "qk_norm": qk_norm,
                                   "block_size": BLOCK},
               "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
               "command": " ".join(["python", *sys.argv]), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "chosen": "{}w{}s{}".format(*attention_triton.decode_tiles(fp8, head_dim)), "snapshots": []}
+              "chosen": "{BLOCK_N}w{num_warps}s{num_stages}".format(**chosen), "snapshots": []}
     for step in STEPS:
         contexts = snapshot(step)
         layout = engine_block_tables(step) if args.layout == "engine" else None
@@ -104,8 +108,7 @@ def main() -> None:
             row["tiles"][key] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9,
                                  "max_err": (fn().float() - expected).abs().max().item()}
         row["default_num_splits"] = attention_triton.default_num_splits(
-            len(contexts), kv_heads, tables.shape[1] * BLOCK, q.device, attention_triton.decode_tiles(fp8, head_dim)[0],
-            attention_triton.decode_programs_per_sm(fp8))
+            len(contexts), kv_heads, tables.shape[1] * BLOCK, q.device, chosen["BLOCK_N"], chosen["programs_per_sm"])
         row["splits"] = {}
         for n in (*SPLITS, None):  # None: the default
             def fn():
@@ -129,7 +132,7 @@ def main() -> None:
     record["max_err"] = max(t.get("max_err", 0.0) for row in record["snapshots"]
                             for t in (*row["tiles"].values(), *row["splits"].values()))
     for key, ms in record["sum_ms"].items():
-        print(f"    {key:10} {ms:.4f} ms summed" + ("   <- decode_tiles" if key == record["chosen"] else ""))
+        print(f"    {key:10} {ms:.4f} ms summed" + ("   <- the tuning's" if key == record["chosen"] else ""))
     for key, ms in record["splits_sum_ms"].items():
         print(f"    {key:10} {ms:.4f} ms summed at {record['chosen']}")
     print(f"largest difference from the PyTorch path: {record['max_err']:.4g}")

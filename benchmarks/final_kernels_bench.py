@@ -2,7 +2,7 @@
 
     python benchmarks/final_kernels_bench.py --out benchmarks/results/final_kernels_h200.json
 
-1. The fused Triton kernels (layers/fused_triton.py) against the layers' PyTorch code, at
+1. The fused Triton kernels (kernels/norm_rope.py, kernels/activation.py) against the layers' PyTorch code, at
    a decode batch (256 tokens) and a full prefill budget (16384 tokens), Qwen3-0.6B shapes.
 2. Prefill attention of prompts without a cached prefix: torch's varlen FlashAttention
    (torch.nn.attention.varlen.varlen_attn, on the same K/V packed contiguously) against our
@@ -24,7 +24,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms, make_batch  # noqa: E402
-from nanovllm_final.layers import attention_torch, attention_triton, fused_triton  # noqa: E402
+from nanovllm_final.kernels import activation as activation_kernels  # noqa: E402
+from nanovllm_final.kernels import attention as attention_triton  # noqa: E402
+from nanovllm_final.kernels import norm_rope  # noqa: E402
+from nanovllm_final.layers import attention_torch  # noqa: E402
 from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -64,12 +67,12 @@ def elementwise(rows: list, tokens: int, hidden: int, heads: int, kv_heads: int,
     pos = torch.randint(0, 4096, (tokens,), device=dev)
     gate_up = torch.randn(tokens, 2 * inter, device=dev, dtype=dt)
     cases = {
-        "add_rms_norm": (lambda: fused_triton.rms_norm(x, norm.weight, 1e-6, res),
+        "add_rms_norm": (lambda: norm_rope.rms_norm(x, norm.weight, 1e-6, res),
                          lambda: (lambda s: (norm._norm(s), s))(x + res)),
-        "qk_rms_norm": (lambda: (fused_triton.rms_norm(q, qk_norm.weight, 1e-6), fused_triton.rms_norm(k, qk_norm.weight, 1e-6)),
+        "qk_rms_norm": (lambda: (norm_rope.rms_norm(q, qk_norm.weight, 1e-6), norm_rope.rms_norm(k, qk_norm.weight, 1e-6)),
                         lambda: (qk_norm._norm(q), qk_norm._norm(k))),
-        "rotary": (lambda: fused_triton.rotary(pos, q, k, rope.cos, rope.sin), lambda: _torch_rotary(rope, pos, q, k)),
-        "silu_and_mul": (lambda: fused_triton.silu_and_mul(gate_up), lambda: _torch_silu(act, gate_up)),
+        "rotary": (lambda: norm_rope.rotary(pos, q, k, rope.cos, rope.sin), lambda: _torch_rotary(rope, pos, q, k)),
+        "silu_and_mul": (lambda: activation_kernels.silu_and_mul(gate_up), lambda: _torch_silu(act, gate_up)),
     }
     for name, (fused, torch_fn) in cases.items():
         row = {"op": name, "tokens": tokens, "fused_ms": graph_time_ms(fused, reps), "torch_ms": graph_time_ms(torch_fn, reps)}

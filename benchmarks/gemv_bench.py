@@ -1,5 +1,5 @@
 """A decode step's dense projections at one and two rows: the matrix-vector kernels
-(final's fused_moe.gemv and dense_gate_up) for each tile choice, against cuBLAS (F.linear),
+(final's kernels/gemv.py: gemv and dense_gate_up) for each tile choice, against cuBLAS (F.linear),
 bf16, CUDA only.
 
     python -m benchmarks.gemv_bench --out benchmarks/results/gemv_tiles_h200.json
@@ -11,7 +11,7 @@ decode step calls them: the weights come from memory, not from the L2 cache. `us
 median GPU time of one call, `TB_per_s` the weight bytes over it. `best` names the fastest
 tiles per projection and rows; `layer_us_by_tiles` sums qkv, o and down (the projections
 `gemv` serves) of one layer for each tile choice of gemv, fastest first; `defaults` are the
-engine's tiles (fused_moe.DENSE_GEMV_TILES, DENSE_GATE_UP_TILES) when the record was made.
+engine's tiles (the device's tuning: gemv linear and gate_up) when the record was made.
 """
 
 import argparse
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from benchmarks.kernel_bench import graph_time_ms
 from benchmarks.run import versions
-from nanovllm_final.layers import fused_moe
+from nanovllm_final.kernels import gemv, tuning
 from tools.tiny_model import FULL_SHAPES, build_config
 
 GEMV_CHOICES = [  # BLOCK_N, BLOCK_K, num_warps of gemv
@@ -70,8 +70,8 @@ def main() -> None:
     torch.manual_seed(0)
     record = {"benchmark": "gemv_tiles", "device_name": torch.cuda.get_device_name(), "versions": versions(),
               "command": " ".join(["python -m benchmarks.gemv_bench", *sys.argv[1:]]),
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "defaults": {"gemv": fused_moe.DENSE_GEMV_TILES,
-                                                                           "dense_gate_up": fused_moe.DENSE_GATE_UP_TILES},
+              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "defaults": {"gemv": tuning.for_device(torch.device("cuda")).gemv("linear"),
+                                                                           "dense_gate_up": tuning.for_device(torch.device("cuda")).gemv("gate_up")},
               "shapes": {}}
     for shape in args.shape or ["qwen3-0.6b", "qwen3-30b-a3b"]:
         config = build_config(shape=shape)
@@ -85,10 +85,10 @@ def main() -> None:
                 cublas = time_calls(F.linear, xs, ws)
                 res = proj["rows"][rows] = {"cublas_us": cublas, "tiles": {}}
                 if name == "gate_up":
-                    kernel, choices = fused_moe.dense_gate_up, GATE_UP_CHOICES
+                    kernel, choices = gemv.dense_gate_up, GATE_UP_CHOICES
                     expected = [F.silu(h[:, :n // 2]) * h[:, n // 2:] for h in (F.linear(x, w) for x, w in zip(xs, ws))]
                 else:
-                    kernel, choices, expected = fused_moe.gemv, GEMV_CHOICES, [F.linear(x, w) for x, w in zip(xs, ws)]
+                    kernel, choices, expected = gemv.gemv, GEMV_CHOICES, [F.linear(x, w) for x, w in zip(xs, ws)]
                 for bn, bk, w in choices:
                     tiles = {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w}
                     fn = lambda x, wt, tiles=tiles: kernel(x, wt, tiles)  # noqa: E731

@@ -16,8 +16,10 @@
 # parts (one GPU unless named; the records' names use the tag):
 #   tests          GPU kernel tests and tests/test_gpu.py for every engine -> gpu_tests_TAG.log
 #   final-tests    the final engine's GPU tests: CUDA graphs, fp8 cache, fused, MoE and attention kernels, test_gpu.py,
-#                  the sampler's top_candidates on CUDA
+#                  the sampler's top_candidates on CUDA, the kernels' tuning
 #                  -> gpu_tests_final_TAG.log
+#   tune           python -m nanovllm_final.tune: this GPU's kernel tiles -> nanovllm_final/kernels/configs/<GPU>.json
+#                  (in the tree, to commit), its log -> kernel_tune_TAG.log
 #   tp-tests       tests/test_gpu_tp.py, stage 07 and final (2 GPUs) -> tp_gpu_tests_{07,final}_TAGx2.log
 #   kernels        attention kernels against torch -> kernel_bench_TAG.json
 #   final-kernels  final's fused kernels, prefill attention tile choices -> final_kernels_TAG.json
@@ -98,9 +100,12 @@ for part in "${parts[@]}"; do
       logged "$OUT/gpu_tests_final_$TAG.log" "${PYTEST[@]}" -n 4 tests/test_final_cuda_graphs.py tests/test_kv_fp8.py tests/test_fused_kernels.py \
         tests/test_moe_kernels.py tests/test_moe.py::test_final_on_cuda_fused_experts_in_cuda_graphs tests/test_kernels.py \
         tests/test_gpu.py tests/test_final_sampling.py::test_top_candidates_are_the_top_k tests/test_step_input.py \
+        tests/test_kernel_tuning.py \
         -k "not (test_gpu and not final)" ;;
     tp-tests)
       for e in 07 final; do logged "$OUT/tp_gpu_tests_${e}_${TAG}x2.log" "${PYTEST[@]}" -s tests/test_gpu_tp.py -k "$e"; done ;;
+    tune)
+      LIMIT=$((LIMIT > 600 ? LIMIT : 600)) logged "$OUT/kernel_tune_$TAG.log" "$PY" -m nanovllm_final.tune ;;
     kernels)
       step "$PY" benchmarks/kernel_bench.py --out "$OUT/kernel_bench_$TAG.json" ;;
     final-kernels)

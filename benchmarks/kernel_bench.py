@@ -17,13 +17,14 @@ the achieved K/V read bandwidth (GB/s); prefill the attention TFLOP/s (causal ha
 import argparse
 import importlib
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, for `import stages`
+
+from nanovllm_final.kernels.timing import cuda_time_ms, graph_time_ms  # noqa: E402,F401  (the benchmarks' timers)
 
 
 def gpu_bench_args(doc: str, reps: int = 20, add_arguments=None) -> argparse.Namespace:
@@ -38,41 +39,6 @@ def gpu_bench_args(doc: str, reps: int = 20, add_arguments=None) -> argparse.Nam
     if not torch.cuda.is_available():
         parser.exit(2, "error: needs a CUDA GPU\n")
     return args
-
-
-def cuda_time_ms(fn, reps: int, warmup: int = 3) -> float:
-    """Median time of fn() in ms, each repetition timed with a pair of CUDA events.
-
-    Includes the CPU cost of launching (Python wrapper + Triton launcher) when that is
-    longer than the GPU work, as in an engine run without CUDA graphs.
-    """
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def graph_time_ms(fn, reps: int, inner: int = 10) -> float:
-    """GPU time of fn() in ms: `inner` calls captured in a CUDA graph, replays timed.
-
-    No launch overhead, as in an engine that captures its decode steps in CUDA graphs.
-    """
-    for _ in range(3):  # compile / warm up outside the capture
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    return cuda_time_ms(graph.replay, reps, warmup=2) / inner
 
 
 def make_batch(batch, context, q_len, heads, kv_heads, head_dim, block_size, dtype, device):

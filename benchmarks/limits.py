@@ -1,25 +1,70 @@
 """The physical limit of a throughput record: how fast any engine could run its workload on
 its GPU, from the bytes and FLOPs the workload cannot avoid.
 
-    limit seconds = KV bytes the decode steps must read / bandwidth
-                  + weights read once per decode step / bandwidth
-                  + prefill FLOPs / peak FLOP/s
+    limit seconds = sum over decode steps of ( KV bytes of the step / bandwidth
+                                               + max(weight bytes / bandwidth, GEMM FLOPs of the step / peak) )
+                  + prefill FLOPs / peak
 
-* KV bytes: a request of `in` prompt and `out` output tokens reads, over its decode steps,
-  sum over t < out of (in + t) cached tokens: out * in + out^2 / 2 tokens, each
-  2 (K and V) * layers * kv_heads * head_dim * bytes per value (1 for an fp8 cache).
-* Weights: every decode step reads the weights once (all of them: at large batches nearly
-  every expert of a MoE layer is hit); there are max(out) decode steps.
+* A decode step t (1 <= t < the longest output) runs every request with more than t output
+  tokens; each reads its in + t cached tokens, each token 2 (K and V) * layers * kv_heads *
+  head_dim * bytes per value (1 for an fp8 cache).
+* The step reads the weights once (all of them: at large batches nearly every expert of a MoE
+  layer is hit), or, where the batch is large enough, does 2 FLOPs per active parameter per
+  sequence: whichever takes longer on the device.
 * Prefill: 2 FLOPs per active parameter per prompt token (a MoE token uses top_k experts).
 
-Defaults are an H200's: 4.3 TB/s (what a copy reaches, of the 4.8 TB/s spec) and 790 dense
-bf16 TFLOP/s. The workload is regenerated from the record (its name, parameters and seed).
+Bandwidth and peak are the device's own: `measure_peaks` times a large copy and a large bf16
+GEMM at the start of a run (benchmarks/run.py records them as `device_peaks`); records made
+before that take KNOWN_PEAKS by device name. The workload is regenerated from the record (its
+name, parameters and seed).
 """
 
 from nanovllm_final.workloads import make_workload
 
-BANDWIDTH = 4.3e12  # bytes/s
-PEAK_FLOPS = 790e12  # FLOP/s
+# bytes/s a device-to-device copy reaches, dense bf16 FLOP/s a large GEMM reaches
+KNOWN_PEAKS = {"NVIDIA H200": {"bandwidth": 4.3e12, "peak_flops": 790e12}}
+
+
+def measure_peaks(device: str = "cuda", copy_bytes: int = 1 << 30, gemm_n: int = 8192, repeats: int = 20) -> dict:
+    """{"bandwidth", "peak_flops"} of this GPU: a copy of `copy_bytes` (each byte read and
+    written) and a `gemm_n`-cubed bf16 matrix product, each timed over `repeats` runs after a warm-up."""
+    import torch
+
+    def seconds(fn) -> float:
+        fn()
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end) / 1e3 / repeats
+
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    bandwidth = 2 * copy_bytes / seconds(lambda: dst.copy_(src))
+    del src, dst
+    a = torch.randn(gemm_n, gemm_n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(gemm_n, gemm_n, dtype=torch.bfloat16, device=device)
+    peak_flops = 2 * gemm_n**3 / seconds(lambda: a @ b)
+    return {"bandwidth": bandwidth, "peak_flops": peak_flops}
+
+
+def peaks_of(record: dict) -> dict:
+    """The bandwidth and peak a record's limit is computed with: its own measurement, else KNOWN_PEAKS."""
+    if record.get("device_peaks"):
+        return record["device_peaks"]
+    name = record.get("device_name")
+    if name not in KNOWN_PEAKS:
+        raise ValueError(f"no bandwidth or peak for device {name!r}: the record has no device_peaks and "
+                         f"benchmarks/limits.py KNOWN_PEAKS has no entry for it")
+    return KNOWN_PEAKS[name]
+
+
+def _peaks(record: dict, bandwidth: float | None, peak_flops: float | None) -> tuple[float, float]:
+    peaks = peaks_of(record) if bandwidth is None or peak_flops is None else {}
+    return bandwidth or peaks["bandwidth"], peak_flops or peaks["peak_flops"]
 
 
 def active_parameters(model: dict) -> float:
@@ -43,25 +88,33 @@ def _requests(record: dict) -> tuple[list[int], list[int], int]:
     return [len(p) for p in prompts], [s["max_tokens"] for s in sampling], per_token
 
 
-def workload_limit(record: dict, bandwidth: float = BANDWIDTH, peak_flops: float = PEAK_FLOPS) -> dict:
-    """{"output_tokens_per_s", "kv_s", "weights_s", "prefill_s"} of a benchmarks/run.py record."""
+def _steps(record: dict, bandwidth: float, peak_flops: float) -> list[tuple[int, float, float, bool]]:
+    """(batch, K/V seconds, weights-or-GEMM seconds, GEMM-bound?) of each decode step at the limit."""
+    ins, outs, per_token = _requests(record)
     model = record["model"]
-    ins, outs, per_token = _requests(record)
-    kv_s = sum(o * i + o * o / 2 for i, o in zip(ins, outs)) * per_token / bandwidth
-    weights_s = model["num_parameters"] * 2 * max(outs) / bandwidth
-    prefill_s = 2 * active_parameters(model) * sum(ins) / peak_flops
-    return {"output_tokens_per_s": sum(outs) / (kv_s + weights_s + prefill_s), "kv_s": kv_s, "weights_s": weights_s,
-            "prefill_s": prefill_s, "bandwidth": bandwidth, "peak_flops": peak_flops}
-
-
-def decode_step_limits(record: dict, bandwidth: float = BANDWIDTH) -> list[tuple[int, float]]:
-    """(batch, seconds) of each decode step of the workload at its limit: step t (1 <= t < the
-    longest output) runs every request with more than t output tokens, reading their in + t
-    cached tokens' K/V and the weights once. The steps of workload_limit's kv_s and weights_s."""
-    ins, outs, per_token = _requests(record)
-    weights = record["model"]["num_parameters"] * 2
+    weights_s, flops_per_seq = model["num_parameters"] * 2 / bandwidth, 2 * active_parameters(model)
     steps = []
     for t in range(1, max(outs)):
         live = [i + t for i, o in zip(ins, outs) if o > t]
-        steps.append((len(live), (sum(live) * per_token + weights) / bandwidth))
+        gemm_s = flops_per_seq * len(live) / peak_flops
+        steps.append((len(live), sum(live) * per_token / bandwidth, max(weights_s, gemm_s), gemm_s > weights_s))
     return steps
+
+
+def decode_step_limits(record: dict, bandwidth: float | None = None, peak_flops: float | None = None) -> list[tuple[int, float]]:
+    """(batch, seconds) of each decode step of the workload at its limit (the module's formula)."""
+    bandwidth, peak_flops = _peaks(record, bandwidth, peak_flops)
+    return [(batch, kv_s + w_s) for batch, kv_s, w_s, _ in _steps(record, bandwidth, peak_flops)]
+
+
+def workload_limit(record: dict, bandwidth: float | None = None, peak_flops: float | None = None) -> dict:
+    """{"output_tokens_per_s", "kv_s", "weights_s", "prefill_s", "gemm_bound_steps", "decode_steps",
+    "bandwidth", "peak_flops"} of a benchmarks/run.py record; bandwidth and peak default to the record's device's."""
+    bandwidth, peak_flops = _peaks(record, bandwidth, peak_flops)
+    steps = _steps(record, bandwidth, peak_flops)
+    ins, outs, _ = _requests(record)
+    kv_s, weights_s = sum(s[1] for s in steps), sum(s[2] for s in steps)
+    prefill_s = 2 * active_parameters(record["model"]) * sum(ins) / peak_flops
+    return {"output_tokens_per_s": sum(outs) / (kv_s + weights_s + prefill_s), "kv_s": kv_s, "weights_s": weights_s,
+            "prefill_s": prefill_s, "gemm_bound_steps": sum(s[3] for s in steps), "decode_steps": len(steps),
+            "bandwidth": bandwidth, "peak_flops": peak_flops}

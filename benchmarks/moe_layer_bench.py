@@ -1,5 +1,5 @@
 """One mixture-of-experts layer of a shape: the fused grouped-GEMM path (final's
-layers/fused_moe.py) against the loop over the experts that have tokens, bf16, CUDA only.
+kernels/moe.py) against the loop over the experts that have tokens, bf16, CUDA only.
 
     python -m benchmarks.moe_layer_bench --shape qwen3-30b-a3b --out benchmarks/results/moe_layer_qwen3-30b-a3b_h200.json
 
@@ -12,7 +12,7 @@ of GEMV_CHOICES; `fused_graph_us` is the path and tiles the layer picks by itsel
 (the experts that received a token), and `bound_us` that at `--bandwidth` TB/s.
 
 The router, replayed from a CUDA graph: `route_torch_graph_us` (layers/moe.py's route_torch,
-five launches) against `route_fused_graph_us` (fused_moe.fused_route, one), and the whole
+five launches) against `route_fused_graph_us` (kernels/moe.py's fused_route, one), and the whole
 block as SparseMoeBlock runs it (the router GEMM, the routing, the fused experts) with either:
 `block_graph_us_torch_route` and `block_graph_us_fused_route`."""
 
@@ -25,7 +25,7 @@ import triton
 
 from benchmarks.kernel_bench import cuda_time_ms, graph_time_ms
 from benchmarks.run import versions
-from nanovllm_final.layers import fused_moe
+from nanovllm_final.kernels import moe as fused_moe
 from nanovllm_final.layers.moe import Experts, route, route_torch
 from tools.tiny_model import FULL_SHAPES, build_config
 

@@ -38,7 +38,7 @@ if not torch.cuda.is_available():
 
 import stages  # noqa: E402
 from benchmarks import workloads  # noqa: E402
-from benchmarks.limits import workload_limit  # noqa: E402
+from benchmarks.limits import measure_peaks, workload_limit  # noqa: E402
 from benchmarks.results import HEADER, summary_row  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -576,8 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     log = sys.stderr if args.out == "-" else sys.stdout
     print(HEADER, file=log, flush=True)
     records = []
+    peaks = measure_peaks(setup["options"]["device"]) if setup["options"]["device"].startswith("cuda") else None
     for engine, module in setup["engines"]:
-        record = base_record(engine, setup, args)
+        record = base_record(engine, setup, args) | ({"device_peaks": peaks} if peaks else {})
         try:
             record |= run_engine(module, setup, args.breakdown)
         except Exception as err:  # one engine failing (e.g. out of memory) must not lose the others

@@ -5,7 +5,7 @@
 With a top-k mask the Sampler draws among each row's `max_k` largest logits
 (sampler.top_candidates). Over a large vocabulary that is a grouped pass: the maxima of groups
 of logits, the top k groups, the top k of their logits. This times it as PyTorch ops (five
-launches: amax, topk, an index tensor, gather, topk) against fused_triton.top_candidates (two
+launches: amax, topk, an index tensor, gather, topk) against kernels/sampling.py's top_candidates (two
 launches) and torch.topk, on bf16 logits of Qwen3's and Llama-3's vocabularies at several batch
 sizes; checks that each gives torch.topk's values. Times are GPU times of CUDA-graph replays
 (kernel_bench.graph_time_ms), in ms.
@@ -21,7 +21,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_bench import gpu_bench_args, graph_time_ms  # noqa: E402
-from nanovllm_final.layers import fused_triton, sampler  # noqa: E402
+from nanovllm_final.kernels import dispatch, sampling  # noqa: E402
+from nanovllm_final.layers import sampler  # noqa: E402
 
 VOCABS = {"qwen3": 151936, "llama-3": 128256}
 ROWS = (256, 128, 32, 1)
@@ -30,11 +31,8 @@ K = 20
 
 def torch_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """sampler.top_candidates' PyTorch ops, as on the CPU."""
-    fused, sampler.fused_triton = sampler.fused_triton, None
-    try:
+    with dispatch.reference_only():
         return sampler.top_candidates(logits, k)
-    finally:
-        sampler.fused_triton = fused
 
 
 def main() -> None:
@@ -49,7 +47,7 @@ def main() -> None:
             expected = logits.topk(K, dim=-1).values
             group = sampler._group_size(vocab, K)
             fns = {"torch_ops": lambda: torch_candidates(logits, K),
-                   "fused": lambda: fused_triton.top_candidates(logits, K, group),
+                   "fused": lambda: sampling.top_candidates(logits, K, group),
                    "topk": lambda: logits.topk(K, dim=-1)}
             row = {"vocab": name, "vocab_size": vocab, "rows": rows, "group": group}
             for key, fn in fns.items():

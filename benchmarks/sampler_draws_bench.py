@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_bench import cuda_time_ms, gpu_bench_args  # noqa: E402
+from nanovllm_final.kernels import dispatch  # noqa: E402
 from nanovllm_final.layers import sampler  # noqa: E402
 
 VOCABS = {"qwen3": 151936, "llama-3": 128256}
@@ -43,14 +44,11 @@ def draw_fn(logits: torch.Tensor, masks: dict, fused: bool, seeds: torch.Tensor 
     if seeds is not None:
         kwargs.update(seeds=seeds, positions=torch.arange(rows, device="cuda"))
     draw = sampler.Sampler(seed=0, device=torch.device("cuda"))
-    kernels = sampler.fused_triton if fused else None
-
     def fn():
-        saved, sampler.fused_triton = sampler.fused_triton, kernels
-        try:
+        if fused:
             return draw(logits, temperatures, **kwargs)
-        finally:
-            sampler.fused_triton = saved
+        with dispatch.reference_only():
+            return draw(logits, temperatures, **kwargs)
 
     return fn, temperatures
 

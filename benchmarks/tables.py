@@ -12,6 +12,7 @@ record where it is one of benchmarks/run.py's) and the command that makes it (th
 
 import argparse
 import fnmatch
+import functools
 import json
 import re
 import shlex
@@ -81,66 +82,89 @@ def limit_cells(record: dict | None) -> list[str]:
     """The workload's limit on the GPU (benchmarks/limits.py) and the record's share of it."""
     if record is None:
         return [MISSING, MISSING]
-    limit = record.get("limit") or workload_limit(record)  # records written before run.py recorded it
+    limit = workload_limit(record)  # recomputed: the formula may have changed since the record was made
     return [f"{limit['output_tokens_per_s']:,.0f} tok/s", f"{record['output_tokens_per_s'] / limit['output_tokens_per_s']:.0%}"]
 
 
-def final_table(prefix: str) -> str:
-    temp, overlap = load("nanovllm_qwen3-0.6b_final_h200.json"), load("nanovllm-checkpoint-sampling_qwen3-0.6b_final_h200.json")
-    no_overlap = load("variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_h200.json")
-    stage06, ckpt = load("nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json")  # one process, 06 first
-    fp8 = load("nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_h200.json")
-    llama, big = load("nanovllm_llama-3.2-1b_final_h200.json"), load("nanovllm_qwen3-8b_final_h200.json")
-    latency = load("decode_latency_qwen3-0.6b_final_h200.json")
-    moe, moe_latency = load("nanovllm_qwen3-30b-a3b_final_h200.json"), load("decode_latency_qwen3-30b-a3b_final_h200.json")
-    final, hf = load("hf_vs_final_qwen3-0.6b_h200.json")
-    gb = 1e9
-    rows = [  # what, measured, the record whose workload limit is shown (or None), the record's file
-        ["Qwen3-0.6B shape, temperature only", f"{tok_s(temp)} output tok/s ({temp['seconds']:.2f} s); decode step "
-         f"{temp['stats']['decode_step_ms_mean']:.2f} ms, prefill step {temp['stats']['prefill_step_ms_mean']:.0f} ms (means)",
-         temp, "nanovllm_qwen3-0.6b_final_h200.json"],
-        ["same, with the checkpoint's top-k 20 / top-p 0.95 (the engine's default), after stage 06 in the same process",
-         f"{tok_s(ckpt)} tok/s, decode step {ckpt['stats']['decode_step_ms_mean']:.2f} ms; stage 06 {tok_s(stage06)} tok/s: "
-         f"**{ckpt['output_tokens_per_s'] / stage06['output_tokens_per_s']:.1f}×**",
-         ckpt, "nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_h200.json"],
-        ["same, `kv_cache_dtype=\"fp8\"`", f"{tok_s(fp8)} tok/s, decode step {fp8['stats']['decode_step_ms_mean']:.2f} ms "
-         f"(paged decode attention {kernel_ms(fp8, '_paged_decode_kernel'):.2f} ms of it, bf16's "
-         f"{kernel_ms(ckpt, '_paged_decode_kernel'):.2f} ms)",
-         fp8, "nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_h200.json"],
-        ["same sampling, `overlap_scheduling=False` against on (a pair of runs on one machine)",
-         f"{tok_s(no_overlap)} tok/s, on: {tok_s(overlap)} tok/s",
-         no_overlap, "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_h200.json"],
-        ["Llama-3.2-1B shape, temperature only", f"{tok_s(llama)} tok/s", llama, "nanovllm_llama-3.2-1b_final_h200.json"],
-        ["Qwen3-8B shape, the whole workload on one GPU", f"{tok_s(big)} tok/s, {big['stats']['preemptions']} preemptions, peak "
-         f"{big['peak_memory']['allocated_bytes'] / gb:.0f} of {big['peak_memory']['device_total_bytes'] / gb:.0f} GB allocated",
-         big, "nanovllm_qwen3-8b_final_h200.json"],
-        ["decode step with CUDA graphs, 32-token prompts", ", ".join(f"batch {row['batch']}: {row['graph_ms']:.2f} ms" for row in latency["rows"]),
-         None, "decode_latency_qwen3-0.6b_final_h200.json"],
-        ["Qwen3-30B-A3B shape (MoE, fused experts), the whole workload on one GPU", f"{tok_s(moe)} tok/s; decode step "
-         f"{moe['stats']['decode_step_ms_mean']:.1f} ms (mean)", moe, "nanovllm_qwen3-30b-a3b_final_h200.json"],
-        ["Qwen3-30B-A3B shape, batch-1 decode step with CUDA graphs", f"{moe_latency['rows'][0]['graph_ms']:.2f} ms",
-         None, "decode_latency_qwen3-30b-a3b_final_h200.json"],
-        *[serve_row(rel) for rel in ("serve_qwen3-0.6b_c64_h200.json", "serve_qwen3-0.6b_c256_h200.json")],
-        [f"{final['num_seqs']} of the requests (≤512 in, ≤256 out), against Hugging Face transformers' continuous batching in one process",
-         f"{tok_s(final)} vs {tok_s(hf)} tok/s: **{final['vs_hf']:.1f}×**", None, "hf_vs_final_qwen3-0.6b_h200.json"],
+def _final_rows(tag: str) -> list[tuple[str, str, Callable[[object], tuple[str, dict | None]]]]:
+    """(what, record file, record -> (measured, record whose workload limit is shown or None)) of the final table."""
+    def ckpt_06(records):
+        stage06, ckpt = records  # one process, 06 first
+        ratio = ckpt["output_tokens_per_s"] / stage06["output_tokens_per_s"]
+        return (f"{tok_s(ckpt)} tok/s, decode step {ckpt['stats']['decode_step_ms_mean']:.2f} ms; stage 06 {tok_s(stage06)} "
+                f"tok/s: **{ratio:.1f}×**"), ckpt
+
+    def fp8(r):
+        attention = "_paged_decode_kernel"
+        return (f"{tok_s(r)} tok/s, decode step {r['stats']['decode_step_ms_mean']:.2f} ms (paged decode attention "
+                f"{kernel_ms(r, attention):.2f} ms of it)" if "breakdown" in r else f"{tok_s(r)} tok/s"), r
+
+    def overlap_pair(r):
+        on = RESULTS / f"nanovllm-checkpoint-sampling_qwen3-0.6b_final_{tag}.json"
+        return f"{tok_s(r)} tok/s" + (f", on: {tok_s(json.loads(on.read_text()))} tok/s" if on.is_file() else ""), r
+
+    def eight_b(r):
+        peak = r["peak_memory"]
+        return (f"{tok_s(r)} tok/s, {r['stats']['preemptions']} preemptions, peak {peak['allocated_bytes'] / 1e9:.0f} of "
+                f"{peak['device_total_bytes'] / 1e9:.0f} GB allocated"), r
+
+    def hf(records):
+        final, ref = records
+        return f"{tok_s(final)} vs {tok_s(ref)} tok/s: **{final['vs_hf']:.1f}×**", None
+
+    return [
+        ("Qwen3-0.6B shape, temperature only", f"nanovllm_qwen3-0.6b_final_{tag}.json",
+         lambda r: (f"{tok_s(r)} output tok/s ({r['seconds']:.2f} s); decode step {r['stats']['decode_step_ms_mean']:.2f} ms, "
+                    f"prefill step {r['stats']['prefill_step_ms_mean']:.0f} ms (means)", r)),
+        ("same, with the checkpoint's top-k 20 / top-p 0.95 (the engine's default), after stage 06 in the same process",
+         f"nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_{tag}.json", ckpt_06),
+        ("same, `kv_cache_dtype=\"fp8\"`", f"nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_{tag}.json", fp8),
+        ("same sampling, `overlap_scheduling=False` against on (a pair of runs on one machine)",
+         f"variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_{tag}.json", overlap_pair),
+        ("Llama-3.2-1B shape, temperature only", f"nanovllm_llama-3.2-1b_final_{tag}.json", lambda r: (f"{tok_s(r)} tok/s", r)),
+        ("Qwen3-8B shape, the whole workload on one GPU", f"nanovllm_qwen3-8b_final_{tag}.json", eight_b),
+        ("decode step with CUDA graphs, 32-token prompts", f"decode_latency_qwen3-0.6b_final_{tag}.json",
+         lambda r: (", ".join(f"batch {row['batch']}: {row['graph_ms']:.2f} ms" for row in r["rows"]), None)),
+        ("Qwen3-30B-A3B shape (MoE, fused experts), the whole workload on one GPU", f"nanovllm_qwen3-30b-a3b_final_{tag}.json",
+         lambda r: (f"{tok_s(r)} tok/s; decode step {r['stats']['decode_step_ms_mean']:.1f} ms (mean)", r)),
+        ("Qwen3-30B-A3B shape, batch-1 decode step with CUDA graphs", f"decode_latency_qwen3-30b-a3b_final_{tag}.json",
+         lambda r: (f"{r['rows'][0]['graph_ms']:.2f} ms", None)),
+        *[(None, f"serve_qwen3-0.6b_c{c}_{tag}.json", serve_row) for c in (64, 256)],
+        ("64 of the requests (≤512 in, ≤256 out), against Hugging Face transformers' continuous batching in one process",
+         f"hf_vs_final_qwen3-0.6b_{tag}.json", hf),
     ]
-    return markdown(["what", "measured", "limit of the workload", "share", "record"],
-                    [[what, measured, *limit_cells(record), link(rel, prefix)] for what, measured, record, rel in rows])
 
 
-def serve_row(rel: str) -> list:
-    serve = load(rel)
+def final_table(prefix: str, tag: str) -> str:
+    """The final engine's measurements on one device (`tag` in the records' names); a row whose
+    record that device does not have is left out."""
+    rows = []
+    for what, rel, cells in _final_rows(tag):
+        if not (RESULTS / rel).is_file():
+            continue
+        record = load(rel)
+        if what is None:  # a server row says what it measured itself
+            what, measured = serve_row(record)
+            limit_of = None
+        else:
+            measured, limit_of = cells(record)
+        rows.append([what, measured, *limit_cells(limit_of), link(rel, prefix)])
+    if not rows:
+        return f"No records of this device yet (`bash benchmarks/gpu_suite.sh --tag {tag} checkpoint latency`).\n"
+    return markdown(["what", "measured", "limit of the workload", "share", "record"], rows)
+
+
+def serve_row(serve: dict) -> tuple[str, str]:
     offline = serve["offline"]
     point = serve_point(serve)
     at_batch = "" if point["decode_step_at_batch_ms"] is None else (
         f", {point['decode_step_at_batch_ms']:.1f} ms at the server's batch of {point['at_batch']['batch']}")
-    return [f"OpenAI server, {serve['concurrency']} concurrent streaming clients, {serve['num_requests']} requests "
+    return (f"OpenAI server, {serve['concurrency']} concurrent streaming clients, {serve['num_requests']} requests "
             f"(`max_num_seqs={serve['engine_options']['max_num_seqs']}`), then the offline engine on the same requests",
             f"{serve['output_tokens_per_s']:,.0f} tok/s, **{offline['served_over_offline']:.0%}** of offline's "
             f"{offline['output_tokens_per_s']:,.0f}; TTFT p50 {serve['ttft_s']['p50'] * 1e3:.0f} ms, TPOT p50 "
             f"{serve['tpot_s']['p50'] * 1e3:.1f} ms (offline decode step {offline['stats']['decode_step_ms_mean']:.1f} ms, "
-            f"mean of all{at_batch})",
-            None, rel]
+            f"mean of all{at_batch})")
 
 
 SERVE_RECORDS = "serve_*_h200.json"
@@ -259,7 +283,9 @@ def decode_batches_table(prefix: str) -> str:
     return markdown(["decode steps of", *[f"batch {lo}–{hi}" for lo, hi in DECODE_BATCHES], "record"], rows)
 
 
-TABLES: dict[str, Callable[[str], str]] = {"ladder": ladder_table, "small": small_table, "final": final_table,
+DEVICES = ("h200", "h100")  # the single-GPU machines whose records have a final table: final-h200, final-h100
+TABLES: dict[str, Callable[[str], str]] = {"ladder": ladder_table, "small": small_table,
+                                           **{f"final-{tag}": functools.partial(final_table, tag=tag) for tag in DEVICES},
                                            "decode-batches": decode_batches_table, "tp": tp_table,
                                            "serve": serve_table, "kv-quality": kv_quality_table}
 
@@ -338,61 +364,6 @@ RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py recor
     ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("variants/nanovllm_llama-3.2-1b*", "throughput"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
     ("nanovllm_*", "throughput"),
 ]
-SPECIALIZED = ("made while the Triton prefill kernel was still specialized on the step's sequence count and block-table width: "
-               "eager steps waited for compiles of variants the graph capture had not met; the kernel is no longer specialized")
-GEMV_TILES_4 = ("made with the dense layers' matrix-vector tiles at 4×1024 (columns × K) for qkv, o and gate/up "
-                "and 2×256 for down, since one per projection kind (fused_moe.DENSE_GEMV_TILES, DENSE_GATE_UP_TILES, DENSE_DOWN_TILES)")
-FUSED_ROUTER = ("made with the router's matrix-vector product and its routing in one launch for a step of at most two "
-                "tokens, since back to two launches, and with the dense layers' matrix-vector tiles at 4×1024, since one per "
-                "projection kind")
-SLOW_HOST = ("made on a machine whose host was slower: there the 0.6B shape's eager batch-1 decode step took 22 ms "
-             "(variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json), against 11 ms on the machine of "
-             "decode_latency_qwen3-0.6b_final_h200.json; a step of the final engine takes at least the host's work for it "
-             "(host_overhead_final_cpu.json)")
-MASKED_LOADS = "made while the decode kernel masked its K/V loads at the end of a context (it now reads the last key again there)"
-EARLIER_TILES_BENCH = ("made before decode_tiles_bench.py timed split-K factors and the snapshots at 850 and 950 "
-                       "decode steps: its tile sums are over the other six snapshots; every block at a random place (now "
-                       "`--layout shuffled`)")
-SHUFFLED_TILES_BENCH = ("made with every block at a random place (now `--layout shuffled`), over eight snapshots (1 to 1000 "
-                        "decode steps) and seven tiles")
-NOTES = {  # facts about a record that its fields do not say
-    "decode_tiles_qwen3-0.6b_h200.json": EARLIER_TILES_BENCH,
-    "decode_tiles_fp8-kv_qwen3-0.6b_h200.json": SHUFFLED_TILES_BENCH,
-    "decode_attention_qwen3-0.6b_h200.json": MASKED_LOADS,
-    "decode_attention_fp8-kv_qwen3-0.6b_h200.json": MASKED_LOADS,
-    "dense_gemv_decode_latency_qwen3-0.6b_h200.json": GEMV_TILES_4,
-    "nanovllm_qwen3-30b-a3b_final_h200.json": FUSED_ROUTER,
-    "nanovllm_qwen3-8b_final_h200.json": SLOW_HOST,
-    "decode_latency_qwen3-30b-a3b_final_h200.json": SLOW_HOST,
-    "variants/decode_latency_qwen3-0.6b_final_slower-host_h200.json":
-        "the command of decode_latency_qwen3-0.6b_final_h200.json on the slower host of the records noted so",
-    "variants/decode_latency_qwen3-0.6b_final_slow-host-2_h200.json":
-        "the command of decode_latency_qwen3-0.6b_final_h200.json on a host slower than that record's",
-    "variants/nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_unfused-decode_h200.json":
-        "made before the decode attention kernel applied RoPE and stored the new K/V itself, and before "
-        "the dense matrix-vector path",
-    "variants/nanovllm_qwen3-30b-a3b_final_prefill-specialized_h200.json": SPECIALIZED,
-    "variants/nanovllm_llama-3.2-1b_final_slower-host-path_h200.json":
-        "the command of nanovllm_llama-3.2-1b_final_h200.json twice on the code before a decode step's host work was cut "
-        "(scheduling asked each sequence's length and block needs several times, the step's arrays came from per-row "
-        "property calls, every request was asked whether it had finished), run from an export of that commit (no "
-        "git_commit) and alternating with the current code's runs on one host",
-    "variants/serve_qwen3-0.6b_c256_prefill-specialized_h200.json": SPECIALIZED,
-    "variants/nanovllm_llama-3.2-1b_final_graph-inputs-one-copy_h200.json":
-        "the command of nanovllm_llama-3.2-1b_final_h200.json with a decode step's inputs written into its CUDA graph's "
-        "input block in one copy (engine/decode_inputs.py): two runs alternating on one host with the runs of "
-        "variants/nanovllm_llama-3.2-1b_final_graph-inputs-per-buffer_h200.json, then one run of the block tables sent packed, "
-        "on another host",
-    "variants/nanovllm_llama-3.2-1b_final_graph-inputs-per-buffer_h200.json":
-        "the command of nanovllm_llama-3.2-1b_final_h200.json on the code before a decode step's inputs went to its CUDA graph "
-        "in one copy (an upload, then a copy into each graph buffer), its nanovllm_final put in place of the current one (no "
-        "git_commit), alternating on one host with the first two runs of "
-        "variants/nanovllm_llama-3.2-1b_final_graph-inputs-one-copy_h200.json",
-    "variants/nanovllm-short_qwen3-0.6b_03_04_05_05_04_03_h200.json":
-        "the 05 records are not valid: that 05 ran without `torch.inference_mode()`; 03 and 04 are",
-}
-
-
 def clean_command(command: str, rel: str) -> str:
     """A record's command line as one runs it from the repository root: `python`, `--out`
     naming the file where it now lies, and no `--server-log` (a log the results do not keep)."""
@@ -428,6 +399,12 @@ def run_summary(records: list[dict]) -> str:
     return f"`{workload['name']}` ({params}), {shape}, {first['device_name']}{extra}{breakdown}: output tok/s {engines}"
 
 
+def notes_of(records: list) -> str:
+    """A file's `notes` (what its fields do not say: how it came about), for the index."""
+    notes = [r["notes"] for r in records if isinstance(r, dict) and r.get("notes")]
+    return "".join(f" ({note})" for note in notes)
+
+
 def describe(rel: str) -> tuple[str, str]:
     """(what the file holds, the command that makes it)."""
     path = RESULTS / rel
@@ -436,7 +413,7 @@ def describe(rel: str) -> tuple[str, str]:
     if records:
         part = next(p for pattern, p in RUN_PARTS if fnmatch.fnmatch(rel, pattern))
         commands = sorted({clean_command(r["command"], rel) for r in records if r.get("command")})
-        what = run_summary(records) + (f" ({NOTES[rel]})" if rel in NOTES else "")
+        what = run_summary(records) + notes_of(records)
         return what, " ".join(f"`{c}`" for c in commands) + f" (`{SUITE} {part}`)"
     for pattern, command, what in FILES:
         if fnmatch.fnmatch(Path(rel).name, pattern):
@@ -444,7 +421,7 @@ def describe(rel: str) -> tuple[str, str]:
                 command = f"`{clean_command(data['command'], rel)}` (`{command}`)" if command.startswith(SUITE) else command
             elif not command.startswith("the "):
                 command = f"`{command}`"
-            return what + (f" ({NOTES[rel]})" if rel in NOTES else ""), command
+            return what + notes_of(data if isinstance(data, list) else [data]), command
     raise ValueError(f"benchmarks/results/{rel}: no entry in benchmarks/tables.py FILES says what it is and which command makes it")
 
 

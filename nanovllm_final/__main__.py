@@ -7,6 +7,7 @@ examples:
   nanovllm chat --model Qwen/Qwen3-0.6B --system "Answer briefly." --chat-template-kwargs '{"enable_thinking": false}'
   nanovllm bench --model ./my-checkpoint --num-seqs 256 --max-input-len 1024 --max-output-len 1024
   nanovllm serve Qwen/Qwen3-0.6B --port 8000 --max-num-seqs 128   (an OpenAI-compatible server)
+  nanovllm tune   (time the kernels' tiles on this GPU, write kernels/configs/<GPU>.json)
 
 --model (serve: its first argument) takes a checkpoint directory or a hub id from the
 local Hugging Face cache.
@@ -23,12 +24,13 @@ import time
 from . import LLM
 from .engine_flags import MODEL_HELP, add_engine_options, add_sampling_options, engine_options, flag, sampling_params
 from .server.cli import add_parser as add_serve_parser
+from .tune import add_parser as add_tune_parser
 from .workloads import WORKLOADS, make_workload, parameters
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanovllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate,chat,bench,serve}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate,chat,bench,serve,tune}")
     gen = commands.add_parser("generate", help="complete prompts and print the completions",
                               description="Complete each prompt and print it with its completion(s).")
     gen.set_defaults(func=run_generate)
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_engine_options(sub)
         add_sampling_options(sub)
     add_serve_parser(commands)  # nanovllm_final/server/cli.py: its own arguments and run function
+    add_tune_parser(commands)  # nanovllm_final/tune.py
     return parser
 
 

@@ -79,12 +79,16 @@ class RequestOutput:
     finished: bool  # all n completions are done
     metrics: RequestMetrics = field(default=None)
     error: str | None = None  # why the request failed (its completions' finish_reason is "error")
+    # SamplingParams.prompt_logprobs: per prompt token None (the first) or {"token_id", "logprob", "top_logprobs"},
+    # once the whole prompt is scored; None before, or if not asked
+    prompt_logprobs: list[dict | None] | None = None
 
     def as_dict(self) -> dict:
         """The dict `LLM.generate` returns: the first completion's fields, plus all of them in `outputs`."""
         return {
             **self.outputs[0].as_dict(),
             "prompt_token_ids": self.prompt_token_ids,
+            "prompt_logprobs": self.prompt_logprobs,
             "metrics": self.metrics.as_dict(),
             "outputs": [o.as_dict() for o in self.outputs],
         }

@@ -47,6 +47,8 @@ class SamplingParams(Checked):
     ignore_eos: bool = option(False, "keep going past EOS tokens")
     logprobs: int | None = option(None, "return the log-probabilities of the sampled token and the k most likely, per token",
                                   int, low=0, high=INT64_MAX)
+    prompt_logprobs: int | None = option(None, "return each prompt token's log-probability given the ones before it "
+                                         "and the k most likely, per position (the first: None)", int, low=0, high=INT64_MAX)
     repetition_penalty: float | None = option(None, "> 1 discourages tokens of the prompt and the output (1: off)", float, low=1e-6, high=1e6)
     presence_penalty: float = option(0.0, "subtracted once from every token already generated", float, low=-2, high=2)
     frequency_penalty: float = option(0.0, "subtracted per occurrence of every token already generated", float, low=-2, high=2)

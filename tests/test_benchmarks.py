@@ -199,7 +199,7 @@ def test_a_table_differing_from_its_record_is_regenerated():
     from benchmarks import tables
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "<!-- table: ladder -->" in text and "<!-- table: final -->" in text
+    assert "<!-- table: ladder -->" in text and "<!-- table: final-h200 -->" in text
     record = tables.load("nanovllm_qwen3-0.6b_final_h200.json")
     true = f"{record['output_tokens_per_s']:,.0f}"
     assert true in text
@@ -297,20 +297,43 @@ def two_request_record() -> tuple[dict, list[int], list[int]]:
 
 
 def test_workload_limit_counts_what_the_workload_must_move():
-    """benchmarks/limits.py on a two-request workload computed by hand: KV reads of
-    out*in + out^2/2 tokens per request, the weights once per decode step, prefill FLOPs;
-    an fp8 cache halves the KV time, and the share is what run.py prints."""
+    """benchmarks/limits.py on a two-request workload computed by hand: each decode step t reads
+    the in + t cached tokens of the requests still running and the weights once, or does their
+    GEMM FLOPs where those take longer; prefill FLOPs on top. An fp8 cache halves the KV time,
+    and the share is what run.py prints."""
     from benchmarks.limits import workload_limit
 
     record, ins, outs = two_request_record()
+    per_token = 2 * 3 * 2 * 8 * 2
+    steps = [[i + t for i, o in zip(ins, outs) if o > t] for t in range(1, max(outs))]
     limit = workload_limit(record, bandwidth=1e6, peak_flops=1e9)
-    kv_tokens = sum(o * i + o * o / 2 for i, o in zip(ins, outs))
-    assert limit["kv_s"] == pytest.approx(kv_tokens * 2 * 3 * 2 * 8 * 2 / 1e6)
-    assert limit["weights_s"] == pytest.approx(1000 * 2 * max(outs) / 1e6)
+    assert limit["kv_s"] == pytest.approx(sum(sum(live) for live in steps) * per_token / 1e6)
+    assert limit["weights_s"] == pytest.approx(1000 * 2 * len(steps) / 1e6)  # 2 us of FLOPs a sequence: bytes bound
+    assert limit["gemm_bound_steps"] == 0 and limit["decode_steps"] == len(steps)
     assert limit["prefill_s"] == pytest.approx(2 * 1000 * sum(ins) / 1e9)
-    assert limit["output_tokens_per_s"] == pytest.approx(sum(outs) / (limit["kv_s"] + limit["weights_s"] + limit["prefill_s"]))
+    total = limit["kv_s"] + limit["weights_s"] + limit["prefill_s"]
+    assert limit["output_tokens_per_s"] == pytest.approx(sum(outs) / total)
+    slow = workload_limit(record, bandwidth=1e6, peak_flops=1e6)  # 2 ms of FLOPs a sequence: two are GEMM bound
+    assert slow["weights_s"] == pytest.approx(sum(max(2e-3, 2e-3 * len(live)) for live in steps))
+    assert slow["gemm_bound_steps"] == sum(len(live) > 1 for live in steps) > 0
     record["engine_options"] = {"kv_cache_dtype": "fp8"}
     assert workload_limit(record, bandwidth=1e6, peak_flops=1e9)["kv_s"] == pytest.approx(limit["kv_s"] / 2)
+
+
+def test_workload_limit_takes_the_devices_own_peaks():
+    """A record's measured device_peaks win; a record without them takes KNOWN_PEAKS by device
+    name; a device in neither is a clear error, not a limit computed with another card's numbers."""
+    from benchmarks.limits import KNOWN_PEAKS, workload_limit
+
+    record, _, _ = two_request_record()
+    record["device_name"] = "NVIDIA H200"
+    assert workload_limit(record)["bandwidth"] == KNOWN_PEAKS["NVIDIA H200"]["bandwidth"]
+    record["device_peaks"] = {"bandwidth": 1e6, "peak_flops": 1e9}
+    assert workload_limit(record) == workload_limit(record, bandwidth=1e6, peak_flops=1e9)
+    del record["device_peaks"]
+    record["device_name"] = "Some Future GPU"
+    with pytest.raises(ValueError, match="Some Future GPU"):
+        workload_limit(record)
 
 
 def test_decode_step_limits_are_the_steps_of_the_workload():
@@ -319,9 +342,18 @@ def test_decode_step_limits_are_the_steps_of_the_workload():
     from benchmarks.limits import decode_step_limits
 
     record, ins, outs = two_request_record()
-    steps = decode_step_limits(record, bandwidth=1e6)
+    steps = decode_step_limits(record, bandwidth=1e6, peak_flops=1e9)
     assert len(steps) == max(outs) - 1
     for t, (batch, seconds) in enumerate(steps, start=1):
         live = [i + t for i, o in zip(ins, outs) if o > t]
         assert batch == len(live)
         assert seconds == pytest.approx((sum(live) * 2 * 3 * 2 * 8 * 2 + 1000 * 2) / 1e6)
+
+
+def test_final_table_of_a_device_without_records_says_so():
+    """A device's final table holds only the rows whose records it has; none: a line saying so."""
+    from benchmarks import tables
+
+    assert "nanovllm_qwen3-0.6b_final_h200.json" in tables.final_table("", "h200")
+    empty = tables.final_table("", "no-such-device")
+    assert "No records" in empty and "|" not in empty

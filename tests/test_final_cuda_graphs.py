@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 from nanovllm_final.engine.cuda_graphs import CUDAGraphs, graph_for, graph_token_sizes  # noqa: E402
 from nanovllm_final.engine.sequence import Sequence  # noqa: E402
 from nanovllm_final.engine.step_input import build_step_input  # noqa: E402
-from nanovllm_final.layers import attention_triton  # noqa: E402
+from nanovllm_final.kernels import attention as attention_triton  # noqa: E402
 from nanovllm_final.layers.attention import Attention  # noqa: E402
 from nanovllm_final.layers.context import Context, set_context  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402

@@ -10,7 +10,7 @@ import torch
 
 from common import random_prompts
 from nanovllm_final import LLM, SamplingParams
-from nanovllm_final.layers import fused_triton
+from nanovllm_final.kernels import sampling
 from nanovllm_final.layers.sampler import Sampler, _group_size, apply_penalties, mask_probs, seeded_exponential, top_candidates
 
 
@@ -280,7 +280,7 @@ def test_top_candidates_are_the_top_k(vocab, dtype, path):
     """top_candidates equals torch.topk: the same values, largest first, at ids that hold them,
     no id twice; also with many ties (bf16 steps of 1/4), rows of -inf but a few, and a row
     whose largest logits share one group (the grouped pass: Qwen3's and Llama's vocabularies).
-    Paths: the PyTorch code on the CPU; its two Triton kernels (fused_triton.top_candidates, what
+    Paths: the PyTorch code on the CPU; its two Triton kernels (kernels/sampling.py's top_candidates, what
     the function calls on CUDA) on CUDA, or in the interpreter without it."""
     if path == "kernels" and _group_size(vocab, 1) is None:
         pytest.skip("no grouped pass at this vocabulary: a plain topk")
@@ -295,7 +295,7 @@ def test_top_candidates_are_the_top_k(vocab, dtype, path):
         group = _group_size(vocab, k)
         if path == "kernels" and group is None:
             continue  # a plain topk: no kernel
-        values, ids = fused_triton.top_candidates(logits, k, group) if path == "kernels" else top_candidates(logits, k)
+        values, ids = sampling.top_candidates(logits, k, group) if path == "kernels" else top_candidates(logits, k)
         assert values.shape == ids.shape == (rows, k)
         assert torch.equal(values, logits.topk(k, dim=-1).values)
         assert torch.equal(logits.gather(1, ids), values)

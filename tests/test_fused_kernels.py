@@ -1,5 +1,6 @@
-"""The fused Triton kernels of nanovllm_final (layers/fused_triton.py) against the PyTorch
-code of the layers that call them on CUDA (RMSNorm, RotaryEmbedding, SiluAndMul).
+"""The elementwise and sampling Triton kernels of nanovllm_final (kernels/norm_rope.py,
+kernels/activation.py, kernels/sampling.py) against the PyTorch code of the layers that call
+them on CUDA (RMSNorm, RotaryEmbedding, SiluAndMul, the Sampler).
 
 Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set by
 conftest.py before triton is imported), so shapes are small. Inputs are strided views,
@@ -15,12 +16,11 @@ if not torch.cuda.is_available():
 
 from common import random_prompts  # noqa: E402
 from nanovllm_final import LLM, SamplingParams  # noqa: E402
-from nanovllm_final.layers import activation, fused_triton, linear, norm, rotary, sampler  # noqa: E402
-from nanovllm_final.models import transformer  # noqa: E402
+from nanovllm_final.kernels import activation, dispatch, norm_rope, sampling  # noqa: E402
 from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
 from nanovllm_final.layers.norm import RMSNorm  # noqa: E402
 from nanovllm_final.layers.rotary import RotaryEmbedding  # noqa: E402
-from nanovllm_final.layers.sampler import Sampler, keyed_exponential, seed_keys  # noqa: E402
+from nanovllm_final.layers.sampler import Sampler, keyed_exponential, seed_keys, top_candidates  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -54,7 +54,7 @@ def test_rms_norm(dtype, dim):
     norm = RMSNorm(dim, eps=1e-6)
     norm.weight.data = (torch.randn(dim, generator=g) * 0.5 + 1).to(dtype)
     x = (torch.randn(5, 3 * dim, generator=g) * 3).to(dtype)[:, dim : 2 * dim]  # strided rows
-    out = fused_triton.rms_norm(x.to(DEVICE), norm.weight.to(DEVICE), norm.eps)
+    out = norm_rope.rms_norm(x.to(DEVICE), norm.weight.to(DEVICE), norm.eps)
     assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
     assert_matches(out, reference(norm, x))
 
@@ -68,7 +68,7 @@ def test_rms_norm_per_head(dtype):
     norm.weight.data = torch.rand(head_dim, generator=g).to(dtype) + 0.5
     qkv = torch.randn(7, (heads + 2) * head_dim, generator=g).to(dtype)
     q = qkv[:, : heads * head_dim].view(7, heads, head_dim)  # strides (80, 16, 1)
-    out = fused_triton.rms_norm(q.to(DEVICE), norm.weight.to(DEVICE), norm.eps)
+    out = norm_rope.rms_norm(q.to(DEVICE), norm.weight.to(DEVICE), norm.eps)
     assert out.shape == q.shape
     assert_matches(out, reference(norm, q))
 
@@ -81,7 +81,7 @@ def test_fused_add_rms_norm(dtype):
     norm.weight.data = (torch.randn(dim, generator=g) * 0.3 + 1).to(dtype)
     x = torch.randn(6, dim, generator=g).to(dtype)
     residual = (torch.randn(6, dim, generator=g) * 4).to(dtype)
-    out, new_residual = fused_triton.rms_norm(x.to(DEVICE), norm.weight.to(DEVICE), norm.eps, residual.to(DEVICE))
+    out, new_residual = norm_rope.rms_norm(x.to(DEVICE), norm.weight.to(DEVICE), norm.eps, residual.to(DEVICE))
     ref_out, ref_residual = reference(norm, x, residual)
     assert_matches(new_residual, ref_residual)
     assert_matches(out, ref_out)
@@ -99,7 +99,7 @@ def test_rotary(dtype, scaling):
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
     k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     positions = torch.randint(0, 512, (tokens,), generator=g)
-    q_out, k_out = fused_triton.rotary(positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE),
+    q_out, k_out = norm_rope.rotary(positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE),
                                        rope.cos.to(DEVICE), rope.sin.to(DEVICE))
     q_ref, k_ref = reference(rope, positions, q, k)
     assert q_out.is_contiguous() and k_out.is_contiguous()
@@ -123,7 +123,7 @@ def test_qk_norm_rotary(dtype, head_dim):
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
     k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     positions = torch.randint(0, 512, (tokens,), generator=g)
-    q_out, k_out = fused_triton.rotary(positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE), rope.cos.to(DEVICE),
+    q_out, k_out = norm_rope.rotary(positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE), rope.cos.to(DEVICE),
                                        rope.sin.to(DEVICE), (q_norm.weight.to(DEVICE), k_norm.weight.to(DEVICE)), 1e-6)
     q_ref, k_ref = reference(rope, positions, q, k, q_norm, k_norm)
     torch.testing.assert_close(q_ref, rope(positions, q_norm(q), k_norm(k))[0])  # the reference: norm, then rotate
@@ -140,7 +140,7 @@ def test_qk_norm_rotary(dtype, head_dim):
 def test_silu_and_mul(dtype, n):
     g = torch.Generator().manual_seed(n)
     x = (torch.randn(3, 2 * n, generator=g) * 3).to(dtype)
-    out = fused_triton.silu_and_mul(x.to(DEVICE))
+    out = activation.silu_and_mul(x.to(DEVICE))
     assert out.shape == (3, n)
     assert_matches(out, reference(SiluAndMul(), x))
 
@@ -160,7 +160,7 @@ def test_gumbel_argmax_draws_the_samplers_tokens(dtype, vocab):
     temperatures = torch.tensor([0.0, 0.6, 1.0, 0.0, 1.3, 0.2, 0.0, 1e-7, 0.9, 0.0, 2.0, 0.7] * 2)
     seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.randint(0, 999, (rows,), generator=g)
     keys = seed_keys(seeds, positions)  # (rows,): the Sampler's noise for them is keyed_exponential(keys, ids)
-    out = fused_triton.gumbel_argmax(logits.to(DEVICE), keys.to(DEVICE), temperatures.to(DEVICE))
+    out = sampling.gumbel_argmax(logits.to(DEVICE), keys.to(DEVICE), temperatures.to(DEVICE))
     expected = Sampler(seed=0, device=torch.device("cpu"))(logits, temperatures, seeds=seeds, positions=positions)
     assert out.dtype == torch.int64 and torch.equal(out.cpu(), expected)
     greedy = temperatures == 0
@@ -175,7 +175,7 @@ def test_gumbel_argmax_hashes_the_noise_of_keyed_exponential():
     chunks of the vocabulary."""
     vocab = 6000
     keys = torch.cat([torch.tensor([0, 2**32 - 1, 2**31]), torch.randint(0, 2**32, (13,), generator=torch.Generator().manual_seed(1))])
-    out = fused_triton.gumbel_argmax(torch.zeros(len(keys), vocab, device=DEVICE), keys.to(DEVICE),
+    out = sampling.gumbel_argmax(torch.zeros(len(keys), vocab, device=DEVICE), keys.to(DEVICE),
                                      torch.ones(len(keys), device=DEVICE))
     assert torch.equal(out.cpu(), keyed_exponential(keys, torch.arange(vocab)).argmin(-1))
 
@@ -199,9 +199,9 @@ def test_candidates_draw_draws_the_samplers_tokens(masks, dtype):
     seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.randint(0, 999, (rows,), generator=g)
     expected = Sampler(seed=0, device=torch.device("cpu"))(logits, temperatures, top_k, top_p, min_p, seeds=seeds,
                                                            positions=positions, max_k=k, greedy_rows=False)
-    values, ids = sampler.top_candidates(logits, k)  # (rows, k): what the max_k path draws among
+    values, ids = top_candidates(logits, k)  # (rows, k): what the max_k path draws among
     on = (lambda t: None if t is None else t.to(DEVICE))
-    out = fused_triton.candidates_draw(values.to(DEVICE), ids.to(DEVICE), seed_keys(seeds, positions).to(DEVICE),
+    out = sampling.candidates_draw(values.to(DEVICE), ids.to(DEVICE), seed_keys(seeds, positions).to(DEVICE),
                                        temperatures.to(DEVICE),
                                        on(top_k), on(top_p), on(min_p))
     assert out.dtype == torch.int64 and torch.equal(out.cpu(), expected)
@@ -233,8 +233,8 @@ def test_sampler_on_the_device_draws_the_cpu_samplers_tokens():
 
 def test_empty_batch():
     x = torch.empty(0, 8, device=DEVICE)
-    assert fused_triton.rms_norm(x, torch.ones(8, device=DEVICE), 1e-6).shape == (0, 8)
-    assert fused_triton.silu_and_mul(x).shape == (0, 4)
+    assert norm_rope.rms_norm(x, torch.ones(8, device=DEVICE), 1e-6).shape == (0, 8)
+    assert activation.silu_and_mul(x).shape == (0, 4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the layers use the kernels on CUDA only")
@@ -258,7 +258,7 @@ def test_layers_dispatch_to_kernels_on_cuda():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Sampler uses the kernel on CUDA only")
-def test_sampler_draws_the_same_tokens_with_the_kernel(monkeypatch):
+def test_sampler_draws_the_same_tokens_with_the_kernel():
     """A decode-sized batch (bf16 logits; seeded, greedy and unseeded rows): the fused draw
     equals the Sampler's PyTorch code on the same device, token for token, in the seeded and
     greedy rows; the unseeded rows draw from the generator's keys, again the same for the same seed."""
@@ -269,15 +269,13 @@ def test_sampler_draws_the_same_tokens_with_the_kernel(monkeypatch):
     temperatures[::7] = 0
     seeds = torch.where(torch.arange(rows, device="cuda") % 3 == 0, torch.arange(rows, device="cuda"), -1)
     positions = torch.randint(0, 999, (rows,), generator=g, device="cuda")
-    assert sampler.fused_triton is not None
-    draws = []
-    for kernel in (sampler.fused_triton, None):
-        monkeypatch.setattr(sampler, "fused_triton", kernel)
+    assert dispatch.use_kernel(logits)
+    draws = [Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions)]
+    with dispatch.reference_only():
         draws.append(Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions))
     same = (seeds >= 0) | (temperatures == 0)
     assert torch.equal(draws[0][same], draws[1][same])
     assert (draws[0] != logits.argmax(-1)).sum() > rows // 2  # the sampled rows mostly leave the argmax
-    monkeypatch.setattr(sampler, "fused_triton", fused_triton)
     again = Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions)
     assert torch.equal(again, draws[0])
     other = Sampler(seed=2, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions)
@@ -285,7 +283,7 @@ def test_sampler_draws_the_same_tokens_with_the_kernel(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the kernels' dispatch need a GPU")
-def test_qwen3_graphs_with_the_kernels_equal_the_reference_layers(model_dir, monkeypatch):
+def test_qwen3_graphs_with_the_kernels_equal_the_reference_layers(model_dir):
     """Qwen3 (q/k norm) in float32: CUDA-graph decode steps with every fused kernel give the
     tokens the eager engine gives with the layers', the attention's and the sampler's PyTorch code, for greedy
     rows and for seeded temperature-only rows (drawn by the sampler's kernel)."""
@@ -295,19 +293,16 @@ def test_qwen3_graphs_with_the_kernels_equal_the_reference_layers(model_dir, mon
     with LLM(model_dir("qwen3"), **options) as llm:
         fused = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
         assert llm.engine.model_runner.num_graph_replays > 0
-    for module in (norm, rotary, activation, sampler):
-        monkeypatch.setattr(module, "fused_triton", None)
-    for module in (linear, transformer):  # cuBLAS for the projections and the MLP of a few rows too
-        monkeypatch.setattr(module, "takes_gemv", lambda x: False)
-    # the PyTorch attention too: the Triton decode kernel applies q/k norms and RoPE itself
-    with LLM(model_dir("qwen3"), enforce_eager=True, attention_backend="torch", **options) as llm:
+    # every layer's PyTorch code (cuBLAS for the projections and the MLP of a few rows too), and the
+    # PyTorch attention: the Triton decode kernel applies q/k norms and RoPE itself
+    with dispatch.reference_only(), LLM(model_dir("qwen3"), enforce_eager=True, attention_backend="torch", **options) as llm:
         reference = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
     assert fused == reference
 
 
 def test_pdl_is_off_on_cpu():
-    """Programmatic dependent launch (layers/launch.py) is a CUDA launch option: on a CPU tensor the
+    """Programmatic dependent launch (kernels/launch.py) is a CUDA launch option: on a CPU tensor the
     kernels take no wait and no launch_pdl."""
-    from nanovllm_final.layers import launch
+    from nanovllm_final.kernels import launch
 
     assert launch.pdl_args(torch.device("cpu")) == {"PDL": False}

@@ -74,10 +74,10 @@ def test_final_freezes_what_lives_as_long_as_the_engine(model_dir):
 
 
 def test_final_pdl_changes_no_token(model_dir, monkeypatch):
-    """Kernels launched with programmatic dependent launch (layers/launch.py) give the tokens of
+    """Kernels launched with programmatic dependent launch (kernels/launch.py) give the tokens of
     plain launches: bf16, CUDA graphs, seeded top-k/top-p and temperature-only rows, batches on
     and off the graph ladder."""
-    from nanovllm_final.layers import launch
+    from nanovllm_final.kernels import launch
 
     st, path = load_engine("final"), model_dir("qwen3")
     launch.pdl_args.cache_clear()

@@ -25,16 +25,22 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 ROOT = Path(stages.__file__).parent
 
 
+FINAL = {"attention_triton": "nanovllm_final.kernels.attention", "attention_torch": "nanovllm_final.layers.attention_torch"}
+
+
 def _kernel_stages() -> list[str]:
-    """Every stage with layers/attention_triton.py; byte-identical copies (same triton and
-    torch files as an earlier stage) are tested once, under the first stage that has them."""
+    """Every stage with layers/attention_triton.py, and final (kernels/attention.py); byte-identical
+    copies (same triton and torch files as an earlier stage) are tested once, under the first stage
+    that has them."""
     seen, picked = set(), []
     for name in [*stages.names(), "final"]:
-        layers = ROOT.parent / "nanovllm_final" / "layers" if name == "final" else ROOT / name / "layers"
-        if not (layers / "attention_triton.py").exists():
+        final = ROOT.parent / "nanovllm_final"
+        layers = ROOT / name / "layers"
+        paths = ((final / "kernels" / "attention.py", final / "layers" / "attention_torch.py") if name == "final"
+                 else (layers / "attention_triton.py", layers / "attention_torch.py"))
+        if not paths[0].exists():
             continue
-        key = tuple(hashlib.sha1((layers / f).read_bytes()).hexdigest()
-                    for f in ("attention_triton.py", "attention_torch.py"))
+        key = tuple(hashlib.sha1(path.read_bytes()).hexdigest() for path in paths)
         if key not in seen:
             seen.add(key)
             picked.append(name)
@@ -45,7 +51,7 @@ KERNEL_STAGES = _kernel_stages()
 
 
 def _load(stage: str, name: str):
-    mod = importlib.import_module(f"nanovllm_final.layers.{name}" if stage == "final" else f"stages.{stage}.layers.{name}")
+    mod = importlib.import_module(FINAL[name] if stage == "final" else f"stages.{stage}.layers.{name}")
     if name == "attention_triton" and not HAS_CUDA:
         # If something imported the module before TRITON_INTERPRET was set, its kernels are
         # compiled-mode JITFunctions that cannot run on a CPU: re-import them interpreted.
@@ -314,9 +320,10 @@ def test_decode_stores_and_rotates_the_new_tokens(num_splits, dtype, rope):
         cache.view(-1, kv_heads, head_dim)[slots[slots >= 0].to(DEVICE)] = float("nan") if dtype == torch.float32 else 7.0
     extra = {"rope": rotary.to(DEVICE).kernel_args(positions.to(DEVICE), *[n and n.to(DEVICE) for n in norms])} if rope else {}
     new_kv = (new_k.to(DEVICE), new_v.to(DEVICE), slots.to(DEVICE))
+    counters = tri.SplitCounters()
     for _ in range(2):  # twice: the second launch finds the counters at zero again
         out = tri.paged_decode_attention(q.to(DEVICE), *_decode_args(case)[1:], 0.3, num_splits=num_splits, BLOCK_N=16,
-                                         new_kv=new_kv, **extra)
+                                         new_kv=new_kv, counters=counters, **extra)
         torch.testing.assert_close(case["k_cache"], k_full, equal_nan=True, atol=1e-6, rtol=1e-6)
         assert torch.equal(case["v_cache"].nan_to_num(), v_full.nan_to_num())
         nonempty = case["context_lens"] > 0
@@ -325,7 +332,7 @@ def test_decode_stores_and_rotates_the_new_tokens(num_splits, dtype, rope):
     if rope:  # the rotation mattered
         assert not torch.allclose(q_rot.float(), q.float(), atol=0.05)
     if num_splits > 1:
-        assert not tri._split_counts(out.device, 1).any()
+        assert not counters.get(out.device, 1).any()
 
 
 @pytest.mark.parametrize("num_splits", [None, 1, 2, 8])

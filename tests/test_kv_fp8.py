@@ -31,7 +31,7 @@ FP8 = torch.float8_e4m3fn
 
 @pytest.fixture(scope="module")
 def tri():
-    mod = importlib.import_module("nanovllm_final.layers.attention_triton")
+    mod = importlib.import_module("nanovllm_final.kernels.attention")
     if not HAS_CUDA and type(mod._store_kvcache_kernel).__name__ != "InterpretedFunction":
         mod = importlib.reload(mod)  # imported before TRITON_INTERPRET was set: re-import it interpreted
     return mod

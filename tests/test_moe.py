@@ -142,13 +142,13 @@ def test_captured_path_equals_the_loop(engine):
 def test_experts_on_cpu_take_the_loop(monkeypatch):
     """The final engine's fused kernels are for CUDA; a CPU tensor runs the reference loop."""
     moe = engine_module("final", "layers.moe")
-    if moe.fused_moe is None:
+    if moe.dispatch.moe is None:
         pytest.skip("no Triton here")
 
     def fail(*args):
         raise AssertionError("the fused path ran on CPU")
 
-    monkeypatch.setattr(moe.fused_moe, "fused_experts", fail)
+    monkeypatch.setattr(moe.dispatch.moe, "fused_experts", fail)
     experts = moe.Experts(4, 8, 6)
     torch.nn.init.normal_(experts.gate_up_proj)
     torch.nn.init.normal_(experts.down_proj)
@@ -209,7 +209,7 @@ def test_final_engine_with_fused_experts(moe_dir, hf_greedy, monkeypatch):
     """The fused kernels in place of the loop inside the final engine (on CPU under the Triton
     interpreter; on CUDA they are chosen by themselves): still Hugging Face's greedy tokens."""
     moe = engine_module("final", "layers.moe")
-    if moe.fused_moe is None:
+    if moe.dispatch.moe is None:
         pytest.skip("no Triton here")
     if torch.cuda.is_available():
         pytest.skip("on CUDA the kernels take CUDA tensors only: test_final_on_cuda_fused_experts_in_cuda_graphs")
@@ -217,7 +217,7 @@ def test_final_engine_with_fused_experts(moe_dir, hf_greedy, monkeypatch):
 
     def fused(self, x, weights, expert_ids):
         calls.append(len(x))
-        return moe.fused_moe.fused_experts(x, self.gate_up_proj, self.down_proj, weights, expert_ids)
+        return moe.dispatch.moe.fused_experts(x, self.gate_up_proj, self.down_proj, weights, expert_ids)
 
     monkeypatch.setattr(moe.Experts, "forward", fused)
     st, path = load_engine("final"), moe_dir("moe-mixed")

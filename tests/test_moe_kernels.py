@@ -1,6 +1,6 @@
-"""The final engine's fused MoE kernels (layers/fused_moe.py) against the references in
-layers/moe.py: the router against route_torch, the experts against the loop over the experts
-(Experts.forward_loop).
+"""The final engine's MoE and matrix-vector kernels (kernels/moe.py, kernels/gemv.py) against the
+references in layers/moe.py: the router against route_torch, the experts against the loop over
+the experts (Experts.forward_loop); the dense layers' few rows against F.linear and the MLP.
 
 Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set by
 conftest.py before triton is imported), in float32 and float16: the interpreter computes
@@ -15,7 +15,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-fused_moe = pytest.importorskip("nanovllm_final.layers.fused_moe")
+fused_moe = pytest.importorskip("nanovllm_final.kernels.moe")
+from nanovllm_final.kernels import gemv, tuning  # noqa: E402
+
 ALIGN = fused_moe.align_by_expert
 from nanovllm_final.layers.moe import Experts, route, route_torch  # noqa: E402
 
@@ -146,13 +148,11 @@ def test_unrouted_experts_and_block_sizes(block_m):
 
 
 def test_small_batches_take_the_gemv_path(monkeypatch):
-    """Up to SMALL_PAIRS (token, expert) pairs skip the grouping; one pair more is grouped."""
+    """Up to the device's moe.small_pairs (token, expert) pairs skip the grouping; one pair more is grouped."""
     calls = []
     monkeypatch.setattr(fused_moe, "align_by_expert", lambda *a: calls.append(a) or ALIGN(*a))
-    if not HAS_CUDA:
-        monkeypatch.setitem(fused_moe.GEMV_TILES, "DOWN_BLOCK_N", 32)  # fewer programs for the interpreter
-    top_k = 2
-    for tokens, grouped in ((fused_moe.SMALL_PAIRS // top_k, False), (fused_moe.SMALL_PAIRS // top_k + 1, True)):
+    top_k, small_pairs = 2, tuning.for_device(torch.device(DEVICE)).moe_small_pairs
+    for tokens, grouped in ((small_pairs // top_k, False), (small_pairs // top_k + 1, True)):
         calls.clear()
         experts, x, weights, ids = make_case(tokens, 8, top_k, 32, 16, torch.float32)
         torch.testing.assert_close(fused(experts, x, weights, ids), experts.forward_loop(x, weights, ids), **tol(torch.float32))
@@ -161,31 +161,27 @@ def test_small_batches_take_the_gemv_path(monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 3, 4])
-def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype, monkeypatch):
+def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype):
     """A dense layer's few rows on the same kernels (one expert of weight 1): `gemv` is F.linear,
     `dense_mlp` a SwiGLU MLP's gate/up, SiLU-and-multiply and down, with a K of several tiles
-    and a ragged last one (72 = 2 * 32 + 8) and an output width not a multiple of the columns."""
-    if not HAS_CUDA:
-        monkeypatch.setitem(fused_moe.DENSE_GATE_UP_TILES, "BLOCK_K", 32)
-        monkeypatch.setitem(fused_moe.DENSE_GEMV_TILES, "BLOCK_K", 32)
-        monkeypatch.setitem(fused_moe.DENSE_DOWN_TILES, "BLOCK_K", 16)
+    and a ragged last one (72 = 2 * 32 + 8 on a CPU's tiles) and an output width not a multiple of the columns."""
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, 72, generator=g).to(dtype)
     w = (torch.randn(45, 72, generator=g) * 0.2).to(dtype)
-    out = fused_moe.gemv(x.to(DEVICE), w.to(DEVICE)).cpu()
+    out = gemv.gemv(x.to(DEVICE), w.to(DEVICE)).cpu()
     assert out.shape == (tokens, 45) and out.dtype == dtype
     torch.testing.assert_close(out, torch.nn.functional.linear(x.float(), w.float()).to(dtype), **tol(dtype))
     gate_up, down = (torch.randn(2 * 24, 72, generator=g) * 0.2).to(dtype), (torch.randn(72, 24, generator=g) * 0.2).to(dtype)
     h = torch.nn.functional.linear(x, gate_up)  # (tokens, 2 * 24) = [gate | up]
     expected = torch.nn.functional.linear(torch.nn.functional.silu(h[:, :24]) * h[:, 24:], down)
-    out = fused_moe.dense_mlp(x.to(DEVICE), gate_up.to(DEVICE), down.to(DEVICE)).cpu()
+    out = gemv.dense_mlp(x.to(DEVICE), gate_up.to(DEVICE), down.to(DEVICE)).cpu()
     assert out.shape == x.shape
     torch.testing.assert_close(out, expected, **tol(dtype))
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="the layers use the kernels on CUDA only")
 def test_dense_layers_dispatch_few_rows_to_the_kernels(monkeypatch):
-    """On CUDA, Linear and the dense MLP take the matrix-vector kernels up to GEMV_ROWS rows and
+    """On CUDA, Linear and the dense MLP take the matrix-vector kernels up to gemv.rows rows and
     cuBLAS beyond; both give the PyTorch result."""
     from types import SimpleNamespace
 
@@ -194,21 +190,22 @@ def test_dense_layers_dispatch_few_rows_to_the_kernels(monkeypatch):
 
     calls = []
     for name in ("gemv", "dense_mlp"):
-        real = getattr(fused_moe, name)
-        monkeypatch.setattr(fused_moe, name, lambda *a, real=real, name=name, **kw: calls.append(name) or real(*a, **kw))
+        real = getattr(gemv, name)
+        monkeypatch.setattr(gemv, name, lambda *a, real=real, name=name, **kw: calls.append(name) or real(*a, **kw))
     g = torch.Generator().manual_seed(0)
     linear = Linear(256, 96).to(torch.bfloat16).cuda()
     mlp = MLP(SimpleNamespace(hidden_size=256, intermediate_size=384)).to(torch.bfloat16).cuda()  # the fields MLP reads
     for p in (*linear.parameters(), *mlp.parameters()):
         p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    for rows in (1, fused_moe.GEMV_ROWS, fused_moe.GEMV_ROWS + 1):
+    limit = tuning.for_device(torch.device("cuda")).gemv_rows
+    for rows in (1, limit, limit + 1):
         calls.clear()
         x = torch.randn(rows, 256, generator=g).to(torch.bfloat16).cuda()
         torch.testing.assert_close(linear(x), torch.nn.functional.linear(x, linear.weight), **tol(torch.bfloat16))
         gate, up = torch.nn.functional.linear(x, mlp.gate_up_proj.weight).chunk(2, dim=-1)
         expected = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, mlp.down_proj.weight)
         torch.testing.assert_close(mlp(x), expected, **tol(torch.bfloat16))
-        assert calls == (["gemv", "dense_mlp", "gemv"] if rows <= fused_moe.GEMV_ROWS else [])  # dense_mlp's down: gemv
+        assert calls == (["gemv", "dense_mlp", "gemv"] if rows <= limit else [])  # dense_mlp's down: gemv
 
 
 def test_no_tokens():

@@ -195,7 +195,8 @@ def test_step_message_carries_only_the_step_inputs(engine, model_dir, monkeypatc
     def send(self, method, *args):
         if method == "execute":
             (step,) = args
-            assert all(isinstance(value, (np.ndarray, int, float)) for value in vars(step).values()), vars(step)
+            # None: the final engine's `scoring`, when no prompt token is scored (prompt_logprobs)
+            assert all(isinstance(value, (np.ndarray, int, float, type(None))) for value in vars(step).values()), vars(step)
             messages.append((len(step.input_ids), step.block_tables.shape, len(pickle.dumps((method, args)))))
         return real_send(self, method, *args)
 

@@ -3,6 +3,7 @@ from collections import OrderedDict
 
 import xxhash
 
+from .prompt_scoring import needs_prompt_scores
 from .sequence import Sequence
 
 
@@ -84,7 +85,7 @@ class BlockManager:
         assert not seq.block_table, "sequence already holds blocks"
         assert not seq.num_pending, "a sequence is admitted only once its tokens are known"
         self.num_admitted_tokens += len(seq)
-        prefix_hash, cache_miss = -1, False
+        prefix_hash, cache_miss = -1, needs_prompt_scores(seq)  # cached blocks have no logits to score
         for i in range(self.blocks_needed(len(seq))):
             token_ids = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
             block_id = -1

@@ -5,7 +5,7 @@ A graph replays every kernel launch of a step with one call, on fixed buffers: a
 copies its inputs into the first rows of the buffers (a decode step in one copy,
 decode_inputs.py) and replays the graph of the next captured size up (the padding rows store
 nothing and attend to nothing). Eagerly, a step of
-a small model is bound by the host's ~500 launches (~15 ms on an H200 at any token count up
+a small model is bound by the host's ~500 launches (~15 ms on a Hopper GPU at any token count up
 to a few thousand, against ~2 ms for a decode step replayed), so a step that admits a new
 prompt would stall every running stream for several decode steps; replayed, it costs its
 GPU time. Steps with prompts need an attention backend whose prefill launch reads no

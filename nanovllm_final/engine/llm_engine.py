@@ -14,6 +14,8 @@ from ..validate import Problem
 from .block_manager import BlockManager
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
+from .prompt_logprobs import collect_scores
+from .prompt_scoring import mark_launched
 from .request import Request, validate_request
 from .sampling import PendingSample, SampledTokens, SamplingColumns, build_sampling_batch, sample
 from .scheduler import Scheduler
@@ -37,6 +39,7 @@ class InFlight:
     record: dict  # its stats record, taken at launch (metrics.py)
     launched_at: float
     needs_tokens: bool  # the next schedule needs its tokens on the host (penalties count the output)
+    scores: PendingSample | None = None  # its prompt logprobs (step.scoring's rows), on their way to the host
 
     def pending_rows(self) -> dict[int, int]:
         """seq_id -> the row of its pending token."""
@@ -215,13 +218,16 @@ class LLMEngine:
             self._fail(seqs, err)
             return None
         self.scheduler.launched(seqs)
+        mark_launched(step.scoring, seqs)
         record = self.metrics.step_record(step, len(seqs), self.block_manager.num_hit_tokens - hits_before)
         needs_tokens = batch is not None and batch.penalties is not None  # penalties count the output
-        return InFlight(step, seqs, sampling, pending, record, start, needs_tokens)
+        return InFlight(step, seqs, sampling, pending, record, start, needs_tokens, self.model_runner.prompt_scores)
 
     def _complete(self, done: InFlight, finished_only: bool) -> None:
         """Wait for the step's tokens; resolve, detokenize, check stops, queue the outputs."""
         try:
+            if done.scores is not None:
+                collect_scores(done.step.scoring, done.scores, done.seqs, self.requests)
             sampled = done.sample.result() if done.sample is not None else SampledTokens([], None)  # no row sampled
             now = time.perf_counter()
             news: dict[str, Request] = {}

@@ -15,6 +15,7 @@ from ..models.loader import load_weights
 from ..sampling_params import SamplingParams
 from .block_manager import blocks_needed
 from .cuda_graphs import CUDAGraphs
+from .prompt_logprobs import score_rows
 from .sampling import build_sampling_batch, sample
 from .sequence import Sequence
 from .step_input import StepInput, build_step_input, upload
@@ -65,6 +66,7 @@ class ModelRunner:
         self.model = build_model(model_config, config.max_model_len, self.dtype, self.device)
         load_weights(self.model, config.model)
         self.sampler = Sampler(config.seed, self.device)
+        self.prompt_scores = None  # the last step's prompt logprobs (execute)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kv_heads = self.attention_layers[0].num_kv_heads  # this rank's
         self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype)  # what the cache stores
@@ -224,6 +226,10 @@ class ModelRunner:
                 decode_order=t["decode_order"] if step.is_decode else None,  # only decode kernels read it
             )
             hidden = self.forward(self.input_ids(t, carried), t["positions"], context)  # (tokens, hidden)
+        # prompt_logprobs: rank 0 keeps the step's scores (on their way to the host) for the engine to read
+        self.prompt_scores = None
+        if step.scoring is not None:
+            self.prompt_scores = score_rows(self.model, hidden, step.scoring, self.config.max_num_seqs)
         num_rows = len(step.sample_rows)
         if not num_rows:
             return None

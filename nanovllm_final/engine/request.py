@@ -51,6 +51,8 @@ class Request:
             Completion(seq, IncrementalDetokenizer(tokenizer, prompt_token_ids, params.stop, params.min_tokens), params.logprobs is not None)
             for seq in self.seqs
         ]
+        # prompt_logprobs: one entry per prompt token (the first None), filled as the prompt's steps complete
+        self.prompt_logprobs: list[dict | None] | None = None if params.prompt_logprobs is None else [None]
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
@@ -89,7 +91,9 @@ class Request:
             delta_logprobs = None if c.logprob_list is None else c.logprob_list[c.num_emitted :]
             c.num_emitted = end - seq.num_prompt_tokens
             outputs.append(CompletionOutput(seq.index, seq.token_ids[start:end], delta_logprobs, seq.finish_reason, c))
-        return RequestOutput(self.request_id, self.prompt_token_ids, outputs, self.finished, self.metrics())
+        scored = self.prompt_logprobs is not None and len(self.prompt_logprobs) == len(self.prompt_token_ids)
+        return RequestOutput(self.request_id, self.prompt_token_ids, outputs, self.finished, self.metrics(),
+                             prompt_logprobs=self.prompt_logprobs if scored else None)
 
     def metrics(self) -> RequestMetrics:
         generated = max(seq.num_known_tokens - seq.num_prompt_tokens for seq in self.seqs)
@@ -122,6 +126,7 @@ def validate_request(token_ids, params, config, model_config) -> Problem | None:
     bad = [t for t in params.stop_token_ids if t >= vocab]
     if bad:
         return Problem(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})", "stop_token_ids")
-    if params.logprobs is not None and params.logprobs > vocab:
-        return Problem(f"logprobs={params.logprobs} is more than the vocabulary's {vocab} tokens", "logprobs")
+    for name in ("logprobs", "prompt_logprobs"):
+        if getattr(params, name) is not None and getattr(params, name) > vocab:
+            return Problem(f"{name}={getattr(params, name)} is more than the vocabulary's {vocab} tokens", name)
     return None

@@ -32,6 +32,7 @@ class Sequence:
         self.block_table: list[int] = []  # the physical KV blocks holding this sequence, in token order
         self.num_scheduled_tokens = 0  # tokens fed this step (a prompt may take several steps)
         self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
+        self.num_prompt_scored = 0  # prompt positions whose logprobs a launched step computes (prompt_logprobs.py)
         # Overlap scheduling: tokens sampled by steps still on the device. They follow
         # token_ids; their ids are the in-flight step's to hold (llm_engine.InFlight) until it
         # completes and `resolve` appends them.

@@ -8,6 +8,7 @@ from itertools import chain, repeat
 import numpy as np
 import torch
 
+from .prompt_scoring import PromptScoring, plan_scoring
 from .sequence import Sequence
 
 
@@ -28,6 +29,7 @@ class StepInput:
     is_decode: bool  # every sequence feeds exactly one token: the decode kernels (and CUDA graphs) run
     # the sequences by decreasing context length: the order the decode kernel starts them in
     decode_order: np.ndarray  # (seqs,) int32
+    scoring: PromptScoring | None = None  # the rows whose next prompt token is scored (prompt_logprobs)
 
     @property
     def num_tokens(self) -> int:
@@ -170,4 +172,5 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
         max_seqlen_q=max_seqlen_q,
         is_decode=is_decode,
         decode_order=np.argsort(-ends, kind="stable").astype(np.int32),
+        scoring=plan_scoring(seqs, starts, ends, cu),
     )

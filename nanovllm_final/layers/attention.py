@@ -1,7 +1,7 @@
 """Causal self-attention over the paged KV cache, and the backends that compute it.
 
-A backend is a module: attention_torch.py (the PyTorch reference), attention_triton.py
-(ours) or attention_flash.py (the flash-attn package). Each has the same three functions,
+A backend is a module: attention_torch.py (the PyTorch reference), ../kernels/attention.py
+(ours, Triton) or attention_flash.py (the flash-attn package). Each has the same three functions,
 which the Attention layer calls, and says four things of itself (`name`; `capturable`: can
 a decode step be captured in a CUDA graph, i.e. do its launches read no device values;
 `capturable_prefill`: can a step with prompt tokens, at padded token and sequence counts;
@@ -17,7 +17,8 @@ a decode step be captured in a CUDA graph, i.e. do its launches read no device v
     new_kv: None, or (k, v, slot_mapping) of the step's new tokens, stored before attending
         (store_kvcache's job; the Triton decode kernel does it itself, saving a launch)
     rope: only where fuses_rope: (positions, cos, sin, q_norm weight, k_norm weight, eps) of
-        RotaryEmbedding.kernel_args; q and new_kv's k then come unrotated (and unnormalised)
+        RotaryEmbedding.kernel_args; q and new_kv's k then come unrotated (and unnormalised);
+        with it `counters`, the backend's SplitCounters that the layer keeps for split-K
     k_scale, v_scale: keyword arguments, None unless the cache is float8 e4m3 (kv_cache_dtype="fp8"):
         then (kv_heads,) float32 device tensors; the store writes clamp(x / scale, +-448) rounded to
         e4m3, attention computes with stored * scale (the reference dequantizes its gathered K/V;
@@ -37,7 +38,7 @@ from torch import nn
 from .context import get_context
 from .rotary import RotaryEmbedding
 
-BACKENDS = {"torch": ".attention_torch", "triton": ".attention_triton", "flash_attn": ".attention_flash"}
+BACKENDS = {"torch": ".attention_torch", "triton": "..kernels.attention", "flash_attn": ".attention_flash"}
 
 
 def make_backend(name: str, device: torch.device, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> ModuleType:
@@ -77,6 +78,7 @@ class Attention(nn.Module):
         self.k_cache = self.v_cache = torch.tensor([])  # (num_blocks, block_size, kv_heads, head_dim), set by the runner
         self.k_scale = self.v_scale = None  # (kv_heads,) float32 for an fp8 cache, set by the runner
         self.backend: ModuleType | None = None  # set by the runner
+        self.counters = None  # the Triton decode's split-K counters (SplitCounters): they live as long as the layer
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 rotary: RotaryEmbedding, q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> torch.Tensor:
@@ -87,7 +89,8 @@ class Attention(nn.Module):
         if ctx.is_decode:  # one new token per sequence: the decode attention stores it too
             extra = {}
             if self.backend.fuses_rope:  # and rotates q and k in the same launch
-                extra["rope"] = rotary.kernel_args(positions, q_norm, k_norm)
+                self.counters = self.counters or self.backend.SplitCounters()
+                extra = {"rope": rotary.kernel_args(positions, q_norm, k_norm), "counters": self.counters}
             else:
                 q, k = rotary(positions, q, k, q_norm, k_norm)
             return self.backend.paged_decode_attention(

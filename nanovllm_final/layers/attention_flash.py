@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
-from .attention_triton import store_kvcache  # the backend's store (flash-attn has none)
+from ..kernels.attention import store_kvcache  # the backend's store (flash-attn has none)
 
 name = "flash_attn"
 capturable = True

@@ -3,7 +3,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, divide, get_tp_rank, get_tp_size
-from .fused import fused_moe, takes_gemv
+from ..kernels import dispatch
 
 
 class Linear(nn.Module):
@@ -55,9 +55,9 @@ class Linear(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x W^T (+ bias): on CUDA, a few rows without a bias take the matrix-vector kernel
-        (fused_moe.gemv: cuBLAS's kernels for one row are far from the memory bound), else F.linear."""
-        if bias is None and takes_gemv(x):
-            return fused_moe.gemv(x, self.weight)
+        (kernels/gemv.py: cuBLAS's kernels for one row are far from the memory bound), else F.linear."""
+        if bias is None and dispatch.takes_gemv(x):
+            return dispatch.gemv.gemv(x, self.weight)
         return F.linear(x, self.weight, bias)
 
 

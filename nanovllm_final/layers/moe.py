@@ -2,7 +2,7 @@
 SwiGLU MLPs and adds up their outputs, weighted by the router's probabilities.
 
 On CUDA the router is one Triton kernel and the experts run as two grouped GEMMs, or two
-matrix-vector kernels for a few tokens (fused_moe.py); route_torch and the loop over the
+matrix-vector kernels for a few tokens (kernels/moe.py); route_torch and the loop over the
 experts below are the reference and the CPU path. Tensor parallelism splits every expert
 like a dense MLP, along its intermediate dimension, and sums the ranks' outputs once per layer."""
 
@@ -11,16 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, divide, get_tp_rank, get_tp_size
+from ..kernels import dispatch
 from .activation import SiluAndMul
-
-from .fused import fused_moe
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits (tokens, experts) -> weights (tokens, top_k) in the logits' dtype, expert_ids
-    (tokens, top_k) int64, heaviest first: fused_moe.fused_route on CUDA (one launch), else route_torch."""
-    if router_logits.is_cuda and fused_moe is not None:
-        return fused_moe.fused_route(router_logits, top_k, renormalize)
+    (tokens, top_k) int64, heaviest first: kernels/moe.py's fused_route on CUDA (one launch), else route_torch."""
+    if dispatch.use_kernel(router_logits):
+        return dispatch.moe.fused_route(router_logits, top_k, renormalize)
     return route_torch(router_logits, top_k, renormalize)
 
 
@@ -68,8 +67,8 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         """x: (tokens, hidden); weights, expert_ids: (tokens, top_k) -> (tokens, hidden)."""
-        if x.is_cuda and fused_moe is not None:
-            out = fused_moe.fused_experts(x, self.gate_up_proj, self.down_proj, weights, expert_ids)
+        if dispatch.use_kernel(x):
+            out = dispatch.moe.fused_experts(x, self.gate_up_proj, self.down_proj, weights, expert_ids)
         else:
             out = self.forward_loop(x, weights, expert_ids)
         return all_reduce(out) if self.tp_size > 1 else out

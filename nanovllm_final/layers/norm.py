@@ -1,7 +1,7 @@
 import torch
 from torch import nn
 
-from .fused import fused_triton
+from ..kernels import dispatch
 
 
 class RMSNorm(nn.Module):
@@ -10,7 +10,7 @@ class RMSNorm(nn.Module):
     Called as ``norm(x)`` it returns the normalised x. Called as ``norm(x, residual)``
     it first adds the residual stream (the fused add of pre-norm transformers) and
     returns ``(normalised, new_residual)``. On CUDA one Triton kernel does it all
-    (fused_triton.rms_norm); the PyTorch code is the reference and the CPU path."""
+    (kernels/norm_rope.py's rms_norm); the PyTorch code is the reference and the CPU path."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -24,8 +24,8 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if x.is_cuda and fused_triton is not None:
-            return fused_triton.rms_norm(x, self.weight, self.eps, residual)
+        if dispatch.use_kernel(x):
+            return dispatch.norm_rope.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual  # (tokens, hidden)

@@ -3,7 +3,7 @@ import math
 import torch
 from torch import nn
 
-from .fused import fused_triton
+from ..kernels import dispatch
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -25,7 +25,7 @@ class RotaryEmbedding(nn.Module):
 
     cos/sin are precomputed for every position up to `max_positions`. Given `q_norm` and
     `k_norm` (Qwen3's per-head RMSNorms), q and k are normalised first. On CUDA one Triton
-    kernel does it all, for q and k (fused_triton.rotary); the PyTorch code is the reference."""
+    kernel does it all, for q and k (kernels/norm_rope.py's rotary); the PyTorch code is the reference."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
         super().__init__()
@@ -42,11 +42,11 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                 q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
-        if q.is_cuda and fused_triton is not None:
+        if dispatch.use_kernel(q):
             if q_norm is None:
-                return fused_triton.rotary(positions, q, k, self.cos, self.sin)
+                return dispatch.norm_rope.rotary(positions, q, k, self.cos, self.sin)
             assert q_norm.eps == k_norm.eps
-            return fused_triton.rotary(positions, q, k, self.cos, self.sin, (q_norm.weight, k_norm.weight), q_norm.eps)
+            return dispatch.norm_rope.rotary(positions, q, k, self.cos, self.sin, (q_norm.weight, k_norm.weight), q_norm.eps)
         if q_norm is not None:
             q, k = q_norm(q), k_norm(k)
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # (tokens, 1, head_dim)

@@ -14,7 +14,7 @@ CPU, torch's exponential noise."""
 import torch
 from torch import nn
 
-from .fused import fused_triton
+from ..kernels import dispatch
 
 _M32 = 0xFFFFFFFF
 
@@ -41,7 +41,7 @@ def seed_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def keyed_exponential(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """Exp(1) noise that is a pure function of (row key, token id): (rows, n) for the token
-    ids (n,) of the vocabulary or (rows, n) of each row's candidates. fused_triton's draws
+    ids (n,) of the vocabulary or (rows, n) of each row's candidates. kernels/sampling.py's draws
     compute the same values in registers (_keyed_exponential)."""
     tokens = _mul32(token_ids.to(torch.int64), 0x27D4EB2F)  # (n,) or (rows, n)
     h = _mix32(_mix32(keys[:, None] ^ tokens) ^ keys[:, None])  # (rows, n)
@@ -116,8 +116,8 @@ def top_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     group = _group_size(vocab, k)
     if group is None:
         return logits.topk(k, dim=-1)
-    if logits.is_cuda and fused_triton is not None:
-        return fused_triton.top_candidates(logits, k, group)  # the same two passes, in two launches
+    if dispatch.use_kernel(logits):
+        return dispatch.sampling.top_candidates(logits, k, group)  # the same two passes, in two launches
     maxima = logits.unflatten(-1, (vocab // group, group)).amax(-1)  # (rows, vocab // group)
     groups = maxima.topk(k, dim=-1).indices  # (rows, k)
     ids = (groups.unsqueeze(-1) * group + torch.arange(group, device=logits.device)).flatten(1)  # (rows, k * group)
@@ -165,11 +165,11 @@ class Sampler(nn.Module):
         """With `max_k`, only the max_k largest logits of each row can be drawn, so the masks and
         the noise work on those candidates (a partial sort), not on the whole vocabulary. A seeded
         row draws the same token either way: its noise is a function of the token id. On CUDA,
-        one Triton launch draws among the candidates (fused_triton.candidates_draw) or, without
-        masks, over the vocabulary (fused_triton.gumbel_argmax), hashing each token's noise from
+        one Triton launch draws among the candidates (kernels/sampling.py's candidates_draw) or, without
+        masks, over the vocabulary (gumbel_argmax), hashing each token's noise from
         its row's key: for seeded rows the tokens the PyTorch code below draws."""
         vocab = logits.shape[-1]
-        fused = logits.is_cuda and fused_triton is not None
+        fused = dispatch.use_kernel(logits)
         candidates = probs = None  # probs None: the draw needs no probabilities (temperature only, or fused)
         if max_k is not None and max_k < vocab:
             values, candidates = top_candidates(logits, max_k)  # (rows, max_k), largest first
@@ -184,8 +184,8 @@ class Sampler(nn.Module):
         if probs is None and fused:  # one launch, the noise hashed in registers from each row's key
             keys = self.row_keys(seeds, positions, logits.shape[0], logits.device)
             if candidates is None:
-                return fused_triton.gumbel_argmax(logits, keys, temperatures)  # the greedy rows' argmax too
-            sampled = fused_triton.candidates_draw(values, candidates, keys, temperatures, top_k, top_p, min_p)
+                return dispatch.sampling.gumbel_argmax(logits, keys, temperatures)  # the greedy rows' argmax too
+            sampled = dispatch.sampling.candidates_draw(values, candidates, keys, temperatures, top_k, top_p, min_p)
         else:
             shape = logits.shape if candidates is None else candidates.shape
             noise = torch.empty(shape, device=logits.device).exponential_(generator=self.generator)  # Exp(1)
@@ -215,5 +215,5 @@ def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[
     """log_softmax of the raw logits in float32: the sampled tokens' (rows,), and the top k's
     values and ids (rows, k)."""
     lp = torch.log_softmax(logits.float(), dim=-1)  # (rows, vocab)
-    top = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], token_ids[:, None][:, :0])
+    top = lp.topk(k, dim=-1) if k > 0 else (lp.new_empty(len(lp), 0), token_ids.new_empty(len(lp), 0))  # no views of lp
     return lp.gather(1, token_ids.unsqueeze(1)).squeeze(1), top[0], top[1]

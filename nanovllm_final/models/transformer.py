@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..kernels import dispatch
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from ..layers.fused import fused_moe, takes_gemv
 from ..layers.linear import Linear, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from ..layers.moe import Experts, route
 from ..layers.norm import RMSNorm
@@ -53,9 +53,9 @@ class MLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if takes_gemv(x):
+        if dispatch.takes_gemv(x):
             # a few rows (a small decode batch): the MoE's matrix-vector kernels with one expert, two launches
-            return self.down_proj.reduce(fused_moe.dense_mlp(x, self.gate_up_proj.weight, self.down_proj.weight))
+            return self.down_proj.reduce(dispatch.gemv.dense_mlp(x, self.gate_up_proj.weight, self.down_proj.weight))
         return self.down_proj(self.act(self.gate_up_proj(x)))  # (tokens, intermediate / tp) -> (tokens, hidden)
 
 

@@ -20,10 +20,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.request import validate_request
+from .echo import echo_choices, wants_scores
 from .engine_client import EngineClient, Handle
 from .limits import Limits, Workers, check_shape, decode
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, make_sampling_params, parse
 from .router_endpoints import add_router_endpoints
+from .tokenizer_routes import add_tokenizer_routes
 
 log = logging.getLogger("nanovllm.server")
 CUT_OFF_SEND_S = 1.0  # how long a stream cut off for slow reading waits to hand over its error event and [DONE]
@@ -149,7 +151,7 @@ class Endpoint:
         return [self.server.encode(p, "prompt") if isinstance(p, str) else p for p in req.prompts()]
 
     def max_tokens(self, req) -> int | None:
-        return req.requested_max_tokens if self.chat else req.max_tokens
+        return req.requested_max_tokens if self.chat else 1 if req.score_only else req.max_tokens
 
     def want_logprobs(self, req) -> bool:
         return bool(req.logprobs) if self.chat else req.logprobs is not None
@@ -209,6 +211,8 @@ class Server:
         finally:
             if timer is not None:
                 timer.cancel()
+        if wants_scores(req):  # the choices first: a score-only one counts no completion tokens in usage
+            return {**head, "choices": echo_choices(self, req, reply), "usage": reply.usage()}
         want = endpoint.want_logprobs(req)
         return {**head, "choices": [
             endpoint.choice(i, "".join(reply.text[i]), endpoint.logprobs(reply.logprobs[i]) if want else None, reply.finish_reason[i], chunk=False)
@@ -373,10 +377,19 @@ class Server:
             offset += len(token)
         return {
             "tokens": tokens,
-            "token_logprobs": [_finite(e["logprob"]) for e in entries],
-            "top_logprobs": [{self.token_text(int(t)): _finite(lp) for t, lp in (e.get("top_logprobs") or {}).items()} for e in entries],
+            "token_logprobs": [self.finite(e["logprob"]) for e in entries],
+            "top_logprobs": [None if e["top_logprobs"] is None else self.top_logprobs(e) for e in entries],
             "text_offset": offsets,
         }
+
+    def top_logprobs(self, entry: dict) -> dict[str, float]:
+        """The top k by text, and the chosen token's even when it is not among them (as OpenAI and vLLM do)."""
+        top = entry["top_logprobs"] | {entry["token_id"]: entry["logprob"]}
+        return {self.token_text(int(t)): _finite(lp) for t, lp in top.items()}
+
+    @staticmethod
+    def finite(logprob: float | None) -> float | None:
+        return None if logprob is None else _finite(logprob)
 
     def chat_logprobs(self, entries: list[dict]) -> dict:
         def item(token_id: int, logprob: float) -> dict:
@@ -432,6 +445,7 @@ def create_app(server: Server) -> FastAPI:
                                                       "healthy": client.alive})
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    add_tokenizer_routes(app, server)
     add_router_endpoints(app, server)
 
     @app.post("/v1/completions")

@@ -73,6 +73,7 @@ class Handle:
         self.choices = [Choice(tokenizer, p, params) for p in prompts for _ in range(params.n)]
         self.unfinished = set(self.request_ids)  # reader thread (under the client's lock)
         self.cached_tokens = [0] * len(prompts)
+        self.prompt_logprobs: list[list | None] = [None] * len(prompts)  # per prompt once scored (prompt_logprobs)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cut_off = asyncio.Event()
         self.error: RequestError | None = None  # why the server ended it (cut off, deadline)
@@ -276,10 +277,12 @@ class EngineClient:
                 self._on_added(key, value)
             elif kind == "gauges" and (future := self._gauges.get(key)) is not None:
                 future.get_loop().call_soon_threadsafe(_set_result, future, value)
-        for rid, items, metrics in deltas:
+        for rid, items, metrics, prompt_logprobs in deltas:
             handle = self._live.get(rid)
             if handle is None:
                 continue  # aborted: answered already
+            if prompt_logprobs is not None:  # before the updates that follow it reach the event loop
+                handle.prompt_logprobs[handle.slot[rid]] = prompt_logprobs
             updates = news.setdefault(handle, [])
             base = handle.slot[rid] * handle.n
             for index, ids, logprobs, reason in items:

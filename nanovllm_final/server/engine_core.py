@@ -11,7 +11,8 @@ writes one message per step to another: the step's deltas, a few ints per reques
                   ("step", replies, deltas)             replies: [("added", key, None | (message, param, code)),
                                                                   ("gauges", key, dict)]
                                                         deltas: [(request_id, [(index, token_ids, logprobs, finish_reason)],
-                                                                  metrics dict once finished, else None)]
+                                                                  metrics dict once finished, else None,
+                                                                  prompt_logprobs once scored, else None)]
                   ("dead", why)                         the engine failed; the process then exits
 
 Each step is timed on a shared `Heartbeat` that a thread of this process also beats
@@ -64,6 +65,7 @@ class EngineCore:
         self.llm, self.engine, self.heartbeat = llm, llm.engine, heartbeat
         self.commands, self.messages = commands, messages
         self.live: set[str] = set()  # request ids added and not finished
+        self.scored: set[str] = set()  # live requests whose prompt_logprobs were sent
 
     def run(self) -> None:
         engine = self.engine
@@ -117,7 +119,11 @@ class EngineCore:
                 continue  # aborted by the API side: it has answered already
             news = [(c.index, c.delta_token_ids, c.delta_logprobs, c.finish_reason)
                     for c in out.outputs if c.delta_token_ids or c.finish_reason]
+            scores = out.prompt_logprobs if out.request_id not in self.scored else None  # sent once
+            if scores is not None:
+                self.scored.add(out.request_id)
             if out.finished:
                 self.live.discard(out.request_id)
-            deltas.append((out.request_id, news, out.metrics.as_dict() if out.finished else None))
+                self.scored.discard(out.request_id)
+            deltas.append((out.request_id, news, out.metrics.as_dict() if out.finished else None, scores))
         return deltas

@@ -3,8 +3,8 @@
 Field names and defaults follow OpenAI's API (and vLLM's extras: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, chat_template_kwargs).
 Types are strict (no "5" for 5, no true for 1, no "yes" for true). Unknown fields are
-ignored, as vLLM does; a known feature we do not implement with a non-default value (echo,
-suffix, logit_bias, tools, ...) is refused with a 400, and so is a client's chat template:
+ignored, as vLLM does; a known feature we do not implement with a non-default value (suffix,
+logit_bias, tools, ...) is refused with a 400, and so is a client's chat template:
 the server renders only the model's own."""
 
 from typing import Any
@@ -92,14 +92,19 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    echo: bool = False  # the prompt's text (and logprobs) before the completion's: echo.py
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # vLLM's extra
     best_of: int | None = None
     suffix: str | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise RequestError("echo is not supported by this server", "echo")
+        if self.stream and (self.echo or self.prompt_logprobs is not None):
+            raise RequestError("echo and prompt_logprobs are not supported with stream=true by this server",
+                               "echo" if self.echo else "prompt_logprobs")
+        if self.max_tokens == 0 and not self.echo:
+            raise RequestError("max_tokens must be at least 1; 0 is allowed with echo=true (score the prompt only)",
+                               "max_tokens")
         if self.suffix:
             raise RequestError("suffix is not supported by this server", "suffix")
         if self.best_of is not None and self.best_of != self.n:
@@ -118,7 +123,15 @@ class CompletionRequest(_Common):
         kwargs = super().sampling_kwargs()
         if self.logprobs is not None:
             kwargs["logprobs"] = self.logprobs
+        if (self.echo and self.logprobs is not None) or self.prompt_logprobs is not None:  # echo joins the prompt's
+            echoed = self.logprobs if self.echo and self.logprobs is not None else 0
+            kwargs["prompt_logprobs"] = max(echoed, self.prompt_logprobs or 0)
         return kwargs
+
+    @property
+    def score_only(self) -> bool:
+        """max_tokens 0 with echo: the engine generates one token, which the response leaves out."""
+        return self.echo and self.max_tokens == 0
 
 
 class ContentPart(BaseModel):

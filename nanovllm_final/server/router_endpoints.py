@@ -4,14 +4,14 @@ sglang-router (`pip install sglang-router`) asks each worker for `/get_server_in
 `/get_model_info` (also without `get_`) when it registers it, and polls `/get_load`: a list
 with one entry per data-parallel rank, `num_tokens` its load. vllm-router's cache-aware
 policy tokenizes a request on a worker first: `/tokenize` (vLLM's shape: `tokens`, `count`,
-`max_model_len`), or `/v1/completions/render` and `/v1/chat/completions/render` (vLLM's
-shape: the prompt's `token_ids`, one object per prompt for completions). `/detokenize` is
-vLLM's inverse of `/tokenize`. Tokenizing runs on the small-body worker threads (limits.py)."""
+`max_model_len`; tokenizer_routes.py), or `/v1/completions/render` and
+`/v1/chat/completions/render` (vLLM's shape: the prompt's `token_ids`, one object per prompt
+for completions), which take a completion's or a chat's body and tokenize it as those do, on
+the worker threads (limits.py)."""
 
 from fastapi import FastAPI, Request
 
 from .limits import parse_json
-from .protocol import RequestError
 
 GAUGES_TIMEOUT_S = 1.0  # /get_load answers from the API side alone if the engine is slower than this
 
@@ -54,27 +54,6 @@ def add_router_endpoints(app: FastAPI, server) -> None:
             data = parse_json(raw)
             chat = isinstance(data, dict) and "messages" in data
             return server.prepare(server.endpoints[chat], raw, data=data, generate=False)[1]
-
-        return await server.workers.run(body, work)
-
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        prompts = await tokens_of(request)
-        if len(prompts) != 1:
-            raise RequestError("/tokenize takes one prompt", "prompt")
-        ids = prompts[0]
-        return {"count": len(ids), "max_model_len": server.max_model_len, "tokens": ids, "token_strs": None}
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        body = await server.read_body(request)
-
-        def work(raw: bytes) -> dict:
-            data, vocab = parse_json(raw), client.model_config.vocab_size
-            tokens = data.get("tokens") if isinstance(data, dict) else None
-            if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < vocab for t in tokens):
-                raise RequestError(f"tokens must be a list of token ids in [0, {vocab})", "tokens")
-            return {"prompt": client.tokenizer.decode(tokens)}
 
         return await server.workers.run(body, work)
 

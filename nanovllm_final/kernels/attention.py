@@ -1,6 +1,7 @@
 """Paged attention in Triton: our own kernels for the KV-cache store, prefill and decode.
 
-Same semantics as ``attention_torch.py`` (the reference):
+The reference is layers/attention_torch.py (the torch backend): the same three functions,
+the same semantics (tests/test_kernels.py and tests/test_kv_fp8.py check these against it):
 
     k_cache, v_cache: (num_blocks, block_size, kv_heads, head_dim)
     slot = block_id * block_size + offset_in_block
@@ -32,14 +33,13 @@ apply the scales once per row (``_kv_scales``: K's in the softmax scale, V's on 
 the scales are read by pointer, so a captured graph stays valid.
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from .fused_triton import rope_rows
+from . import tuning
 from .launch import pdl_args, wait_for_prior_kernel
+from .norm_rope import rope_rows
 
 name = "triton"
 capturable = True  # no launch reads a device value
@@ -339,10 +339,10 @@ def paged_prefill_attention(
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32, padded with -1
     scale: float,
     max_seqlen_q: int,  # longest q_len in the batch (the API's; this kernel's grid needs only the shapes)
-    BLOCK_M: int = 64,
-    BLOCK_N: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,  # best on an H200 for head_dim 128 (bf16), see benchmarks/kernel_bench.py
+    BLOCK_M: int | None = None,  # this and the three below, None: the device's tuning
+    BLOCK_N: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     *,
     k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
     v_scale: torch.Tensor | None = None,
@@ -360,6 +360,9 @@ def paged_prefill_attention(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_tokens == 0 or num_seqs == 0 or max_seqlen_q == 0:
         return out
+    tiles = tuning.for_device(q.device).prefill(head_dim)
+    BLOCK_M, BLOCK_N = BLOCK_M or tiles["BLOCK_M"], BLOCK_N or tiles["BLOCK_N"]
+    num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
     max_tiles = triton.cdiv(num_tokens, BLOCK_M) + num_seqs  # >= the tiles of any split of num_tokens into num_seqs
     grid = (num_heads, max_tiles)
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
@@ -393,40 +396,80 @@ def paged_prefill_attention(
 # sync (CUDA-graph safe).
 #
 # The new token's K/V (`new_kv`): the program that holds a sequence's last key writes them
-# into the cache before its loop reads them back, so a decode step needs no store launch.
+# into the cache before its loop reads them back (store_kvcache's job), so a decode step needs
+# no store launch. With `rope` as well, q and the new K come as the qkv projection gives them:
+# the kernel applies Qwen3's q/k norms (when their weights are given) and the rotary embedding
+# itself, as the rotary layer would: the whole of a decode step's attention is one launch.
 
 
 @triton.jit
-def _split_size(context_len, num_splits, BLOCK_N: tl.constexpr):
-    """Keys per split for one sequence: ceil(context_len / num_splits) in whole tiles (>= 1 tile)."""
-    return tl.maximum(tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N), 1) * BLOCK_N
+def _split_range(context_len, split, num_splits, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(kv_start, kv_end, num_valid): the keys of one sequence this split attends to, and how many
+    splits see at least one key. A split's size is ceil(context_len / num_splits) in whole tiles
+    (>= 1 tile), from the sequence's own context: every split has work whatever the block-table
+    width. Empty (kv_start >= kv_end) for a split past a short context, or a context of 0."""
+    if SPLIT:
+        partition = tl.maximum(tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N), 1) * BLOCK_N
+        kv_start = split * partition
+        return kv_start, tl.minimum(context_len, kv_start + partition), tl.cdiv(context_len, partition)
+    else:
+        return 0, context_len, 1
 
 
 @triton.jit
 def _store_new_kv(
-    new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, seq, kv_head, k_s, v_s, offs_d, d_mask,
+    new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, seq, kv_head, k_s, v_s, offs_d, d_mask,
     pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
     stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, FP8: tl.constexpr,
 ):
-    """Sequence seq's new K/V of one kv head into cache slot `slot`, as store_kvcache writes
-    them; with ROPE, K is rotated (after its norm) first, as the rotary layer would. Rows are
-    [1, BLOCK_D] tiles, the shape rope_rows works on."""
-    zero = tl.zeros([1], tl.int64)  # [1]: the one row's offset
-    row_ok = zero == 0
-    mask = row_ok[:, None] & d_mask[None, :]
-    k_row = seq.to(tl.int64) * stride_nk + kv_head * stride_nkh + zero  # [1]
+    """Sequence seq's new K/V of one kv head into its cache slot (slot_ptr[seq]; -1: none), as
+    store_kvcache writes them; with ROPE, K is rotated (after its norm) first, as the rotary layer
+    would. Rows are [1, BLOCK_D] tiles, the shape rope_rows works on. Ends with a barrier: every
+    thread's store is done before any thread reads the tile back."""
+    slot = tl.load(slot_ptr + seq).to(tl.int64)
+    if slot >= 0:
+        zero = tl.zeros([1], tl.int64)  # [1]: the one row's offset
+        row_ok = zero == 0
+        mask = row_ok[:, None] & d_mask[None, :]
+        k_row = seq.to(tl.int64) * stride_nk + kv_head * stride_nkh + zero  # [1]
+        if ROPE:
+            k = rope_rows(new_k_ptr, k_row, row_ok, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, offs_d,
+                          HEAD_DIM, HAS_NORM)
+        else:
+            k = tl.load(new_k_ptr + k_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
+        v_row = seq.to(tl.int64) * stride_nv + kv_head * stride_nvh + zero
+        v = tl.load(new_v_ptr + v_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
+        if FP8:
+            k, v = _to_e4m3(k, k_s), _to_e4m3(v, v_s)
+        dst = ((slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs + kv_head * stride_ch
+               + zero[:, None] + offs_d[None, :])
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d, h_mask,
+                  stride_qs, stride_qh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROPE: tl.constexpr,
+                  HAS_NORM: tl.constexpr, FP8: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """The GROUP query heads of one kv head as the rows of a [BLOCK_H, BLOCK_D] matrix (padding
+    rows 0), in the dtype the K/V tiles are widened to; with ROPE rotated first (after the q norm).
+    The rotation works element by element, so it runs on the GROUP real rows only (BLOCK_G of
+    them), which are then spread over the BLOCK_H rows that tl.dot needs."""
+    q_row = q_ptr + seq.to(tl.int64) * stride_qs
     if ROPE:
-        k = rope_rows(new_k_ptr, k_row, row_ok, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM)
+        offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
+        q = rope_rows(q_row, (kv_head * GROUP + offs_g) * stride_qh, offs_g < GROUP, pos, cos_ptr, sin_ptr,
+                      stride_cos, q_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM)  # [BLOCK_G, BLOCK_D]
+        q = tl.reshape(tl.broadcast_to(q[None, :, :], (BLOCK_H // BLOCK_G, BLOCK_G, BLOCK_D)), (BLOCK_H, BLOCK_D))
+        q = tl.where(h_mask[:, None], q, 0.0).to(q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
     else:
-        k = tl.load(new_k_ptr + k_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    v_row = seq.to(tl.int64) * stride_nv + kv_head * stride_nvh + zero
-    v = tl.load(new_v_ptr + v_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    if FP8:
-        k, v = _to_e4m3(k, k_s), _to_e4m3(v, v_s)
-    dst = (slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs + kv_head * stride_ch + zero[:, None] + offs_d[None, :]
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        heads = kv_head * GROUP + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+        mask = h_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+        q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=mask, other=0.0)
+    return _widen_to(q, FP8)
 
 
 @triton.jit
@@ -449,6 +492,31 @@ def _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, 
         w = w * alpha + beta
         m = m_new
     return acc / w[:, None]
+
+
+@triton.jit
+def _write_output(out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_ptr, counts_ptr, seq, kv_head,
+                  heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS: tl.constexpr, KVH: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's output [BLOCK_H, BLOCK_D] to out_ptrs; with several splits that see keys,
+    its partial result and log-sum-exp (base 2) go to the split buffers instead, and the last of
+    the sequence's splits to finish (counted with an atomic) merges them and resets the count."""
+    if SPLIT:
+        if num_valid > 1:
+            first_row = (seq.to(tl.int64) * NUM_HEADS + heads) * num_splits  # [BLOCK_H]: split 0's rows
+            tl.store(part_out_ptr + (first_row + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
+            tl.store(part_lse_ptr + first_row + split, m_i + tl.log2(l_safe), mask=h_mask)
+            tl.debug_barrier()  # all of this program's partials are written before it counts itself
+            count_ptr = counts_ptr + seq * KVH + kv_head
+            if tl.atomic_add(count_ptr, 1, sem="acq_rel") == num_valid - 1:  # the others are done
+                out = _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, offs_d,
+                                    out_mask, h_mask, HEAD_DIM, BLOCK_H, BLOCK_D)
+                tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
+        else:  # the whole context in one split: its result is the output
+            tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -503,45 +571,23 @@ def _paged_decode_kernel(
     out_ptrs = out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
 
     context_len = tl.load(context_lens_ptr + seq)
-    if SPLIT:
-        partition = _split_size(context_len, num_splits, BLOCK_N)
-        num_valid = tl.cdiv(context_len, partition)  # splits that see at least one key
-        kv_start = split * partition
-        if kv_start >= context_len:  # short sequence: nothing left for this split
-            if context_len == 0 and split == 0:  # a padding row: zeros, as one split gives
-                tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty), mask=out_mask)
-            return
-        kv_end = tl.minimum(context_len, kv_start + partition)
-    else:
-        kv_start = 0
-        kv_end = context_len
+    kv_start, kv_end, num_valid = _split_range(context_len, split, num_splits, SPLIT, BLOCK_N)
+    if kv_start >= kv_end:  # a split past a short context: nothing to do
+        if context_len == 0 and split == 0:  # a padding row: zeros
+            tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty), mask=out_mask)
+        return
 
     k_s, v_s = _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8)
     pos = 0
     if ROPE:
         pos = tl.load(pos_ptr + seq).to(tl.int64)
-    if STORE:
-        if kv_end == context_len and context_len > 0:  # this program holds the last key: the new token's
-            slot = tl.load(slot_ptr + seq).to(tl.int64)
-            if slot >= 0:  # -1: a token not to store
-                _store_new_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, seq, kv_head, k_s, v_s, offs_d,
-                              d_mask, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
-                              stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
-                              HEAD_DIM, PAGE_SIZE, ROPE, HAS_NORM, FP8)
-            tl.debug_barrier()  # every thread's store is done before any thread reads the tile back
-
-    q_row = q_ptr + seq.to(tl.int64) * stride_qs
-    if ROPE:
-        # The rotation works element by element, so it runs on the GROUP real rows only (BLOCK_G of
-        # them), which are then spread over the BLOCK_H rows that tl.dot needs.
-        offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
-        q = rope_rows(q_row, (kv_head * GROUP + offs_g) * stride_qh, offs_g < GROUP, pos, cos_ptr, sin_ptr, stride_cos,
-                      q_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM)  # [BLOCK_G, BLOCK_D]
-        q = tl.reshape(tl.broadcast_to(q[None, :, :], (BLOCK_H // BLOCK_G, BLOCK_G, BLOCK_D)), (BLOCK_H, BLOCK_D))
-        q = tl.where(h_mask[:, None], q, 0.0).to(q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
-    else:
-        q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=out_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
-    q = _widen_to(q, FP8)
+    if STORE and kv_end == context_len:  # this program holds the last key: the new token's
+        _store_new_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, seq, kv_head, k_s, v_s, offs_d,
+                      d_mask, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
+                      stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
+                      HEAD_DIM, PAGE_SIZE, ROPE, HAS_NORM, FP8)
+    q = _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d, h_mask,
+                      stride_qs, stride_qh, GROUP, HEAD_DIM, ROPE, HAS_NORM, FP8, BLOCK_G, BLOCK_H, BLOCK_D)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -564,81 +610,77 @@ def _paged_decode_kernel(
         m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :],
                                              APPLY_MASK=True)
 
-    # l_i == 0 only for an empty context (e.g. a padding row): output zeros, not NaN.
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc * (v_s / l_safe)[:, None]  # [BLOCK_H, BLOCK_D]: sum p * (v * v_s) / l
-    if SPLIT:
-        if num_valid > 1:
-            # Partial result of this split + its log-sum-exp (base 2); the last split to finish merges.
-            first_row = (seq.to(tl.int64) * NUM_HEADS + heads) * num_splits  # [BLOCK_H]: split 0's rows
-            tl.store(part_out_ptr + (first_row + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
-            tl.store(part_lse_ptr + first_row + split, m_i + tl.log2(l_safe), mask=h_mask)
-            tl.debug_barrier()  # all of this program's partials are written before it counts itself
-            count_ptr = counts_ptr + seq * KVH + kv_head
-            if tl.atomic_add(count_ptr, 1, sem="acq_rel") == num_valid - 1:  # the others are done
-                out = _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, offs_d,
-                                    out_mask, h_mask, HEAD_DIM, BLOCK_H, BLOCK_D)
-                tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
-                tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
-        else:  # the whole context in one split: its result is the output
-            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    _write_output(out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_ptr, counts_ptr, seq, kv_head,
+                  heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS, KVH, HEAD_DIM, SPLIT,
+                  BLOCK_H, BLOCK_D)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
+class SplitCounters:
+    """The decode kernel's split counters: int32 zeros that outlive each launch (the merge resets
+    each to 0). One growing buffer per device; a smaller one is kept as long as this object, as
+    a CUDA graph may have captured it. Each Attention layer owns one."""
+
+    def __init__(self):
+        self.buffers: dict[torch.device, list[torch.Tensor]] = {}
+
+    def get(self, device: torch.device, n: int) -> torch.Tensor:
+        """>= n zeros on `device`."""
+        buffers = self.buffers.setdefault(device, [])
+        if not buffers or buffers[-1].numel() < n:
+            buffers.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+        return buffers[-1]
+
+
+def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: torch.device, BLOCK_N: int,
+                       programs_per_sm: int) -> int:
+    """Split-K factor for decode: 1 when the batch alone fills the GPU (programs_per_sm programs
+    on every SM), else enough splits for the tuning's waves of them (at most one split per key
+    tile, at most its max_splits)."""
+    programs, sms = num_seqs * kv_heads, tuning.describe(device).sms
+    if device.type != "cuda" or programs >= programs_per_sm * sms:
         return 1
-    return _sms_of(device.index if device.index is not None else torch.cuda.current_device())
+    rule = tuning.for_device(device).decode_splits()
+    waves = triton.cdiv(rule["waves"] * programs_per_sm * sms, programs)
+    return max(1, min(waves, triton.cdiv(max_context, BLOCK_N), rule["max_splits"]))
 
 
-@functools.cache
-def _sms_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _split_buffers(q: torch.Tensor, kv_heads: int, num_splits: int, counters: SplitCounters | None,
+                   out: torch.Tensor, context_lens: torch.Tensor) -> tuple:
+    """(part_out, part_lse, counts) of split-K: each split's output and log-sum-exp, and the
+    counters; without splits, stand-ins (unread)."""
+    assert num_splits >= 1
+    if num_splits == 1:
+        return out, out, context_lens
+    num_seqs, num_heads, head_dim = q.shape
+    part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    return part_out, part_lse, (counters or SplitCounters()).get(q.device, num_seqs * kv_heads)
 
 
-_COUNTS: dict[torch.device, list[torch.Tensor]] = {}
+def _new_kv_args(q: torch.Tensor, kv_heads: int, new_kv: tuple | None) -> tuple:
+    """(new_k, new_v, slot_mapping) for the decode launch, checked; q stands in for each (unread) without them."""
+    if new_kv is None:
+        return q, q, q
+    new_k, new_v, slot_mapping = new_kv  # (seqs, kv_heads, head_dim) x2, (seqs,)
+    num_seqs, _, head_dim = q.shape
+    assert new_k.shape == new_v.shape == (num_seqs, kv_heads, head_dim) and slot_mapping.shape == (num_seqs,)
+    assert new_k.stride(-1) == 1 and new_v.stride(-1) == 1
+    return new_kv
 
 
-def _split_counts(device: torch.device, n: int) -> torch.Tensor:
-    """>= n int32 zeros that outlive the launch: the split counters (the merge resets each to 0).
-    One growing buffer per device; none is ever freed, as a CUDA graph may have captured it."""
-    buffers = _COUNTS.setdefault(device, [])
-    if not buffers or buffers[-1].numel() < n:
-        buffers.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
-    return buffers[-1]
-
-
-def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: torch.device,
-                       BLOCK_N: int = 64, per_sm: int = 2, max_splits: int = 32) -> int:
-    """Split-K factor for decode: 1 when the batch alone fills the GPU (per_sm programs on
-    every SM), else enough splits for two such waves (at most one split per key tile, at
-    most max_splits)."""
-    programs, sms = num_seqs * kv_heads, _num_sms(device)
-    if device.type != "cuda" or programs >= per_sm * sms:
-        return 1
-    return max(1, min(triton.cdiv(2 * per_sm * sms, programs), triton.cdiv(max_context, BLOCK_N), max_splits))
-
-
-def decode_programs_per_sm(fp8: bool) -> int:
-    """default_num_splits' per_sm for decode_tiles' tiles: an fp8 program (2 warps, 168
-    registers a thread) runs 6 to an SM, and fp8 batches of 37-65 Qwen3-0.6B sequences (below 6
-    programs per SM) take 0.2022 ms split this way against 0.2383 unsplit
-    (results/decode_tiles_fp8-kv_qwen3-0.6b_h200.json); for bf16, 2, the value the rule had
-    before it took per_sm."""
-    return 6 if fp8 else 2
-
-
-def decode_tiles(fp8: bool, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of the decode kernel, as the engine calls it (new K/V
-    stored, q/k norms and RoPE applied), the fastest on an H200 (or within 0.4 % of it) over the
-    snapshots of nano-vllm's workload (benchmarks/decode_tiles_bench.py; results/decode_tiles_*_h200.json): for a bf16
-    cache 2 warps and 3 stages at head_dim 128 (Qwen3), tiles of 128 keys at head_dim 64
-    (Llama-3.2-1B); for fp8, 2 warps and 2 stages (an fp8 tile costs more instructions than
-    bytes: fewer warps per program let more programs share an SM)."""
-    if fp8:
-        return 64, 2, 2
-    return (128, 4, 2) if head_dim <= 64 else (64, 2, 3)
+def _rope_args(q: torch.Tensor, new_kv: tuple | None, rope: tuple | None) -> tuple:
+    """(positions, cos, sin, q_norm weight, k_norm weight, eps) for the decode launch, checked;
+    q stands in for the tensors (unread) without rope."""
+    if rope is None:
+        return q, q, q, None, None, 0.0
+    assert new_kv is not None, "rope rotates the new K as it stores it: it needs new_kv"
+    positions, cos, sin, q_w, k_w, _ = rope  # (seqs,), (positions, head_dim) x2, (head_dim,) x2 or None
+    assert positions.shape == (q.shape[0],) and cos.shape[1] == q.shape[2]
+    assert cos.is_contiguous() and sin.is_contiguous()
+    assert (q_w is None) == (k_w is None)
+    return rope
 
 
 def paged_decode_attention(
@@ -650,7 +692,7 @@ def paged_decode_attention(
     scale: float,
     order: torch.Tensor | None = None,  # (num_seqs,) int32 permutation: the launch order of the sequences
     num_splits: int | None = None,  # split-K factor; None = default_num_splits(...)
-    BLOCK_N: int | None = None,  # keys per tile; this and the two below, None: decode_tiles(...)
+    BLOCK_N: int | None = None,  # keys per tile; this and the two below, None: the device's tuning
     num_warps: int | None = None,
     num_stages: int | None = None,
     *,
@@ -658,21 +700,14 @@ def paged_decode_attention(
     v_scale: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # (k, v, slot_mapping) of the new tokens
     rope: tuple | None = None,  # (positions, cos, sin, q_norm weight or None, k_norm weight or None, eps)
+    counters: SplitCounters | None = None,  # split-K's counters; None: fresh ones (not for a CUDA graph)
 ) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
-    """Attention of each sequence's single query (position context_len - 1) over its cache.
-
-    One program per (sequence, kv head[, split]) handles all query heads of the GQA group.
-    The launch reads no device values (graph-capturable); a context_len of 0 gives zeros.
-    With `new_kv`, each sequence's new K/V is first written into its slot (store_kvcache's
-    job, done here by the program that reads that key). With `rope` as well, q and the new K
-    come as the qkv projection gives them: the kernel applies Qwen3's q/k norms (when their
-    weights are given) and the rotary embedding itself, as the rotary layer would, so that the
-    whole of a decode step's attention is one launch.
-    `order` changes only which programs start first: in a batch of mixed lengths, longest
-    first keeps the last wave of programs short (the runner passes it, step_input.py).
-    """
-    num_seqs, num_heads, head_dim = q.shape
-    kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
+    """Attention of each sequence's single query (position context_len - 1) over its cache: one
+    program per (sequence, kv head[, split]) for all query heads of the GQA group. The launch
+    reads no device values (graph-capturable); a context_len of 0 gives zeros. `new_kv` and
+    `rope`: see "Decode" above. `order` changes only which programs start first: in a batch of
+    mixed lengths, longest first keeps the last wave short (the runner passes it, step_input.py)."""
+    (num_seqs, num_heads, head_dim), (kv_heads, page_size) = q.shape, (k_cache.shape[2], k_cache.shape[1])
     assert num_heads % kv_heads == 0 and k_cache.shape[3] == head_dim
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride()
     group = num_heads // kv_heads
@@ -680,37 +715,18 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
-    tiles = decode_tiles(fp8, head_dim)
-    BLOCK_N, num_warps, num_stages = BLOCK_N or tiles[0], num_warps or tiles[1], num_stages or tiles[2]
+    tiles = tuning.for_device(q.device).decode(fp8, head_dim)
+    BLOCK_N = BLOCK_N or tiles["BLOCK_N"]
+    num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
     if num_splits is None:
         max_context = block_tables.shape[1] * page_size  # upper bound on any context_len
-        num_splits = default_num_splits(num_seqs, kv_heads, max_context, q.device, BLOCK_N, decode_programs_per_sm(fp8))
-    assert num_splits >= 1
-
-    if num_splits > 1:
-        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
-        counts = _split_counts(q.device, num_seqs * kv_heads)
-    else:
-        part_out = part_lse = out  # unused placeholders
-        counts = context_lens
-    if new_kv is not None:
-        new_k, new_v, slot_mapping = new_kv  # (seqs, kv_heads, head_dim) x2, (seqs,)
-        assert new_k.shape == new_v.shape == (num_seqs, kv_heads, head_dim) and slot_mapping.shape == (num_seqs,)
-        assert new_k.stride(-1) == 1 and new_v.stride(-1) == 1
-    else:
-        new_k = new_v = slot_mapping = q  # unread
-    if rope is not None:
-        assert new_kv is not None, "rope rotates the new K as it stores it: it needs new_kv"
-        positions, cos, sin, q_w, k_w, eps = rope  # (seqs,), (positions, head_dim) x2, (head_dim,) x2 or None
-        assert positions.shape == (num_seqs,) and cos.shape[1] == head_dim and cos.is_contiguous() and sin.is_contiguous()
-        assert (q_w is None) == (k_w is None)
-    else:
-        positions, cos, sin, q_w, k_w, eps = q, q, q, None, None, 0.0  # unread
+        num_splits = default_num_splits(num_seqs, kv_heads, max_context, q.device, BLOCK_N, tiles["programs_per_sm"])
+    part_out, part_lse, counts = _split_buffers(q, kv_heads, num_splits, counters, out, context_lens)
+    new_k, new_v, slot_mapping = _new_kv_args(q, kv_heads, new_kv)
+    positions, cos, sin, q_w, k_w, eps = _rope_args(q, new_kv, rope)
     _paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse, counts,
-        new_k, new_v, slot_mapping,
-        positions, cos, sin, q_w if q_w is not None else q, k_w if k_w is not None else q,
+        q, k_cache, v_cache, out, part_out, part_lse, counts, new_k, new_v, slot_mapping,
+        positions, cos, sin, q if q_w is None else q_w, q if k_w is None else k_w,
         context_lens, block_tables, order if order is not None else context_lens,
         k_scale, v_scale,
         scale * LOG2E, eps,

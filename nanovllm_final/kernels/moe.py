@@ -9,21 +9,26 @@ expert's run is padded to a multiple of BLOCK_M rows, so a block of rows belongs
 expert. Then one launch multiplies every block by its expert's gate and up weights and
 applies SiLU(gate) * up on the tile, and one launch multiplies by the down weights and
 scales each row by its routing weight; the top_k rows of a token are summed at the end.
-A few tokens (SMALL_PAIRS) take two matrix-vector kernels instead, the second of which sums
-each token's top_k outputs itself; they serve a dense layer's few rows too (dense_mlp, gemv).
+A few tokens (tuning's moe.small_pairs) take gemv.py's two matrix-vector kernels instead: each
+(token, expert) pair is its own matrix-vector product for gate/up, reading its expert's
+weights straight from the routing ids, and the down product takes all top_k pairs of a token
+in one program and writes the token's weighted sum. Two launches, where the grouped path
+costs eight (the ids' cast and four launches to group, two GEMMs, the sum).
 
 Nothing reaches the host: the sort, the padding and all grids are sized from the shapes
 (tokens, top_k, experts) alone, and blocks past the rows in use return at once, so a decode
-step with these kernels can be captured in a CUDA graph. layers/moe.py's torch code is the
-reference; tests/test_moe_kernels.py checks these kernels against it under
-TRITON_INTERPRET=1."""
+step with these kernels can be captured in a CUDA graph. The reference is layers/moe.py's
+route_torch and Experts.forward_loop; tests/test_moe_kernels.py checks these kernels against
+it under TRITON_INTERPRET=1."""
 
 import torch
 import triton
 import triton.language as tl
 
-from .fused_triton import _rounded
-from .launch import pdl_args, wait_for_prior_kernel
+from . import tuning
+from .common import rounded, swiglu
+from .gemv import down_gemv_sum_kernel, gate_up_gemv_kernel
+from .launch import pdl_args
 
 
 @triton.jit
@@ -74,16 +79,6 @@ def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> t
         num_warps=max(1, min(8, block_e // 256)),  # a few experts per thread: the reductions stay in a warp
     )
     return weights, expert_ids
-
-
-def default_tiles(pairs: int) -> dict:
-    """The grouped GEMMs' tiles by (token, expert) pairs: the fastest of benchmarks/moe_layer_bench.py's
-    choices on an H200 for Qwen3-30B-A3B's experts (results/moe_layer_qwen3-30b-a3b_h200.json)."""
-    if pairs <= 2048:  # decode batches up to 256 tokens: deeper K tiles
-        return {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
-    if pairs <= 8192:
-        return {"BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
 
 
 @triton.jit
@@ -149,15 +144,6 @@ def align_by_expert(expert_ids: torch.Tensor, num_experts: int, block_m: int) ->
 
 
 @triton.jit
-def _swiglu(acc_g, acc_u, dtype: tl.constexpr):
-    """silu(gate) * up from the float32 projections, rounded to `dtype` where the reference
-    rounds: the projections, silu(gate), the product."""
-    gate, up = _rounded(acc_g, dtype), _rounded(acc_u, dtype)
-    act = _rounded(gate / (1.0 + tl.exp(-gate)), dtype)
-    return (act * up).to(dtype)
-
-
-@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, out_ptr, rows_ptr, block_expert_ptr, num_rows_ptr,
     stride_xt, stride_we, stride_wn,  # x: (T, K) rows; w: (E, 2N, K); last dims contiguous
@@ -191,7 +177,7 @@ def _gate_up_kernel(
         u_ptrs += BLOCK_K
     dtype = out_ptr.dtype.element_ty
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * N + offs_n[None, :]
-    tl.store(out_ptrs, _swiglu(acc_g, acc_u, dtype), mask=row_ok[:, None] & n_ok[None, :])
+    tl.store(out_ptrs, swiglu(acc_g, acc_u, dtype), mask=row_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -222,112 +208,8 @@ def _down_kernel(
         b_ptrs += BLOCK_K
     dtype = out_ptr.dtype.element_ty
     weight = tl.load(weights_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)  # [BLOCK_M]
-    y = _rounded(acc, dtype) * weight[:, None]
+    y = rounded(acc, dtype) * weight[:, None]
     tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], y.to(dtype), mask=row_ok[:, None] & n_ok[None, :])
-
-
-# A few tokens (a small decode batch): no grouping at all. Each (token, expert) pair is its own
-# matrix-vector product for gate/up, one program per pair and block of columns reading its
-# expert's weights straight from the routing ids; the down product takes all top_k pairs of a
-# token in one program and writes the token's weighted sum. Two launches, where the grouped
-# path costs eight (the ids' cast and four launches to group, two GEMMs, the sum).
-# The same kernels serve dense layers at a decode batch of a few rows (ROUTED=False: one
-# expert that every token picks with weight 1): `dense_mlp` is a whole SwiGLU MLP in two
-# launches, `gemv` any projection without a bias, where cuBLAS picks kernels far from the
-# memory bound at one row.
-SMALL_PAIRS = 64  # at most this many pairs take the matrix-vector path (faster up to 8 tokens of top-8 on an H200)
-GEMV_ROWS = 2  # dense layers: at most this many rows (each program reads the weights for one row); on an
-# H200 faster than cuBLAS at 1 and 2 rows, slower at 4 (results/dense_gemv_decode_latency_qwen3-0.6b_h200.json)
-# BLOCK_N, BLOCK_K: gate/up's columns and K tile per program; DOWN_BLOCK_N, DOWN_BLOCK_K the down
-# kernel's (fewer columns, as each of its programs reads the rows of top_k experts); num_warps both.
-GEMV_TILES = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "DOWN_BLOCK_N": 2, "DOWN_BLOCK_K": 256}
-# The dense path's tiles (columns x K, warps), one per projection kind: gemv's for qkv and o, dense_mlp's
-# for its gate/up (dense_gate_up) and its down. benchmarks/gemv_bench.py times each projection alone for
-# every tile choice (results/gemv_tiles_h200.json): on an H200, 2x1024 with 2 warps is the fastest for qkv
-# at one and two rows on both shapes measured, 1x1024 with 2 warps for gate/up, 2x4096 with 4 warps for
-# down (one K tile: a program reads whole rows); the Qwen3-0.6B batch-1 step with them is
-# results/decode_latency_qwen3-0.6b_final_h200.json.
-DENSE_GEMV_TILES = {"BLOCK_N": 2, "BLOCK_K": 1024, "num_warps": 2}
-DENSE_GATE_UP_TILES = {"BLOCK_N": 1, "BLOCK_K": 1024, "num_warps": 2}
-DENSE_DOWN_TILES = {"BLOCK_N": 2, "BLOCK_K": 4096, "num_warps": 4}
-
-
-@triton.jit
-def _gate_up_gemv_kernel(
-    x_ptr, w_ptr, ids_ptr, out_ptr,
-    stride_xt, stride_we, stride_wn,  # x: (T, K); w: (E, 2N, K); last dims contiguous
-    N, K,
-    TOP_K: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-):
-    """out[pair, n-block] = silu(gate[e] @ x[token]) * (up[e] @ x[token]) for one pair
-    (ROUTED=False: expert 0, a dense MLP's weights)."""
-    wait_for_prior_kernel(PDL)
-    pair = tl.program_id(0)
-    token = (pair // TOP_K).to(tl.int64)
-    expert = 0
-    if ROUTED:
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    n_ok = offs_n < N
-    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    g_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
-    u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the gate rows
-    x_ptrs = x_ptr + token * stride_xt + offs_k  # [BLOCK_K]
-    acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_ok = offs_k < K - k * BLOCK_K
-        a = tl.load(x_ptrs, mask=k_ok, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_K]
-        w_mask = n_ok[:, None] & k_ok[None, :]
-        acc_g += tl.sum(tl.load(g_ptrs, mask=w_mask, other=0.0).to(tl.float32) * a, axis=1)
-        acc_u += tl.sum(tl.load(u_ptrs, mask=w_mask, other=0.0).to(tl.float32) * a, axis=1)
-        x_ptrs += BLOCK_K
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
-    tl.store(out_ptr + pair.to(tl.int64) * N + offs_n, _swiglu(acc_g, acc_u, out_ptr.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
-def _down_gemv_sum_kernel(
-    h_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr,
-    stride_we, stride_wn,  # h: (pairs, K) contiguous; w: (E, N, K), last dim contiguous; out: (T, N) contiguous
-    N, K,
-    TOP_K: tl.constexpr, ROUTED: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """out[token, n-block] = sum over the token's top_k slots of routing_weight * (down[e] @ h[pair]).
-    Each pair's product is rounded to the output dtype, scaled and rounded again, as a
-    (pairs, N) buffer would hold it; the sum is float32, rounded once. ROUTED=False: one slot,
-    expert 0 with weight 1, i.e. out = h @ w[0]^T rounded once, as F.linear."""
-    wait_for_prior_kernel(PDL)
-    token = tl.program_id(0).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S] slots
-    s_ok = offs_s < TOP_K
-    pairs = token * TOP_K + offs_s  # [BLOCK_S]
-    if ROUTED:
-        experts = tl.load(ids_ptr + pairs, mask=s_ok, other=0).to(tl.int64)  # [BLOCK_S]
-        routing = tl.load(weights_ptr + pairs, mask=s_ok, other=0.0).to(tl.float32)  # [BLOCK_S]; 0 past TOP_K
-    else:
-        experts = tl.zeros([BLOCK_S], dtype=tl.int64)
-        routing = tl.where(s_ok, 1.0, 0.0)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    n_ok = offs_n < N
-    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    b_ptrs = (w_ptr + experts[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
-              + offs_k[None, None, :])  # [BLOCK_S, BLOCK_N, BLOCK_K]
-    h_ptrs = h_ptr + pairs[:, None] * K + offs_k[None, :]  # [BLOCK_S, BLOCK_K]
-    sn_ok = s_ok[:, None] & n_ok[None, :]  # [BLOCK_S, BLOCK_N]
-    acc = tl.zeros((BLOCK_S, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_ok = offs_k < K - k * BLOCK_K
-        a = tl.load(h_ptrs, mask=s_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)  # [BLOCK_S, BLOCK_K]
-        b = tl.load(b_ptrs, mask=sn_ok[:, :, None] & k_ok[None, None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(b * a[:, None, :], axis=2)  # [BLOCK_S, BLOCK_N]
-        h_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-    dtype = out_ptr.dtype.element_ty
-    per_pair = _rounded(_rounded(acc, dtype) * routing[:, None], dtype)  # [BLOCK_S, BLOCK_N]
-    tl.store(out_ptr + token * N + offs_n, tl.sum(per_pair, axis=0).to(dtype), mask=n_ok)
 
 
 def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.Tensor:
@@ -339,49 +221,14 @@ def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.T
     ids = expert_ids.contiguous()
     inter = down.shape[2]
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
-    _gate_up_gemv_kernel[(tokens * top_k, triton.cdiv(inter, tiles["BLOCK_N"]))](
+    gate_up_gemv_kernel[(tokens * top_k, triton.cdiv(inter, tiles["BLOCK_N"]))](
         x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden,
         TOP_K=top_k, ROUTED=True, **tiles, **pdl_args(x.device))
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)  # (tokens, hidden)
-    _down_gemv_sum_kernel[(tokens, triton.cdiv(hidden, down_block_n))](
+    down_gemv_sum_kernel[(tokens, triton.cdiv(hidden, down_block_n))](
         h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter,
         TOP_K=top_k, ROUTED=True, BLOCK_S=triton.next_power_of_2(top_k),
         **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k}, **pdl_args(x.device))
-    return out
-
-
-def dense_gate_up(x: torch.Tensor, gate_up: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
-    """silu(gate @ x) * (up @ x) for a few rows (at most GEMV_ROWS) in one launch: x (T, hidden),
-    gate_up (2 * inter, hidden) = [gate | up] rows -> (T, inter). tiles: DENSE_GATE_UP_TILES by default."""
-    assert x.is_contiguous() and gate_up.is_contiguous()
-    tiles = tiles or DENSE_GATE_UP_TILES
-    tokens, k = x.shape
-    inter = gate_up.shape[0] // 2
-    h = torch.empty(tokens, inter, dtype=x.dtype, device=x.device)  # (T, inter)
-    if tokens:
-        _gate_up_gemv_kernel[(tokens, triton.cdiv(inter, tiles["BLOCK_N"]))](
-            x, gate_up, x, h, x.stride(0), 0, gate_up.stride(0), inter, k, TOP_K=1, ROUTED=False, **tiles, **pdl_args(x.device))
-    return h
-
-
-def dense_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """A SwiGLU MLP for a few rows (at most GEMV_ROWS) in two launches: x (T, hidden), gate_up
-    (2 * inter, hidden), down (hidden, inter) -> down @ (silu(gate @ x) * (up @ x)), (T, hidden)."""
-    return gemv(dense_gate_up(x, gate_up), down, DENSE_DOWN_TILES)
-
-
-def gemv(x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
-    """x @ w^T for a few rows (at most GEMV_ROWS), rounded once as F.linear: x (T, K) contiguous,
-    w (N, K) with a contiguous last dim -> (T, N). The down kernel with one expert of weight 1;
-    tiles (BLOCK_N, BLOCK_K, num_warps): DENSE_GEMV_TILES by default."""
-    tokens, k = x.shape
-    n = w.shape[0]
-    assert x.is_contiguous() and w.stride(-1) == 1 and w.shape[1] == k
-    out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)  # (T, N)
-    if tokens:
-        tiles = tiles or DENSE_GEMV_TILES
-        _down_gemv_sum_kernel[(tokens, triton.cdiv(n, tiles["BLOCK_N"]))](
-            x, w, x, x, out, 0, w.stride(0), n, k, TOP_K=1, ROUTED=False, BLOCK_S=1, **tiles, **pdl_args(x.device))
     return out
 
 
@@ -393,10 +240,10 @@ def fused_experts(
     expert_ids: torch.Tensor,  # (T, top_k)
     block_m: int | None = None,
     tiles: dict | None = None,
-    small: bool | None = None,  # the matrix-vector path; None: when there are at most SMALL_PAIRS pairs
+    small: bool | None = None,  # the matrix-vector path; None: at most the device's moe.small_pairs pairs
 ) -> torch.Tensor:
     """sum over each token's top_k experts e of weight * down[e] @ (silu(gate[e] @ x) * (up[e] @ x)): (T, hidden).
-    `tiles` overrides the launch's tile sizes (GEMV_TILES or default_tiles, by path)."""
+    `tiles` overrides the launch's tile sizes (tuning's moe.gemv or moe.grouped, by path)."""
     tokens, hidden = x.shape
     num_experts, inter = down.shape[0], down.shape[2]
     top_k = expert_ids.shape[1]
@@ -405,12 +252,13 @@ def fused_experts(
     pairs = tokens * top_k
     if pairs == 0:
         return torch.zeros_like(x)
-    if small if small is not None else pairs <= SMALL_PAIRS:
-        return _experts_gemv(x, gate_up, down, weights, expert_ids, {**GEMV_TILES, **(tiles or {})})
+    choices = tuning.for_device(x.device)
+    if small if small is not None else pairs <= choices.moe_small_pairs:
+        return _experts_gemv(x, gate_up, down, weights, expert_ids, {**choices.moe_gemv(), **(tiles or {})})
     block_m = block_m or (16 if pairs <= 16 * num_experts else 64)  # few rows per expert (decode): small blocks
     rows, block_expert, num_rows = align_by_expert(expert_ids, num_experts, block_m)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
-    tiles = {**default_tiles(pairs), **(tiles or {})}  # BLOCK_N, BLOCK_K and the launch's num_warps, num_stages
+    tiles = {**choices.moe_grouped(pairs), **(tiles or {})}  # BLOCK_N, BLOCK_K and the launch's num_warps, num_stages
     block_n = tiles["BLOCK_N"]
     _gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
         x, gate_up, h, rows, block_expert, num_rows,

@@ -1,0 +1,44 @@
+"""Kernel or reference: the one place that decides which computes a layer's operation.
+
+The Triton kernels run on CUDA tensors of the dtypes they are written for, where Triton is
+installed; everywhere else (a CPU, a platform without Triton) the layers run their PyTorch
+code, which is also the reference the kernels are tested against. The Triton interpreter
+(TRITON_INTERPRET=1) runs the kernels on a CPU only where a caller asks for them directly (the
+kernel tests): the layers keep their PyTorch code there. `reference_only()` makes every layer
+take its PyTorch code on CUDA too, to compare the two paths."""
+
+import contextlib
+
+import torch
+
+from . import tuning
+
+try:  # the kernel modules import triton
+    from . import activation, gemv, moe, norm_rope, sampling
+except ImportError:
+    activation = gemv = moe = norm_rope = sampling = None
+
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_reference_only = False
+
+
+def use_kernel(x: torch.Tensor) -> bool:
+    """Whether x's operation runs as a Triton kernel (else the layer's PyTorch code)."""
+    return not _reference_only and norm_rope is not None and x.is_cuda and x.dtype in KERNEL_DTYPES
+
+
+def takes_gemv(x: torch.Tensor) -> bool:
+    """Whether a layer's input x (tokens, features) takes the matrix-vector kernels (gemv.py):
+    a kernel's input of at most the device's gemv.rows contiguous rows."""
+    return use_kernel(x) and x.shape[0] <= tuning.for_device(x.device).gemv_rows and x.is_contiguous()
+
+
+@contextlib.contextmanager
+def reference_only():
+    """Within the block, every layer runs its PyTorch code."""
+    global _reference_only
+    saved, _reference_only = _reference_only, True
+    try:
+        yield
+    finally:
+        _reference_only = saved

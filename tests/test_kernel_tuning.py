@@ -1,0 +1,133 @@
+"""The kernels' tuning owner (nanovllm_final/kernels/tuning.py) and the command that writes its
+files (python -m nanovllm_final.tune, here in its CPU dry run under the Triton interpreter)."""
+
+import argparse
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+from nanovllm_final.kernels import tuning
+
+A100 = dict(sms=108, shared_memory=163 * 1024, capability=(8, 0), l2=40 * 2**20)
+
+
+def h200_config() -> dict:
+    return json.loads((tuning.CONFIG_DIR / "NVIDIA_H200.json").read_text())
+
+
+def records(caplog, name: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if name in r.getMessage()]
+
+
+def test_shipped_files_are_valid_and_named_for_their_device():
+    files = sorted(tuning.CONFIG_DIR.glob("*.json"))
+    assert files
+    for path in files:
+        config = tuning.load(path)
+        assert tuning.file_name(config["device"]) == path.name
+
+
+def test_a_device_with_a_file_uses_it_and_says_so_once(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="nanovllm_final")
+    config = h200_config()
+    config["gemv"]["rows"] = 5
+    config["decode_attention"]["bf16"]["128"]["BLOCK_N"] = 32
+    (tmp_path / "Test_GPU_with_file.json").write_text(json.dumps(config))
+    monkeypatch.setattr(tuning, "CONFIG_DIR", tmp_path)
+    dev = tuning.Device("Test GPU (with file)", **A100)
+    for _ in range(2):
+        choice = tuning.choose(dev)
+    assert choice.gemv_rows == 5 and choice.decode(False, 128)["BLOCK_N"] == 32
+    assert choice.decode(False, 64)["BLOCK_N"] == 128  # a head_dim up to 64: the "64" entry
+    assert choice.decode(False, 256)["BLOCK_N"] == 32  # past the largest key: the largest
+    expected = f"kernel tuning for Test GPU (with file): file {tmp_path}/Test_GPU_with_file.json"
+    assert records(caplog, "Test GPU (with file)") == [expected]
+
+
+def test_an_unknown_device_takes_the_rules_and_says_so_once(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="nanovllm_final")
+    monkeypatch.setattr(tuning, "CONFIG_DIR", tmp_path)
+    big = tuning.choose(tuning.Device("Test GPU unknown", **A100))
+    tuning.choose(tuning.Device("Test GPU unknown", **A100))
+    (line,) = records(caplog, "Test GPU unknown")
+    assert "no file Test_GPU_unknown.json, rules from 108 SMs, 163 KiB shared memory" in line and "40 MiB L2" in line
+    small = tuning.choose(tuning.Device("Test GPU small", **{**A100, "shared_memory": 99 * 1024}))
+    assert big.decode(False, 128)["num_stages"] == 3 and small.decode(False, 128)["num_stages"] == 2
+    assert small.moe_grouped(100)["num_stages"] == 2  # less shared memory: fewer stages in flight
+
+
+def test_the_cpu_rules_are_small_valid_tiles():
+    choice = tuning.for_device(torch.device("cpu"))
+    assert choice.source == "rules for a CPU"
+    assert choice.decode(True, 128)["BLOCK_N"] <= 32 and choice.prefill(128)["BLOCK_M"] <= 32
+    assert all(choice.gemv(kind)["BLOCK_K"] <= 32 for kind in ("linear", "gate_up", "down"))
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda c: c["gemv"].pop("rows"), "gemv lacks 'rows'"),
+    (lambda c: c["decode_attention"]["fp8"]["128"].update(BLOCK_N="64"), "decode_attention.fp8.128.BLOCK_N must be"),
+    (lambda c: c["moe"]["grouped"].update(big={}), "moe.grouped must map sizes"),
+    (lambda c: c.pop("prefill_attention"), "the top level lacks 'prefill_attention'"),
+])
+def test_a_malformed_file_is_a_clear_error(tmp_path, damage, message):
+    config = h200_config()
+    damage(config)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"kernel config {path}: .*{message}"):
+        tuning.load(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        tuning.load(path)
+
+
+def test_the_environment_names_another_file(tmp_path, monkeypatch):
+    config = h200_config()
+    config["moe"]["small_pairs"] = 7
+    (tmp_path / "other.json").write_text(json.dumps(config))
+    monkeypatch.setenv(tuning.ENV, str(tmp_path / "other.json"))
+    assert tuning.choose(tuning.Device("Test GPU env", **A100)).moe_small_pairs == 7
+
+
+def test_override_replaces_choices_within_its_block():
+    cpu = torch.device("cpu")
+    before = tuning.for_device(cpu).gemv_rows
+    with tuning.override({"gemv": {"rows": before + 3}}):
+        assert tuning.for_device(cpu).gemv_rows == before + 3
+        assert tuning.for_device(cpu).gemv("linear") == tuning._for("cpu", None).gemv("linear")
+    assert tuning.for_device(cpu).gemv_rows == before
+
+
+def test_tune_dry_run_writes_a_file_the_tuning_reads(tmp_path):
+    """The command's CPU mode: tiny shapes, two candidates each, every section timed; the file
+    it writes is valid, records its timings, and its choices are candidates it timed."""
+    from nanovllm_final import tune
+
+    out = tmp_path / "cpu.json"
+    tune.run(argparse.Namespace(dry_run=True, out=out, reps=1, only=None))
+    config = tuning.load(out)
+    plan = tune.DRY_PLAN
+    assert config["device"] == "cpu" and config["record"]["measured_ms"]
+    decode = config["decode_attention"]["bf16"]["32"]
+    assert (decode["BLOCK_N"], decode["num_warps"], decode["num_stages"]) in plan.decode_tiles
+    assert tuple(config["prefill_attention"]["32"].values()) in plan.prefill_tiles
+    assert tuple(config["moe"]["gemv"].values()) in plan.moe_gemv_tiles
+    assert set(config["moe"]["grouped"]) == set(plan.moe_sizes)
+    timed = config["record"]["measured_ms"]["decode_attention.bf16.32"]["tiles_ms"]
+    assert set(timed) == {"16w1s1", "32w1s1"} and all(t > 0 for t in timed.values())
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="kernels on a CPU need Triton's interpreter")
+def test_tune_only_some_kernels_keeps_the_others():
+    """--only gemv: the gemv section timed (the interpreter's kernels lose to cuBLAS at one row),
+    the others as the present choices have them (a CPU's rules), which the record says."""
+    from nanovllm_final import tune
+
+    config = tune.tune(torch.device("cpu"), tune.DRY_PLAN, only=["gemv"])
+    rules = tuning.rules(tuning.describe(torch.device("cpu")))
+    assert config["decode_attention"] == rules["decode_attention"] and config["moe"] == rules["moe"]
+    assert set(config["record"]["measured_ms"]) == {"gemv.linear", "gemv.gate_up", "gemv.down", "gemv.rows.1"}
+    assert "decode_attention, prefill_attention, moe: not timed" in config["record"]["notes"]["kept"]
