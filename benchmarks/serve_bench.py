@@ -13,6 +13,9 @@ requests.
     python -m benchmarks.serve_bench --model ~/models/Qwen3-0.6B --engine-option max_num_seqs=128 --offline
     # an already running server:
     python -m benchmarks.serve_bench --url http://127.0.0.1:8000 --model-name Qwen3-0.6B --vocab-size 151936
+    # replicas behind sglang-router, which takes text prompts only (no /metrics there: no server stats):
+    python -m benchmarks.serve_bench --url http://127.0.0.1:30000 --model-name Qwen3-0.6B --vocab-size 151936 \\
+        --text-prompts ~/models/Qwen3-0.6B
 
 The workload is one of benchmarks/workloads.py's (token-id prompts, `ignore_eos`, so every
 request generates exactly its max_tokens). Closed loop (no --request-rate): `--concurrency`
@@ -53,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -76,6 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--url", help="benchmark this running server instead of starting one")
     p.add_argument("--model-name", help="the `model` field to send (default: what /v1/models lists)")
     p.add_argument("--vocab-size", type=int, help="with --url: the vocabulary for the token-id prompts")
+    p.add_argument("--text-prompts", metavar="TOKENIZER", help="send each prompt as text, its token ids decoded by this "
+                   "tokenizer (a model directory), for a router that takes only text (sglang-router)")
     p.add_argument("--device", default=None, help="engine option device (default: the server's: cuda if available)")
     p.add_argument("--server-arg", action="append", default=[], help="an extra `nanovllm serve` argument, e.g. --server-arg=--max-num-seqs=128")
     p.add_argument("--workload", default="nanovllm", choices=tuple(workloads.WORKLOADS))
@@ -156,9 +162,14 @@ def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
 
 
 def scrape(base: str) -> dict[str, float]:
-    """The unlabelled samples of /metrics, plus labelled ones as name{labels}."""
+    """The unlabelled samples of /metrics, plus labelled ones as name{labels}; none where there
+    is no /metrics (a router)."""
     samples = {}
-    for line in http_get(base + "/metrics")[1].splitlines():
+    try:
+        text = http_get(base + "/metrics")[1]
+    except urllib.error.HTTPError:  # a router in front of servers keeps its own metrics elsewhere
+        return samples
+    for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
@@ -411,6 +422,11 @@ def main(argv: list[str] | None = None) -> int:
         proc, base = start_server(model_dir, args, max_pending=len(prompts) + 8, log=log)
     try:
         name = args.model_name or json.loads(http_get(base + "/v1/models")[1])["data"][0]["id"]
+        if args.text_prompts:  # routers that read only text prompts (sglang-router): the same ids, decoded
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.text_prompts)
+            prompts = [tokenizer.decode(p) for p in prompts]
         bodies = [{"model": name, "prompt": p, "stream": True, **sp} for p, sp in zip(prompts, params)]
         warmup = [{"model": name, "prompt": p[:16], "max_tokens": 8, "stream": True, "ignore_eos": True} for p in prompts[:2]]
         run_clients(base, warmup, 2, args.request_timeout)

@@ -41,12 +41,15 @@ def test_serve_is_a_command(tmp_path):
     the same engine flags as the other commands; it reaches the server's start-up."""
     out = nanovllm("serve", "--help")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("usage: nanovllm serve ") and " model\n" in out.stdout
+    assert out.stdout.startswith("usage: nanovllm serve ") and "[model]" in out.stdout and "--model MODEL" in out.stdout
     for option in ("--port", "--served-model-name", "--max-pending-requests", "--max-num-seqs", "--tensor-parallel-size", "--engine-seed"):
         assert option in out.stdout
     missing = tmp_path / "no-such-model"
-    out = nanovllm("serve", str(missing), "--device", "cpu", "--max-num-seqs", "4")
-    assert out.returncode == 2 and out.stderr.startswith("error: ") and str(missing) in out.stderr, out.stderr
+    for model in ([str(missing)], ["--model", str(missing)]):  # the model as its first argument, or as generate takes it
+        out = nanovllm("serve", *model, "--device", "cpu", "--max-num-seqs", "4")
+        assert out.returncode == 2 and out.stderr.startswith("error: ") and str(missing) in out.stderr, out.stderr
+    out = nanovllm("serve", "--device", "cpu")
+    assert out.returncode == 2 and "give the model once" in out.stderr, out.stderr
 
 
 def test_generate_json_equals_the_api(model_dir, capsys):

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from nanovllm_final.server.app import Reply, _finite, _sse, parse_json
+from nanovllm_final.server.app import Reply, _finite, _sse
+from nanovllm_final.server.limits import parse_json
 from nanovllm_final.server.protocol import RequestError
 
 

@@ -100,6 +100,8 @@ class LLMEngine:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
         """Queue a prompt; returns its request id. Bad input is a Problem (a ValueError naming
         the field, see validate.py), and nothing is queued."""
+        if self.model_runner is None:
+            raise RuntimeError("the engine was shut down; create a new LLM")
         problem = validate_request(prompt_token_ids, params, self.config, self.model_config)
         if problem:
             raise problem
@@ -165,6 +167,8 @@ class LLMEngine:
         """One model step; returns an output for every request that got tokens or finished
         (`finished_only`: for the finished ones only, which spares decoding text nobody reads).
         With overlap, the outputs are those of the step launched by the call before."""
+        if self.model_runner is None:
+            raise RuntimeError("the engine was shut down; create a new LLM")
         if self.error is not None and not self.pending:
             raise RuntimeError(f"the engine stopped earlier: {self.error}; create a new LLM")
         if self.error is None:
@@ -303,6 +307,11 @@ class LLMEngine:
         self.metrics.reset()
 
     def shutdown(self) -> None:
+        """Free the model, the KV cache and the workers; later calls do nothing, and step() or
+        add_request() after it raise."""
+        if self.model_runner is None:
+            return
         if self.workers is not None:
             self.workers.shutdown()
         self.model_runner.shutdown()
+        self.model_runner = None

@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 
 import anyio
@@ -23,18 +22,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine.request import validate_request
 from .echo import echo_choices, wants_scores
 from .engine_client import EngineClient, Handle
+from .limits import Limits, Workers, check_shape, decode
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, make_sampling_params, parse
+from .router_endpoints import add_router_endpoints
 from .tokenizer_routes import add_tokenizer_routes
 
 log = logging.getLogger("nanovllm.server")
+CUT_OFF_SEND_S = 1.0  # how long a stream cut off for slow reading waits to hand over its error event and [DONE]
 MIN_LOGPROB = -9999.0  # what a logprob of -inf is written as (JSON has no infinity)
-
-
-class Limits:
-    """What one request may take: body bytes, seconds to send the body, worker threads for tokenizing."""
-
-    def __init__(self, max_body_bytes: int = 8 << 20, body_timeout_s: float = 30.0, tokenizer_threads: int = 4):
-        self.max_body_bytes, self.body_timeout_s, self.tokenizer_threads = max_body_bytes, body_timeout_s, tokenizer_threads
 
 
 class EventStream(StreamingResponse):
@@ -67,6 +62,13 @@ class EventStream(StreamingResponse):
                 group.start_soon(cut_off)
                 await self.listen_for_disconnect(receive)
                 group.cancel_scope.cancel()
+            if self.handle.cut_off.is_set():  # the last events go into the buffer, for a client that reads on
+                with anyio.move_on_after(CUT_OFF_SEND_S):
+                    last = _sse(self.handle.error.body()) + "data: [DONE]\n\n"
+                    try:
+                        await send({"type": "http.response.body", "body": last.encode(), "more_body": False})
+                    except (OSError, RuntimeError):
+                        pass  # the client is gone, or the response never started
         finally:
             await self.body_iterator.aclose()
             self.on_close()
@@ -173,7 +175,7 @@ class Server:
         self.max_model_len = client.config.max_model_len
         self.shutdown_grace_s = shutdown_grace_s
         self.limits = limits or Limits()
-        self.pool = ThreadPoolExecutor(self.limits.tokenizer_threads, thread_name_prefix="nanovllm-tokenize")
+        self.workers = Workers(self.limits)
         self.created = int(time.time())
         self.endpoints = {False: Endpoint(self, chat=False), True: Endpoint(self, chat=True)}
         self._token_text: dict[int, str] = {}
@@ -181,29 +183,57 @@ class Server:
     # ---- one request, either endpoint ----
 
     async def respond(self, endpoint: Endpoint, request: Request):
+        arrival = asyncio.get_running_loop().time()
         body = await self.read_body(request)
-        loop = asyncio.get_running_loop()
-        req = parse(endpoint.request_class, await loop.run_in_executor(self.pool, parse_json, body))
-        if req.model is not None and req.model not in self.names:
-            raise RequestError(f"the model {req.model!r} does not exist here; this server serves {self.names[0]!r}", "model", code="model_not_found")
-        req.check_supported()
-        prompts = await loop.run_in_executor(self.pool, endpoint.prompts, req)
-        params = self.sampling_params(req, prompts, endpoint)
-        handle = await self.submit(prompts, params, endpoint.prefix)
+        req, prompts, params = await self.workers.run(body, lambda raw: self.prepare(endpoint, raw))
+        limit = self.limits.request_timeout_s
+        left = None if limit is None else max(0.0, arrival + limit - asyncio.get_running_loop().time())
+        try:
+            handle = await asyncio.wait_for(self.submit(prompts, params, endpoint.prefix), left)
+        except asyncio.TimeoutError:
+            raise self.timeout_error() from None
+        timer = self.deadline(handle, arrival)
         reply = Reply(handle, keep_logprobs=not req.stream)
         head = {"id": handle.request_ids[0], "object": endpoint.object, "created": int(handle.created), "model": self.names[0]}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             chunk_head = {**head, "object": endpoint.chunk_object}
-            return EventStream(self.stream(endpoint, req, reply, chunk_head, include_usage), handle,
-                               lambda: reply.done or self.client.abort(handle))
-        await self.collect(request, reply)
+
+            def on_close() -> None:
+                if timer is not None:
+                    timer.cancel()
+                if not reply.done:
+                    self.client.abort(handle)
+
+            return EventStream(self.stream(endpoint, req, reply, chunk_head, include_usage), handle, on_close)
+        try:
+            await self.collect(request, reply)
+        finally:
+            if timer is not None:
+                timer.cancel()
         if wants_scores(req):  # the choices first: a score-only one counts no completion tokens in usage
             return {**head, "choices": echo_choices(self, req, reply), "usage": reply.usage()}
         want = endpoint.want_logprobs(req)
         return {**head, "choices": [
             endpoint.choice(i, "".join(reply.text[i]), endpoint.logprobs(reply.logprobs[i]) if want else None, reply.finish_reason[i], chunk=False)
             for i in range(len(reply.text))], "usage": reply.usage()}
+
+    def prepare(self, endpoint: Endpoint, body: bytes, data=None, generate: bool = True) -> tuple:
+        """On a worker thread: the body checked in the order of cost (limits.py), then parsed,
+        tokenized and validated -> (request, prompt token ids, SamplingParams; None unless
+        `generate`: a prompt only tokenized is not held to the pending budget)."""
+        in_flight = self.client.in_flight if generate else 0
+        if data is None:
+            data = decode(body, endpoint.chat, in_flight, self.client.max_pending, self.max_model_len)
+        else:
+            check_shape(data, endpoint.chat, in_flight, self.client.max_pending, self.max_model_len)
+        req = parse(endpoint.request_class, data)
+        if req.model is not None and req.model not in self.names:
+            raise RequestError(f"the model {req.model!r} does not exist here; this server serves {self.names[0]!r}",
+                               "model", status=404, code="model_not_found")
+        req.check_supported()
+        prompts = endpoint.prompts(req)
+        return req, prompts, self.sampling_params(req, prompts, endpoint) if generate else None
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.limits.max_body_bytes
@@ -252,6 +282,24 @@ class Server:
                 code="context_length_exceeded")
         return params
 
+    def timeout_error(self) -> RequestError:
+        return RequestError(f"the request did not finish within {self.limits.request_timeout_s:g} s (the server's "
+                            "request timeout)", status=504, code="timeout")
+
+    def deadline(self, handle: Handle, arrival: float) -> asyncio.TimerHandle | None:
+        """--request-timeout: past it, the request is aborted and answered with a 504."""
+        limit = self.limits.request_timeout_s
+        if limit is None:
+            return None
+
+        def expire() -> None:
+            handle.error = self.timeout_error()
+            self.client.abort(handle)
+            handle.queue.put_nowait(("error", handle.error))
+
+        loop = asyncio.get_running_loop()
+        return loop.call_later(max(0.0, arrival + limit - loop.time()), expire)
+
     async def submit(self, prompts: list[list[int]], params, prefix: str) -> Handle:
         handle = self.client.submit(prompts, params, prefix)
         try:
@@ -276,10 +324,11 @@ class Server:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if not work.done():
+            left = not work.done()  # (a cancelled task is done only once the cancellation is delivered)
+            if left:
                 work.cancel()
                 self.client.abort(reply.handle)
-        if work.cancelled():
+        if left:
             raise RequestError("the client disconnected", status=499)
         work.result()
 
@@ -360,8 +409,10 @@ def create_app(server: Server) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, err: RequestError):
-        if err.status in (400, 408, 413):
+        if err.status in (400, 404, 408, 413):
             metrics.rejected("bad_request")
+        elif err.code == "overloaded":
+            metrics.rejected("overload")
         return JSONResponse(err.body(), status_code=err.status, headers={"Retry-After": "1"} if err.status == 503 else None)
 
     @app.exception_handler(StarletteHTTPException)
@@ -395,6 +446,7 @@ def create_app(server: Server) -> FastAPI:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     add_tokenizer_routes(app, server)
+    add_router_endpoints(app, server)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -405,25 +457,6 @@ def create_app(server: Server) -> FastAPI:
         return await server.respond(server.endpoints[True], request)
 
     return app
-
-
-def parse_json(raw: bytes):
-    """A request body as JSON, strictly: no NaN or Infinity, no lone surrogates; a body nested
-    too deeply or with an integer too long to convert is a 400 like any other bad JSON."""
-    try:
-        data = json.loads(raw, parse_constant=_refuse_constant)
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except RecursionError:
-        raise RequestError("the request body is nested too deeply") from None
-    except UnicodeEncodeError as err:
-        raise RequestError(f"the request body has a lone surrogate ({err.object[err.start:err.end]!r}), which is not text") from None
-    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, NaN, an int of too many digits
-        raise RequestError(f"the request body is not valid JSON: {err}") from None
-    return data
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
 
 
 async def _disconnected(request: Request) -> None:

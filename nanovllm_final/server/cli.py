@@ -5,9 +5,12 @@ Start-up: bind the port, start the engine core process and build the engine ther
 are printed, exit code 2), then serve with uvicorn. SIGINT or SIGTERM: stop accepting
 connections, give in-flight requests `--shutdown-timeout` seconds to finish, abort the
 rest (their streams still end with [DONE]), stop the engine process (tensor-parallel
-workers included) and exit with code 0; signals that come while it stops change nothing."""
+workers included) and exit with code 0; signals that come while it stops change nothing.
+If the engine process dies, or hangs while requests wait (--watchdog-timeout), every waiting
+request gets a 503 and the server exits with code 1, for a supervisor to restart it."""
 
 import argparse
+import gc
 import logging
 import signal
 import socket
@@ -36,7 +39,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help=MODEL_HELP)
+    parser.add_argument("model", nargs="?", help=MODEL_HELP)
+    parser.add_argument("--model", dest="model_option", metavar="MODEL",
+                        help="the same as the first argument (as generate takes it)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=_port, default=8000, help="port to listen on, 0..65535, 0: one the system picks (default: %(default)s)")
     parser.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: the model's name)")
@@ -46,11 +51,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--header-timeout", type=_positive(float), default=10.0,
                         help="seconds a connection has to send a request's headers (default: %(default)s)")
     parser.add_argument("--max-connections", type=_positive(int), default=4096,
-                        help="open connections past which a request gets HTTP 503 (default: %(default)s)")
+                        help="open connections past which the idle ones are closed, and, while all are busy, a "
+                             "request gets HTTP 503 (/health is always answered) (default: %(default)s)")
     parser.add_argument("--body-timeout", type=_positive(float), default=30.0,
                         help="seconds a client has to send a request's body (default: %(default)s)")
     parser.add_argument("--max-stream-backlog", type=_positive(int), default=256,
                         help="engine steps a streaming client may fall behind before it is cut off (default: %(default)s)")
+    parser.add_argument("--large-request-bytes", type=_positive(int), default=256 << 10,
+                        help="bodies larger than this are parsed on threads of their own, at most 8 waiting; "
+                             "past that, HTTP 503 (default: %(default)s)")
+    parser.add_argument("--request-timeout", type=_positive(float), default=None,
+                        help="seconds a request may take from arrival; then it is aborted with HTTP 504 "
+                             "(a stream: an error event) (default: none)")
+    parser.add_argument("--watchdog-timeout", type=_positive(float, zero=True), default=60.0,
+                        help="seconds the engine may give no sign of progress while requests wait; then they get "
+                             "HTTP 503 and the server exits with code 1; 0: no watchdog (default: %(default)s)")
     parser.add_argument("--shutdown-timeout", type=float, default=5.0,
                         help="seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted (default: %(default)s)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -58,6 +73,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    given = {m for m in (args.model, args.model_option) if m is not None}
+    if len(given) != 1:
+        print("error: give the model once, as the first argument or as --model", file=sys.stderr)
+        sys.exit(2)
+    args.model = given.pop()
     try:
         from .app import Limits, Server
         from .http_server import run
@@ -73,7 +93,8 @@ def serve(args: argparse.Namespace) -> None:
         print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
         sys.exit(2)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # while loading: stop cleanly
-    client = EngineClient(args.model, engine_options(args), args.max_pending_requests, args.max_stream_backlog)
+    client = EngineClient(args.model, engine_options(args), args.max_pending_requests, args.max_stream_backlog,
+                          watchdog_s=args.watchdog_timeout or None)
     try:
         client.start()
     except (ValueError, FileNotFoundError, OSError) as err:
@@ -90,10 +111,16 @@ def serve(args: argparse.Namespace) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         log.info("serving %s as %r on http://%s:%d", args.model, names[0], args.host, sock.getsockname()[1])
-        server = Server(client, names, args.shutdown_timeout, Limits(max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout))
+        limits = Limits(max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout,
+                        large_body_bytes=args.large_request_bytes, request_timeout_s=args.request_timeout)
+        server = Server(client, names, args.shutdown_timeout, limits)
+        gc.freeze()  # what start-up built (the tokenizer, the libraries) is never traversed by a collection again
         run(server, sock, args.log_level, header_timeout_s=args.header_timeout, max_connections=args.max_connections)
     finally:
         client.stop()
+    if client.failed:  # a supervisor (systemd, Kubernetes, a router's) restarts the server
+        log.error("exiting with code 1: %s", client.error)
+        sys.exit(1)
     log.info("engine stopped")
 
 
@@ -120,14 +147,14 @@ def _port(text: str) -> int:
     return port
 
 
-def _positive(kind: type):
+def _positive(kind: type, zero: bool = False):
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text} must be > 0")
+        if not (value >= 0 if zero else value > 0):
+            raise argparse.ArgumentTypeError(f"{text} must be {'>=' if zero else '>'} 0")
         return value
 
     return parse

@@ -6,7 +6,8 @@ writes the commands (the event loop never blocks on a pipe); a reader thread rea
 engine's one message per step, decodes the new tokens (one incremental detokenizer per
 completion, stop strings included) and hands each step's updates to the event loop with
 one call. If the engine process dies or fails, the reader answers every request still
-waiting with a 503 naming the cause, at once.
+waiting with a 503 naming the cause, at once, and `on_dead` tells the server to exit (code 1);
+so does the watchdog (watchdog.py) when the engine hangs with requests waiting.
 
 Requests in flight are counted in sequences (prompts x n) and bounded (`max_pending`):
 past it, `submit` refuses at once with a 503. A handle whose client reads more slowly
@@ -23,15 +24,17 @@ import threading
 import time
 import uuid
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, Callable
 
 from ..engine.detokenizer import IncrementalDetokenizer
 from .engine_core import engine_core_main
 from .metrics import ServerMetrics
 from .protocol import RequestError
+from .watchdog import Heartbeat, Watchdog
 
 log = logging.getLogger("nanovllm.server")
 STOP_TIMEOUT_S = 30.0  # how long the engine process may take to shut down before it is killed
+DEFAULT_WATCHDOG_S = 60.0
 PIPE_BYTES = 1 << 20  # the pipes' kernel buffers: the engine's send returns at once unless we are ~that far behind
 
 
@@ -73,6 +76,7 @@ class Handle:
         self.prompt_logprobs: list[list | None] = [None] * len(prompts)  # per prompt once scored (prompt_logprobs)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cut_off = asyncio.Event()
+        self.error: RequestError | None = None  # why the server ended it (cut off, deadline)
         self.created = time.time()
         self.start = time.perf_counter()
 
@@ -83,9 +87,11 @@ class Handle:
 
 class EngineClient:
     def __init__(self, model: str, engine_options: dict, max_pending: int | None = None, max_backlog: int = 256,
-                 metrics: ServerMetrics | None = None):
+                 metrics: ServerMetrics | None = None, watchdog_s: float | None = DEFAULT_WATCHDOG_S):
         """max_pending: sequences in flight past which submit() refuses; None: 4 x max_num_seqs.
-        max_backlog: unread steps past which a streaming client is cut off."""
+        max_backlog: unread steps past which a streaming client is cut off.
+        watchdog_s: seconds of a silent engine, while requests wait, before it counts as hung
+        (watchdog.py); None: not watched."""
         for name, value in (("max_pending", max_pending), ("max_backlog", max_backlog)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -104,6 +110,10 @@ class EngineClient:
         self._keys = itertools.count()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._process = None
+        self.watchdog_s, self._watchdog = watchdog_s, None
+        self.on_dead: Callable[[], None] | None = None  # called (from a thread) once the engine is dead or hung
+        self.failed = False  # the engine died or hung (not: stopped when told)
+        self._stopping = False
 
     # ---- life cycle (main thread) ----
 
@@ -118,8 +128,9 @@ class EngineClient:
                 fcntl.fcntl(conn.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
             except (OSError, AttributeError):
                 pass  # not Linux, or above /proc/sys/fs/pipe-max-size: the default buffer
-        self._process = ctx.Process(target=engine_core_main, args=(commands_in, messages_out, self.model, self.engine_options),
-                                    name="nanovllm-engine-core")
+        self.heartbeat = Heartbeat(ctx)
+        self._process = ctx.Process(target=engine_core_main, name="nanovllm-engine-core",
+                                    args=(commands_in, messages_out, self.model, self.engine_options, self.heartbeat))
         self._process.start()
         commands_in.close()  # only the engine holds these ends: if it dies, ours see EOF
         messages_out.close()
@@ -138,10 +149,13 @@ class EngineClient:
         self.max_pending = self.max_pending or 4 * self.config.max_num_seqs
         threading.Thread(target=self._read, name="nanovllm-engine-reader", daemon=True).start()
         threading.Thread(target=self._send, name="nanovllm-engine-sender", daemon=True).start()
+        if self.watchdog_s:
+            busy = lambda: self._in_flight > 0 or bool(self._adding)  # noqa: E731
+            self._watchdog = Watchdog(self.heartbeat, self.watchdog_s, busy, self._on_hung)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Stop the engine process (it shuts down its workers); kill it if it does not go in time."""
-        self.accepting = False
+        self.accepting, self._stopping = False, True
         if self._process is None:
             return
         if self.info:
@@ -149,7 +163,9 @@ class EngineClient:
             self._outbox.put(None)
         else:  # still building the engine, not reading commands yet
             self._process.terminate()
-        self._process.join(timeout)
+        if self._watchdog is not None:
+            self._watchdog.stopped.set()
+        self._process.join(timeout if self.error is None else min(timeout, 2.0))  # a hung engine may not stop
         if self._process.is_alive():
             log.error("the engine process did not stop within %.0f s; killing it", timeout)
             self._process.kill()
@@ -178,7 +194,6 @@ class EngineClient:
             if self.error is not None:
                 raise RequestError(f"the engine is not running: {self.error}", status=503, code="engine_dead")
             if self._in_flight + count > self.max_pending:
-                self.metrics.rejected("overload")
                 raise RequestError(f"the server is overloaded: {self._in_flight} sequences in flight, at most "
                                    f"{self.max_pending}; retry later", status=503, code="overloaded")
             self._in_flight += count
@@ -326,24 +341,35 @@ class EngineClient:
             if not done and handle.queue.qsize() > self.max_backlog and not handle.cut_off.is_set():
                 log.warning("a client fell %d steps behind its stream; cutting it off", handle.queue.qsize())
                 self.metrics.rejected("slow_reader")
+                handle.error = RequestError("the client read its stream too slowly and was cut off", status=408,
+                                            code="slow_reader")
                 handle.cut_off.set()
                 self.abort(handle)
-                handle.queue.put_nowait(("error", RequestError("the client read its stream too slowly and was cut off", status=408,
-                                                                code="slow_reader")))
+                handle.queue.put_nowait(("error", handle.error))
 
-    def _on_dead(self, why: str) -> None:
+    def _on_hung(self, why: str) -> None:
+        """From the watchdog: answer every waiting request, then kill the engine process."""
+        log.error("the engine looks hung: %s; killing it", why)
+        self._on_dead(why, code="engine_hung")
+        self._process.kill()
+
+    def _on_dead(self, why: str, code: str = "engine_dead") -> None:
         with self._lock:
-            self.error = why
+            if self.error is not None:  # the watchdog killed it: answered already
+                return
+            self.error, self.failed = why, not self._stopping
             handles = set(self._live.values()) | set(self._adding.values())
             self._live.clear()
             self._adding.clear()
             self._in_flight = 0
         if self.accepting:
-            log.error("the engine stopped: %s; every request gets 503 from now on", why)
+            log.error("the engine stopped: %s; the server answers 503 and exits", why)
         for handle in handles:
-            _push(handle, ("error", RequestError(f"the engine stopped: {why}", status=503, code="engine_dead")))
+            _push(handle, ("error", RequestError(f"the engine stopped: {why}", status=503, code=code)))
         for future in list(self._gauges.values()):
             future.get_loop().call_soon_threadsafe(_set_result, future, None)
+        if self.failed and self.on_dead is not None:
+            self.on_dead()
 
 
 def _push(handle: Handle, item: tuple) -> None:

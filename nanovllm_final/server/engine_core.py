@@ -15,6 +15,9 @@ writes one message per step to another: the step's deltas, a few ints per reques
                                                                   prompt_logprobs once scored, else None)]
                   ("dead", why)                         the engine failed; the process then exits
 
+Each step is timed on a shared `Heartbeat` that a thread of this process also beats
+(watchdog.py), so that the API process sees a hung engine.
+
 The process exits when told to stop, when its command pipe closes (the API process is
 gone), or after a failure; it shuts the engine down (tensor-parallel workers included)
 on every way out."""
@@ -25,22 +28,26 @@ from multiprocessing.connection import Connection
 
 from ..validate import Problem
 from .metrics import engine_gauges
+from .watchdog import Heartbeat
 
 
-def engine_core_main(commands: Connection, messages: Connection, model: str, engine_options: dict) -> None:
+def engine_core_main(commands: Connection, messages: Connection, model: str, engine_options: dict,
+                     heartbeat: Heartbeat | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the API process, which then stops us
+    heartbeat = heartbeat or Heartbeat()
+    heartbeat.start_beating()
     try:
         from .. import LLM
 
         llm = LLM(model, **engine_options)
     except BaseException as err:  # noqa: BLE001 - reported to the API process, which exits with it
-        messages.send(("failed", f"{type(err).__name__}: {err}"))
+        messages.send(("failed", str(err) if isinstance(err, Problem) else f"{type(err).__name__}: {err}"))
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from now on we stop when told (or when our command pipe closes)
     try:
         messages.send(("ready", {"config": llm.config, "model_config": llm.model_config, "model_name": llm.model_name,
                                  "tokenizer": llm.tokenizer.name_or_path}))
-        EngineCore(llm, commands, messages).run()
+        EngineCore(llm, commands, messages, heartbeat).run()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the API process is gone
     except BaseException as err:  # noqa: BLE001 - the engine cannot go on: say why, then leave
@@ -54,8 +61,8 @@ def engine_core_main(commands: Connection, messages: Connection, model: str, eng
 
 
 class EngineCore:
-    def __init__(self, llm, commands: Connection, messages: Connection):
-        self.llm, self.engine = llm, llm.engine
+    def __init__(self, llm, commands: Connection, messages: Connection, heartbeat: Heartbeat):
+        self.llm, self.engine, self.heartbeat = llm, llm.engine, heartbeat
         self.commands, self.messages = commands, messages
         self.live: set[str] = set()  # request ids added and not finished
         self.scored: set[str] = set()  # live requests whose prompt_logprobs were sent
@@ -70,7 +77,11 @@ class EngineCore:
                 if command[0] == "stop":
                     return
                 self.apply(command, replies)
-            deltas = self.deltas(engine.step()) if engine.has_unfinished_requests() else []
+            deltas = []
+            if engine.has_unfinished_requests():
+                self.heartbeat.step_started()
+                deltas = self.deltas(engine.step())
+                self.heartbeat.step_done()
             if replies or deltas:
                 self.messages.send(("step", replies, deltas))
 

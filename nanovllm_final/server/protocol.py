@@ -24,7 +24,7 @@ class RequestError(Exception):
 
     @property
     def type(self) -> str:
-        return {400: "invalid_request_error", 404: "not_found_error", 408: "invalid_request_error", 413: "invalid_request_error",
+        return {400: "invalid_request_error", 404: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
                 429: "rate_limit_error"}.get(self.status, "server_error")
 
     def body(self) -> dict:
@@ -166,6 +166,8 @@ class ChatCompletionRequest(_Common):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict] | None = None
     tool_choice: Any = None
+    functions: list[dict] | None = None  # OpenAI's legacy form of tools
+    function_call: Any = None
     response_format: dict | None = None
     chat_template: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -180,6 +182,11 @@ class ChatCompletionRequest(_Common):
                                "own template, for generation", "chat_template_kwargs")
         if self.tools:
             raise RequestError("tools are not supported by this server", "tools")
+        if self.functions or self.function_call is not None:
+            raise RequestError("functions and function_call are not supported by this server", "functions")
+        if self.tool_choice not in (None, "none", "auto"):  # "required", a named tool: a call this server cannot make
+            raise RequestError(f"tool_choice {self.tool_choice!r} needs tools, which this server does not support",
+                               "tool_choice")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise RequestError("only response_format {'type': 'text'} is supported", "response_format")
         if self.top_logprobs and not self.logprobs:

@@ -10,6 +10,7 @@ import asyncio
 from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
+from .limits import parse_json
 from .protocol import STRICT, RequestError, parse
 
 
@@ -30,13 +31,11 @@ def add_tokenizer_routes(app: FastAPI, server) -> None:
     tokenizer = server.client.tokenizer
 
     async def body(request: Request, model: type[BaseModel]):
-        from .app import parse_json
-
         raw = await server.read_body(request)
-        return parse(model, await asyncio.get_running_loop().run_in_executor(server.pool, parse_json, raw))
+        return parse(model, await server.workers.run(raw, parse_json))
 
     async def on_pool(fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(server.pool, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(server.workers.small, fn, *args)
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():
