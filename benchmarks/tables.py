@@ -355,12 +355,15 @@ FILES = [
     ("kv_cache_quality_*.json", f"{SUITE} kv-quality", "kv_cache_dtype='fp8' against 'auto' on the GPU: greedy agreement, "
      "teacher-forced mean abs Δ logprob, KV blocks per GiB (course model, the qwen3-0.6b shape)"),
     ("moe_layer_*.json", f"{SUITE} moe", "one MoE layer of a shape: the fused grouped-GEMM kernels (eager and graph-replayed, per tile choice) against the expert loop"),
+    ("prompt_logprobs_memory_*.json", "python -m benchmarks.prompt_logprobs_memory --shape qwen3-0.6b --max-model-len 8192",
+     "one prompt of max_model_len - 1 tokens scored with prompt_logprobs against the same prompt without: peak device memory and "
+     "time, beside the bytes of its full prompt x vocabulary logits"),
     ("serve_*.json", f"{SUITE} serve", "the OpenAI-compatible server under concurrent streaming clients: throughput, TTFT / TPOT / "
      "end-to-end percentiles; the offline engine on the same requests: served / offline, its decode steps (the mean of all, and at the "
      "server's batch in newer records) and TPOT p50 over the latter"),
 ]
 RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py record
-    ("tp_*", "tp"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),
+    ("tp_*", "tp"), ("variants/*-config_*", "throughput"), ("variants/*no_overlap*", "checkpoint"), ("variants/*breakdown*", "breakdown"), ("variants/nanovllm-short*", "short"),
     ("variants/nanovllm-checkpoint-sampling*", "checkpoint"), ("variants/nanovllm_qwen3-30b-a3b*", "moe"), ("variants/nanovllm_llama-3.2-1b*", "throughput"), ("small-*", "small"), ("shared-prefix*", "shared-prefix"), ("hf_vs_*", "hf"), ("nanovllm-checkpoint-sampling*", "checkpoint"),
     ("nanovllm_*", "throughput"),
 ]

@@ -101,6 +101,8 @@ def test_override_replaces_choices_within_its_block():
     assert tuning.for_device(cpu).gemv_rows == before
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's check of the command (on a GPU, tune itself runs: "
+                    "benchmarks/gpu_suite.sh tune); the GPU machine's older Triton interprets the decode kernel differently")
 def test_tune_dry_run_writes_a_file_the_tuning_reads(tmp_path):
     """The command's CPU mode: tiny shapes, two candidates each, every section timed; the file
     it writes is valid, records its timings, and its choices are candidates it timed."""
