@@ -87,4 +87,5 @@ class RequestOutput:
             "prompt_token_ids": self.prompt_token_ids,
             "metrics": self.metrics.as_dict(),
             "outputs": [o.as_dict() for o in self.outputs],
+            **({"error": self.error} if self.error is not None else {}),
         }

@@ -19,6 +19,7 @@ from .sampling import PendingSample, SampledTokens, SamplingColumns, build_sampl
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_input import BlockTables, StepInput, build_step_input
+from .structured import Grammars
 from .workers import WorkerError, WorkerGroup
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class LLMEngine:
         self.in_flight: InFlight | None = None
         self.block_tables = BlockTables()  # the steps' block-table arrays, each built from the one before
         self.sampling_columns = SamplingColumns()  # the sampling rows' parameter columns, kept while the rows stay
+        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids)  # structured output
         self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
         self.error: str | None = None  # why the engine stopped, if it did
         self._ids = itertools.count()
@@ -118,8 +120,11 @@ class LLMEngine:
         resolved = params.resolve(self.model_config.generation_defaults, self.model_config.vocab_size)
         request = Request(request_id, list(prompt_token_ids), resolved, self.tokenizer)
         self.requests[request_id] = request
-        for seq in request.seqs:
-            self.scheduler.add(seq)
+        if resolved.structured_outputs is not None:
+            self.grammars.add(request)  # scheduled once its grammar has compiled (_admit_structured)
+        else:
+            for seq in request.seqs:
+                self.scheduler.add(seq)
         self.metrics.on_arrival()
         return request_id
 
@@ -145,7 +150,7 @@ class LLMEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) + self.grammars.num_waiting
 
     @property
     def num_blocks(self) -> int:
@@ -195,8 +200,12 @@ class LLMEngine:
         the step still in flight, whose sampled tokens this one feeds."""
         start = time.perf_counter()
         hits_before = self.block_manager.num_hit_tokens
+        if self.grammars.waiting:
+            self._admit_structured()
         seqs = self.scheduler.schedule()
         if not seqs:
+            if self.grammars.waiting:
+                time.sleep(0.001)  # nothing to run but grammars compiling: do not spin
             return None
         try:
             step = build_step_input(seqs, self.config.kvcache_block_size, prev.pending_rows() if prev is not None else None,
@@ -206,13 +215,16 @@ class LLMEngine:
             all_sample = len(step.sample_rows) == len(seqs)  # most steps: every sequence samples
             sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
             batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns) if sampling else None
+            if batch is not None and self.grammars.used:  # filled on the host while the device runs the forward
+                batch.grammar = self.grammars.bitmask(sampling)
             pending = sample(self.model_runner.sampler, logits, batch) if sampling else None
         except Exception as err:
             self._fail(seqs, err)
             return None
         self.scheduler.launched(seqs)
         record = self.metrics.step_record(step, len(seqs), self.block_manager.num_hit_tokens - hits_before)
-        needs_tokens = batch is not None and batch.penalties is not None  # penalties count the output
+        # penalties count the output; a grammar's next mask needs the matcher advanced by this step's tokens
+        needs_tokens = batch is not None and (batch.penalties is not None or batch.grammar is not None)
         return InFlight(step, seqs, sampling, pending, record, start, needs_tokens)
 
     def _complete(self, done: InFlight, finished_only: bool) -> None:
@@ -251,6 +263,19 @@ class LLMEngine:
         end = time.perf_counter()
         self.metrics.on_step(done.record, end - max(done.launched_at, self.last_done or 0.0))
         self.last_done = end
+
+    def _admit_structured(self) -> None:
+        """Schedule the requests whose grammar has compiled; end those whose grammar failed."""
+        ready, failed = self.grammars.poll()
+        for request in ready:
+            for seq in request.seqs:
+                self.scheduler.add(seq)
+        for request, message in failed:
+            del self.requests[request.request_id]
+            for seq in request.seqs:
+                self.scheduler.finish(seq, "error")
+            self.pending.append(self._error_output(request, message))
+            self.metrics.on_finish(request)
 
     # ---- a step that failed ----
 
@@ -297,6 +322,7 @@ class LLMEngine:
         self.metrics.reset()
 
     def shutdown(self) -> None:
+        self.grammars.shutdown()
         if self.workers is not None:
             self.workers.shutdown()
         self.model_runner.shutdown()

@@ -74,6 +74,8 @@ class Request:
         reason = None
         if n >= p.min_tokens and ((not p.ignore_eos and token_id in eos_token_ids) or token_id in p.stop_token_ids):
             reason = "stop"
+        elif seq.grammar is not None and (not seq.grammar.accept_token(token_id) or seq.grammar.is_terminated()):
+            reason = "stop"  # the grammar has ended (its EOS accepted), or can take no token past this one
         elif seq.reaches_length_limit(known, max_model_len):
             reason = "length"
         if completion.detok.add(token_id, final=reason is not None):
@@ -124,4 +126,8 @@ def validate_request(token_ids, params, config, model_config) -> Problem | None:
         return Problem(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})", "stop_token_ids")
     if params.logprobs is not None and params.logprobs > vocab:
         return Problem(f"logprobs={params.logprobs} is more than the vocabulary's {vocab} tokens", "logprobs")
+    if params.structured_outputs is not None:
+        from .structured import check_available  # xgrammar is imported only when a request asks for a format
+
+        return check_available()
     return None

@@ -37,6 +37,7 @@ class Sequence:
         # completes and `resolve` appends them.
         self.num_pending = 0
         self.finish_reason: str | None = None
+        self.grammar = None  # structured output: its xgrammar matcher, advanced by each resolved token
 
     def __len__(self) -> int:
         """Tokens, pending ones included: what the cache must hold and the next step may feed."""

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.request import validate_request
 from .engine_client import EngineClient, Handle
+from .response_format import GrammarCheck
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, make_sampling_params, parse
 
 log = logging.getLogger("nanovllm.server")
@@ -174,6 +175,7 @@ class Server:
         self.pool = ThreadPoolExecutor(self.limits.tokenizer_threads, thread_name_prefix="nanovllm-tokenize")
         self.created = int(time.time())
         self.endpoints = {False: Endpoint(self, chat=False), True: Endpoint(self, chat=True)}
+        self.grammar_check = GrammarCheck(client)
         self._token_text: dict[int, str] = {}
 
     # ---- one request, either endpoint ----
@@ -187,6 +189,7 @@ class Server:
         req.check_supported()
         prompts = await loop.run_in_executor(self.pool, endpoint.prompts, req)
         params = self.sampling_params(req, prompts, endpoint)
+        await self.grammar_check(params)  # a grammar that does not compile is a 400 here
         handle = await self.submit(prompts, params, endpoint.prefix)
         reply = Reply(handle, keep_logprobs=not req.stream)
         head = {"id": handle.request_ids[0], "object": endpoint.object, "created": int(handle.created), "model": self.names[0]}

@@ -71,6 +71,9 @@ class _Common(BaseModel):
     min_tokens: int | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    # structured output (response_format.py): OpenAI's, or vLLM's extra field
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
 
     def check_supported(self) -> None:
         if self.logit_bias:
@@ -85,6 +88,10 @@ class _Common(BaseModel):
         kwargs = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         if self.stop is not None:
             kwargs["stop"] = self.stop  # "" and [""] are refused by SamplingParams, as in Python
+        from .response_format import structured_from  # it imports this module
+
+        if (structured := structured_from(self.response_format, self.structured_outputs)) is not None:
+            kwargs["structured_outputs"] = structured
         return kwargs
 
 
@@ -153,7 +160,6 @@ class ChatCompletionRequest(_Common):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict] | None = None
     tool_choice: Any = None
-    response_format: dict | None = None
     chat_template: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -167,8 +173,6 @@ class ChatCompletionRequest(_Common):
                                "own template, for generation", "chat_template_kwargs")
         if self.tools:
             raise RequestError("tools are not supported by this server", "tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise RequestError("only response_format {'type': 'text'} is supported", "response_format")
         if self.top_logprobs and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
 
