@@ -115,8 +115,8 @@ class Grammars:
         compiler, kind, value = self._compiler(), params.kind, getattr(params, params.kind)
         if kind == "json":
             return compiler.compile_json_schema(json.dumps(bounded_strings(value)), any_whitespace=False)
-        if kind == "json_object":
-            return compiler.compile_builtin_json_grammar()
+        if kind == "json_object":  # an object (xgrammar's builtin JSON grammar takes any value), compact
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
         if kind == "regex":
             return compiler.compile_regex(value)
         if kind == "choice":
