@@ -40,7 +40,7 @@ SCHEMAS: list[dict] = [
      "required": ["matrix"], "additionalProperties": False},
     {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[0-9a-f]{4}$"}, "count": SMALL_INT},
      "required": ["id", "count"], "additionalProperties": False},
-    {"type": "object", "properties": {"word": {"type": "string", "minLength": 1, "maxLength": 6, "pattern": "^[a-z]{1,6}$"}},
+    {"type": "object", "properties": {"word": {"type": "string", "pattern": "^[a-z]{1,6}$"}},
      "required": ["word"], "additionalProperties": False},
     {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "object", "properties": {
         "c": SMALL_INT}, "required": ["c"], "additionalProperties": False}}, "required": ["b"], "additionalProperties": False}},

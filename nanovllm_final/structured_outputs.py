@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 MAX_DEPTH = 32  # nesting of a JSON schema: deeper ones take the compiler seconds to minutes
+MAX_PROPERTIES = 1024  # in a whole schema: 10,000 optional ones take the compiler minutes (1,000: about 0.5 s)
 # keywords the grammar engine would ignore without a word: refused, so no output breaks a schema silently
 UNSUPPORTED = frozenset({"not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains",
                          "dependentRequired", "dependentSchemas", "dependencies", "propertyNames", "patternProperties",
@@ -60,7 +61,7 @@ class StructuredOutputsParams:
 
 def check_schema(value: dict | str) -> dict:
     """The schema as a dict, or a ValueError: not JSON, not an object, nested deeper than
-    MAX_DEPTH, or using a keyword the grammar engine would ignore."""
+    MAX_DEPTH, more than MAX_PROPERTIES properties, or a keyword the grammar engine would ignore."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -68,7 +69,11 @@ def check_schema(value: dict | str) -> dict:
             raise ValueError(f"json is not a valid JSON schema text: {err}") from None
     if not isinstance(value, dict):
         raise ValueError(f"json must be a JSON schema (an object, or its JSON text), got {type(value).__name__}")
+    num_properties = 0
     for schema, where, depth in subschemas(value):
+        num_properties += len(schema["properties"]) if isinstance(schema.get("properties"), dict) else 0
+        if num_properties > MAX_PROPERTIES:
+            raise ValueError(f"json schema has more than {MAX_PROPERTIES} properties")
         if depth > MAX_DEPTH:
             raise ValueError(f"json schema is nested more than {MAX_DEPTH} levels deep (at {where[:120]})")
         bad = sorted(UNSUPPORTED & schema.keys())

@@ -9,9 +9,9 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
+from server_harness import ServerProcess
 
 from benchmarks.structured_schemas import SCHEMAS
-from server_harness import ServerProcess
 
 pytest.importorskip("xgrammar")
 pytestmark = pytest.mark.xdist_group("processes")
@@ -89,11 +89,11 @@ def test_formats_that_cannot_be_served_are_400(client):
            "no schema": {"response_format": {"type": "json_schema"}},
            "unknown type": {"response_format": {"type": "yaml"}},
            "bad regex": {"structured_outputs": {"regex": "[a-"}},
+           "10,000 properties": {"structured_outputs": {"json": {"properties": {f"p{i}": {} for i in range(10_000)}}}},
            "two": {"structured_outputs": {"regex": "a", "choice": ["a"]}}}
     for name, body in bad.items():
-        for create in (lambda: client.completions.create(model="tiny-qwen3", prompt="x", max_tokens=4, extra_body=body),
-                       lambda: client.chat.completions.create(model="tiny-qwen3", messages=MESSAGES, max_tokens=4, extra_body=body)):
+        for create, prompt in ((client.completions.create, {"prompt": "x"}), (client.chat.completions.create, {"messages": MESSAGES})):
             with pytest.raises(openai.BadRequestError) as err:
-                create()
+                create(model="tiny-qwen3", max_tokens=4, extra_body=body, **prompt)
             assert err.value.body["param"] in ("response_format", "structured_outputs"), (name, err.value.body)
     assert client.completions.create(model="tiny-qwen3", prompt="x", max_tokens=2).choices[0].finish_reason == "length"

@@ -19,7 +19,9 @@ import json
 import re
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
+import threading
+from concurrent.futures import Future
 
 import numpy as np
 import torch
@@ -97,7 +99,8 @@ class Grammars:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
         self.timeout_s = timeout_s
         self.compiler = None
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")  # one slow grammar leaves a worker
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()  # (job, params), for the workers
+        self.workers: list[threading.Thread] = []  # two: one slow grammar leaves the other free
         self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
         self.waiting: list[tuple[Request, Job]] = []
         self.used = False  # no structured request yet: steps skip the bitmask entirely
@@ -131,7 +134,12 @@ class Grammars:
             self.cache.move_to_end(key)
             return job
         job = self.cache[key] = Job()
-        job.future = self.pool.submit(self._compile, job, params)
+        job.future = Future()
+        self.queue.put((job, params))
+        if not self.workers:  # daemon threads: a compile past its time limit cannot hold up the process's exit
+            self.workers = [threading.Thread(target=self._work, name=f"grammar-{i}", daemon=True) for i in range(2)]
+            for worker in self.workers:
+                worker.start()
         if len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
         return job
@@ -180,8 +188,17 @@ class Grammars:
             xgr.BatchGrammarMatcher().batch_fill_next_token_bitmask(matchers, bitmask)
         return np.array(rows, np.int64), bitmask.numpy()
 
+    def _work(self) -> None:
+        while (item := self.queue.get()) is not None:
+            job, params = item
+            try:
+                job.future.set_result(self._compile(job, params))
+            except Exception as err:  # noqa: BLE001 - the compiler's refusal is the request's error
+                job.future.set_exception(err)
+
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for _ in self.workers:
+            self.queue.put(None)  # each stops after its compile
 
 
 def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.request import validate_request
 from .engine_client import EngineClient, Handle
-from .response_format import GrammarCheck
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, make_sampling_params, parse
+from .response_format import GrammarCheck
 
 log = logging.getLogger("nanovllm.server")
 MIN_LOGPROB = -9999.0  # what a logprob of -inf is written as (JSON has no infinity)
