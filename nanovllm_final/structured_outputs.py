@@ -101,9 +101,15 @@ def subschemas(schema: dict) -> Iterator[tuple[dict, str, int]]:
 
 
 def to_structured(value) -> StructuredOutputsParams | None:
-    """SamplingParams' converter: None, a StructuredOutputsParams, or a dict of its fields."""
+    """SamplingParams' converter: None, a StructuredOutputsParams, or a dict of its fields (or
+    that dict's JSON text, as the command line's --structured-outputs gives it)."""
     if value is None or isinstance(value, StructuredOutputsParams):
         return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise ValueError(f"not a JSON object of StructuredOutputsParams' fields: {err}") from None
     if not isinstance(value, dict):
         raise ValueError(f"must be a StructuredOutputsParams or a dict of its fields, got {type(value).__name__}")
     unknown = sorted(set(value) - {f.name for f in fields(StructuredOutputsParams)})

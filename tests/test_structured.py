@@ -91,6 +91,7 @@ def test_preemption_and_prefix_hits(model_dir):
 def test_params_are_checked_where_they_enter():
     ok = SamplingParams(structured_outputs={"json": json.dumps(SCHEMAS[0])}).structured_outputs
     assert ok == StructuredOutputsParams(json=SCHEMAS[0])
+    assert SamplingParams(structured_outputs='{"choice": ["a", "b"]}').structured_outputs.choice == ["a", "b"]  # the CLI's
     deep = {"type": "integer"}
     for _ in range(MAX_DEPTH + 5):
         deep = {"type": "object", "properties": {"a": deep}}
