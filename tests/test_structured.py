@@ -141,3 +141,19 @@ def test_without_the_extra_a_format_is_a_clear_error(model_dir, monkeypatch):
             llm.generate(["x"], SamplingParams(structured_outputs={"choice": ["a"]}), use_tqdm=False)
         assert err.value.param == "structured_outputs"
         assert llm.generate(["x"], SamplingParams(max_tokens=2), use_tqdm=False)[0]["finish_reason"] == "length"
+
+
+def test_abort_while_the_grammar_compiles(model_dir):
+    """A request aborted while its grammar compiles ends with "abort" and frees nothing it never held."""
+    slow = {"type": "object", "properties": {f"q{i}": {"type": "integer"} for i in range(900)}}
+    with LLM(model_dir("qwen3"), device="cpu", max_model_len=64) as llm:
+        engine = llm.engine
+        rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, structured_outputs={"json": slow}))
+        assert engine.num_waiting == 1 and engine.num_running == 0
+        engine.abort_request(rid)
+        outputs = []
+        while engine.has_unfinished_requests():
+            outputs += engine.step()
+        assert [o.outputs[0].finish_reason for o in outputs] == ["abort"]
+        assert not engine.grammars.waiting  # dropped once the engine looked
+        assert engine.num_free_blocks == engine.num_blocks
