@@ -15,8 +15,8 @@ import torch
 
 from ..layers.sampler import Sampler, apply_penalties, logprobs_of
 from .sequence import Sequence
-from .structured import apply_bitmask
 from .step_input import to_device, upload
+from .structured import apply_bitmask
 
 
 @dataclass
