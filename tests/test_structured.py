@@ -157,3 +157,16 @@ def test_abort_while_the_grammar_compiles(model_dir):
         assert [o.outputs[0].finish_reason for o in outputs] == ["abort"]
         assert not engine.grammars.waiting  # dropped once the engine looked
         assert engine.num_free_blocks == engine.num_blocks
+
+
+def test_overlap_scheduling_changes_no_token(model_dir):
+    """With overlap, a step's mask is filled from the step before's tokens taken ahead of their
+    resolution (Grammars.advance); without, step by step: the same tokens, sampled or greedy."""
+    cases = formats()
+    params = [SamplingParams(temperature=t, seed=i, max_tokens=96, structured_outputs=fmt)
+              for i, ((fmt, _), t) in enumerate(zip(cases, [0.0, 0.8] * len(cases)))]
+    runs = []
+    for overlap in (True, False):
+        with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap) as llm:
+            runs.append([o["token_ids"] for o in llm.generate(["Once"] * len(cases), params, use_tqdm=False)])
+    assert runs[0] == runs[1]

@@ -38,6 +38,7 @@ class InFlight:
     record: dict  # its stats record, taken at launch (metrics.py)
     launched_at: float
     needs_tokens: bool  # the next schedule needs its tokens on the host (penalties count the output)
+    constrained: bool = False  # some rows sampled under a grammar: the next step's mask needs their tokens
 
     def pending_rows(self) -> dict[int, int]:
         """seq_id -> the row of its pending token."""
@@ -61,7 +62,8 @@ class LLMEngine:
     detokenizing and stop checks hide behind the GPU's work instead of adding to it. A
     sequence that stops at step N has run step N+1 in vain (its result is dropped).
     Penalties need the output tokens on the host, so a step that applies them is
-    completed before the next one is scheduled.
+    completed before the next one is scheduled; a grammar's mask needs them too, but only
+    before the draw (engine/structured.py).
 
     A step that raises ends its requests with finish_reason "error" (the message in the
     output's `error`) and frees their blocks; the others go on. An error that loses the
@@ -216,6 +218,8 @@ class LLMEngine:
             sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
             batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns) if sampling else None
             if batch is not None and self.grammars.used:  # filled on the host while the device runs the forward
+                if prev is not None and prev.constrained:  # the step before's tokens, into the matchers first
+                    self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
                 batch.grammar = self.grammars.bitmask(sampling)
             pending = sample(self.model_runner.sampler, logits, batch) if sampling else None
         except Exception as err:
@@ -223,9 +227,8 @@ class LLMEngine:
             return None
         self.scheduler.launched(seqs)
         record = self.metrics.step_record(step, len(seqs), self.block_manager.num_hit_tokens - hits_before)
-        # penalties count the output; a grammar's next mask needs the matcher advanced by this step's tokens
-        needs_tokens = batch is not None and (batch.penalties is not None or batch.grammar is not None)
-        return InFlight(step, seqs, sampling, pending, record, start, needs_tokens)
+        needs_tokens = batch is not None and batch.penalties is not None  # penalties count the output
+        return InFlight(step, seqs, sampling, pending, record, start, needs_tokens, batch is not None and batch.grammar is not None)
 
     def _complete(self, done: InFlight, finished_only: bool) -> None:
         """Wait for the step's tokens; resolve, detokenize, check stops, queue the outputs."""

@@ -12,6 +12,7 @@ from ..sampling_params import SamplingParams
 from ..validate import Problem, is_int, show
 from .detokenizer import IncrementalDetokenizer
 from .sequence import Sequence
+from .structured import accepts, check_available
 
 
 class Completion:
@@ -74,7 +75,7 @@ class Request:
         reason = None
         if n >= p.min_tokens and ((not p.ignore_eos and token_id in eos_token_ids) or token_id in p.stop_token_ids):
             reason = "stop"
-        elif seq.grammar is not None and (not seq.grammar.accept_token(token_id) or seq.grammar.is_terminated()):
+        elif seq.grammar is not None and not accepts(seq, token_id):
             reason = "stop"  # the grammar has ended (its EOS accepted), or can take no token past this one
         elif seq.reaches_length_limit(known, max_model_len):
             reason = "length"
@@ -127,7 +128,5 @@ def validate_request(token_ids, params, config, model_config) -> Problem | None:
     if params.logprobs is not None and params.logprobs > vocab:
         return Problem(f"logprobs={params.logprobs} is more than the vocabulary's {vocab} tokens", "logprobs")
     if params.structured_outputs is not None:
-        from .structured import check_available  # xgrammar is imported only when a request asks for a format
-
-        return check_available()
+        return check_available()  # xgrammar is imported only when a request asks for a format
     return None

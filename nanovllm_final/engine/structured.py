@@ -9,9 +9,10 @@
 
 A request waits here, outside the scheduler, until its grammar is ready; the others run on.
 Each sequence's matcher accepts its tokens as they resolve (Request.on_token): EOS is allowed
-only where the grammar can end. A step with constrained rows is completed before the next one
-is launched (the next mask needs its tokens on the host); the host fills the mask while the
-device runs the step's forward pass."""
+only where the grammar can end. Overlap scheduling: step N+1's mask needs step N's tokens, so
+the engine launches N+1's forward pass (fed N's tokens on the device), then waits for N's tokens
+on the host, advances the matchers with them (`advance`) and fills N+1's mask while the device
+runs the forward pass; N's tokens resolve later, and the matchers do not take them twice."""
 
 import copy
 import functools
@@ -28,7 +29,6 @@ import torch
 
 from ..structured_outputs import StructuredOutputsParams, subschemas
 from ..validate import Problem
-from .request import Request
 
 COMPILE_TIMEOUT_S = 10.0  # a grammar still compiling after this long ends its request with an error
 CACHE_SIZE = 256  # compiled grammars kept (by schema)
@@ -102,7 +102,7 @@ class Grammars:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()  # (job, params), for the workers
         self.workers: list[threading.Thread] = []  # two: one slow grammar leaves the other free
         self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
-        self.waiting: list[tuple[Request, Job]] = []
+        self.waiting: list[tuple] = []  # (Request, Job)
         self.used = False  # no structured request yet: steps skip the bitmask entirely
 
     def _compiler(self):
@@ -144,7 +144,7 @@ class Grammars:
             self.cache.popitem(last=False)
         return job
 
-    def add(self, request: Request) -> None:
+    def add(self, request) -> None:
         self.used = True
         self.waiting.append((request, self.submit(request.params.structured_outputs)))
 
@@ -152,7 +152,7 @@ class Grammars:
     def num_waiting(self) -> int:
         return sum(len(request.seqs) for request, _ in self.waiting)
 
-    def poll(self) -> tuple[list[Request], list[tuple[Request, str]]]:
+    def poll(self) -> tuple[list, list[tuple]]:
         """Requests whose grammar is ready (each sequence given a matcher), and those whose grammar
         failed or timed out, with the reason; the rest keep waiting. Ended requests are dropped."""
         ready, failed, still = [], [], []
@@ -176,7 +176,8 @@ class Grammars:
     def bitmask(self, seqs: list) -> tuple[np.ndarray, np.ndarray] | None:
         """The rows of `seqs` that have a matcher, (c,) int64, and their allowed tokens as an int32
         bitmask (c, ceil(vocab / 32)) on the host; None if no row has one."""
-        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None]
+        # a matcher that has ended belongs to a sequence that ended last step: this step runs it in vain
+        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.grammar.is_terminated()]
         if not rows:
             return None
         xgr = xgrammar()
@@ -187,6 +188,14 @@ class Grammars:
         else:
             xgr.BatchGrammarMatcher().batch_fill_next_token_bitmask(matchers, bitmask)
         return np.array(rows, np.int64), bitmask.numpy()
+
+    @staticmethod
+    def advance(seqs: list, token_ids: list[int]) -> None:
+        """Overlap: the step before's tokens, accepted by the matchers before they resolve, so that
+        this step's mask can be filled while the device runs its forward pass."""
+        for seq, token_id in zip(seqs, token_ids):
+            if seq.grammar is not None and not seq.is_finished:
+                seq.grammar_early = seq.grammar.accept_token(token_id)
 
     def _work(self) -> None:
         while (item := self.queue.get()) is not None:
@@ -199,6 +208,14 @@ class Grammars:
     def shutdown(self) -> None:
         for _ in self.workers:
             self.queue.put(None)  # each stops after its compile
+
+
+def accepts(seq, token_id: int) -> bool:
+    """Advance the sequence's matcher by its token as it resolves (unless `advance` did already);
+    False: the grammar has ended (its EOS accepted) or refused the token."""
+    ok = seq.grammar.accept_token(token_id) if seq.grammar_early is None else seq.grammar_early
+    seq.grammar_early = None
+    return ok and not seq.grammar.is_terminated()
 
 
 def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
