@@ -59,16 +59,22 @@ class StructuredOutputsParams:
         return self.kind, value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
-def check_schema(value: dict | str) -> dict:
-    """The schema as a dict, or a ValueError: not JSON, not an object, nested deeper than
-    MAX_DEPTH, more than MAX_PROPERTIES properties, or a keyword the grammar engine would ignore."""
+def json_object(value, rule: str) -> dict:
+    """`value` if a dict, parsed if JSON text of an object; else a ValueError saying `rule`."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except (json.JSONDecodeError, RecursionError) as err:
-            raise ValueError(f"json is not a valid JSON schema text: {err}") from None
+            raise ValueError(f"{rule}; the text is not JSON: {err}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"json must be a JSON schema (an object, or its JSON text), got {type(value).__name__}")
+        raise ValueError(f"{rule}, got {type(value).__name__}")
+    return value
+
+
+def check_schema(value: dict | str) -> dict:
+    """The schema as a dict, or a ValueError: not JSON, not an object, nested deeper than
+    MAX_DEPTH, more than MAX_PROPERTIES properties, or a keyword the grammar engine would ignore."""
+    value = json_object(value, "json must be a JSON schema (an object, or its JSON text)")
     num_properties = 0
     for schema, where, depth in subschemas(value):
         num_properties += len(schema["properties"]) if isinstance(schema.get("properties"), dict) else 0
@@ -105,13 +111,7 @@ def to_structured(value) -> StructuredOutputsParams | None:
     that dict's JSON text, as the command line's --structured-outputs gives it)."""
     if value is None or isinstance(value, StructuredOutputsParams):
         return value
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except (json.JSONDecodeError, RecursionError) as err:
-            raise ValueError(f"not a JSON object of StructuredOutputsParams' fields: {err}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"must be a StructuredOutputsParams or a dict of its fields, got {type(value).__name__}")
+    value = json_object(value, "must be a StructuredOutputsParams or a dict of its fields (or its JSON text)")
     unknown = sorted(set(value) - {f.name for f in fields(StructuredOutputsParams)})
     if unknown:
         raise ValueError(f"unknown field {unknown[0]!r}")
