@@ -354,6 +354,18 @@ FILES = [
      "(course model, the qwen3-0.6b shape with 4 layers)"),
     ("kv_cache_quality_*.json", f"{SUITE} kv-quality", "kv_cache_dtype='fp8' against 'auto' on the GPU: greedy agreement, "
      "teacher-forced mean abs Δ logprob, KV blocks per GiB (course model, the qwen3-0.6b shape)"),
+    ("grammar_engines_compile_mask_cpu.json",
+     "python benchmarks/grammar_engines.py --out benchmarks/results/grammar_engines_compile_mask_cpu.json",
+     "xgrammar against llguidance: schema compile time and one row's mask-fill time over the 20 shared schemas "
+     "(benchmarks/structured_schemas.py), course and tiny Qwen3 tokenizers"),
+    ("structured_step_time_*_cpu.json", "python -m benchmarks.structured_bench --shape tiny-qwen3 --batch 32 --device cpu "
+     "--max-tokens 48 --out benchmarks/results/structured_step_time_tiny-qwen3_cpu.json",
+     "decode step time with every row under a JSON schema against none, overlap scheduling on and off; schema compile "
+     "percentiles (a tiny model on a shared CPU: the host's cost, noisy)"),
+    ("structured_step_time_*.json", "python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 "
+     "--out benchmarks/results/structured_step_time_qwen3-0.6b_DEVICE.json",
+     "decode step time at batch 256 with every row under a JSON schema against none, overlap scheduling on and off; "
+     "schema compile percentiles (the factory's small tokenizer)"),
     ("moe_layer_*.json", f"{SUITE} moe", "one MoE layer of a shape: the fused grouped-GEMM kernels (eager and graph-replayed, per tile choice) against the expert loop"),
     ("prompt_logprobs_memory_*.json", "python -m benchmarks.prompt_logprobs_memory --shape qwen3-0.6b --max-model-len 8192",
      "one prompt of max_model_len - 1 tokens scored with prompt_logprobs against the same prompt without: peak device memory and "

@@ -91,4 +91,5 @@ class RequestOutput:
             "prompt_logprobs": self.prompt_logprobs,
             "metrics": self.metrics.as_dict(),
             "outputs": [o.as_dict() for o in self.outputs],
+            **({"error": self.error} if self.error is not None else {}),
         }

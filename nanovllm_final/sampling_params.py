@@ -14,6 +14,7 @@ model's vocabulary when the request is queued (`validate_request`)."""
 import copy
 from dataclasses import dataclass
 
+from .structured_outputs import StructuredOutputsParams, to_structured
 from .validate import INT64_MAX, INT64_MIN, Checked, Problem, option
 
 MAX_N = 128  # completions per request (OpenAI's limit): each is a sequence the scheduler runs like a request of its own
@@ -52,6 +53,9 @@ class SamplingParams(Checked):
     repetition_penalty: float | None = option(None, "> 1 discourages tokens of the prompt and the output (1: off)", float, low=1e-6, high=1e6)
     presence_penalty: float = option(0.0, "subtracted once from every token already generated", float, low=-2, high=2)
     frequency_penalty: float = option(0.0, "subtracted per occurrence of every token already generated", float, low=-2, high=2)
+    structured_outputs: StructuredOutputsParams | None = option(
+        None, "what the output must match: one of json (a schema), json_object, regex, choice, grammar (EBNF)",
+        convert=to_structured, rule="a StructuredOutputsParams or a dict with one of its fields")
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

@@ -21,6 +21,7 @@ from .sampling import PendingSample, SampledTokens, SamplingColumns, build_sampl
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_input import BlockTables, StepInput, build_step_input
+from .structured import Grammars
 from .workers import WorkerError, WorkerGroup
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class InFlight:
     launched_at: float
     needs_tokens: bool  # the next schedule needs its tokens on the host (penalties count the output)
     scores: PendingSample | None = None  # its prompt logprobs (step.scoring's rows), on their way to the host
+    constrained: bool = False  # some rows sampled under a grammar: the next step's mask needs their tokens
 
     def pending_rows(self) -> dict[int, int]:
         """seq_id -> the row of its pending token."""
@@ -63,7 +65,8 @@ class LLMEngine:
     detokenizing and stop checks hide behind the GPU's work instead of adding to it. A
     sequence that stops at step N has run step N+1 in vain (its result is dropped).
     Penalties need the output tokens on the host, so a step that applies them is
-    completed before the next one is scheduled.
+    completed before the next one is scheduled; a grammar's mask needs them too, but only
+    before the draw (engine/structured.py).
 
     A step that raises ends its requests with finish_reason "error" (the message in the
     output's `error`) and frees their blocks; the others go on. An error that loses the
@@ -91,6 +94,7 @@ class LLMEngine:
         self.in_flight: InFlight | None = None
         self.block_tables = BlockTables()  # the steps' block-table arrays, each built from the one before
         self.sampling_columns = SamplingColumns()  # the sampling rows' parameter columns, kept while the rows stay
+        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids)  # structured output
         self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
         self.error: str | None = None  # why the engine stopped, if it did
         self._ids = itertools.count()
@@ -123,8 +127,11 @@ class LLMEngine:
         resolved = params.resolve(self.model_config.generation_defaults, self.model_config.vocab_size)
         request = Request(request_id, list(prompt_token_ids), resolved, self.tokenizer)
         self.requests[request_id] = request
-        for seq in request.seqs:
-            self.scheduler.add(seq)
+        if resolved.structured_outputs is not None:
+            self.grammars.add(request)  # scheduled once its grammar has compiled (_admit_structured)
+        else:
+            for seq in request.seqs:
+                self.scheduler.add(seq)
         self.metrics.on_arrival()
         return request_id
 
@@ -150,7 +157,7 @@ class LLMEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) + self.grammars.num_waiting
 
     @property
     def num_blocks(self) -> int:
@@ -202,8 +209,12 @@ class LLMEngine:
         the step still in flight, whose sampled tokens this one feeds."""
         start = time.perf_counter()
         hits_before = self.block_manager.num_hit_tokens
+        if self.grammars.waiting:
+            self._admit_structured()
         seqs = self.scheduler.schedule()
         if not seqs:
+            if self.grammars.waiting:
+                time.sleep(0.001)  # nothing to run but grammars compiling: do not spin
             return None
         try:
             step = build_step_input(seqs, self.config.kvcache_block_size, prev.pending_rows() if prev is not None else None,
@@ -213,6 +224,10 @@ class LLMEngine:
             all_sample = len(step.sample_rows) == len(seqs)  # most steps: every sequence samples
             sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
             batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns) if sampling else None
+            if batch is not None and self.grammars.used:  # filled on the host while the device runs the forward
+                if prev is not None and prev.constrained:  # the step before's tokens, into the matchers first
+                    self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
+                batch.grammar = self.grammars.bitmask(sampling)
             pending = sample(self.model_runner.sampler, logits, batch) if sampling else None
         except Exception as err:
             self._fail(seqs, err)
@@ -221,7 +236,9 @@ class LLMEngine:
         mark_launched(step.scoring, seqs)
         record = self.metrics.step_record(step, len(seqs), self.block_manager.num_hit_tokens - hits_before)
         needs_tokens = batch is not None and batch.penalties is not None  # penalties count the output
-        return InFlight(step, seqs, sampling, pending, record, start, needs_tokens, self.model_runner.prompt_scores)
+        constrained = batch is not None and batch.grammar is not None
+        return InFlight(step, seqs, sampling, pending, record, start, needs_tokens, self.model_runner.prompt_scores,
+                        constrained)
 
     def _complete(self, done: InFlight, finished_only: bool) -> None:
         """Wait for the step's tokens; resolve, detokenize, check stops, queue the outputs."""
@@ -261,6 +278,19 @@ class LLMEngine:
         end = time.perf_counter()
         self.metrics.on_step(done.record, end - max(done.launched_at, self.last_done or 0.0))
         self.last_done = end
+
+    def _admit_structured(self) -> None:
+        """Schedule the requests whose grammar has compiled; end those whose grammar failed."""
+        ready, failed = self.grammars.poll()
+        for request in ready:
+            for seq in request.seqs:
+                self.scheduler.add(seq)
+        for request, message in failed:
+            del self.requests[request.request_id]
+            for seq in request.seqs:
+                self.scheduler.finish(seq, "error")
+            self.pending.append(self._error_output(request, message))
+            self.metrics.on_finish(request)
 
     # ---- a step that failed ----
 
@@ -311,6 +341,7 @@ class LLMEngine:
         add_request() after it raise."""
         if self.model_runner is None:
             return
+        self.grammars.shutdown()
         if self.workers is not None:
             self.workers.shutdown()
         self.model_runner.shutdown()

@@ -12,6 +12,7 @@ from ..sampling_params import SamplingParams
 from ..validate import Problem, is_int, show
 from .detokenizer import IncrementalDetokenizer
 from .sequence import Sequence
+from .structured import accepts, check_available
 
 
 class Completion:
@@ -76,6 +77,8 @@ class Request:
         reason = None
         if n >= p.min_tokens and ((not p.ignore_eos and token_id in eos_token_ids) or token_id in p.stop_token_ids):
             reason = "stop"
+        elif seq.grammar is not None and not accepts(seq, token_id):
+            reason = "stop"  # the grammar has ended (its EOS accepted), or can take no token past this one
         elif seq.reaches_length_limit(known, max_model_len):
             reason = "length"
         if completion.detok.add(token_id, final=reason is not None):
@@ -129,4 +132,6 @@ def validate_request(token_ids, params, config, model_config) -> Problem | None:
     for name in ("logprobs", "prompt_logprobs"):
         if getattr(params, name) is not None and getattr(params, name) > vocab:
             return Problem(f"{name}={getattr(params, name)} is more than the vocabulary's {vocab} tokens", name)
+    if params.structured_outputs is not None:
+        return check_available()  # xgrammar is imported only when a request asks for a format
     return None

@@ -16,6 +16,7 @@ import torch
 from ..layers.sampler import Sampler, apply_penalties, logprobs_of
 from .sequence import Sequence
 from .step_input import to_device, upload
+from .structured import apply_bitmask
 
 
 @dataclass
@@ -30,6 +31,7 @@ class SamplingBatch:
     suppress: tuple[np.ndarray, np.ndarray] | None  # (row, token id) pairs masked out (min_tokens)
     num_logprobs: int | None  # the largest `logprobs` of the rows; None: no row asks
     on_device: dict = field(default_factory=dict)  # the columns' device copies, kept with the columns (SamplingColumns)
+    grammar: tuple | None = None  # structured output: the constrained rows (c,) and their bitmask (c, words) (structured.py)
 
     @property
     def all_greedy(self) -> bool:
@@ -160,6 +162,9 @@ def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> Pend
     if batch.suppress is not None:
         rows, ids = batch.suppress
         logits = logits.index_put((to_device(rows, device), to_device(ids, device)), torch.tensor(float("-inf"), dtype=logits.dtype, device=device))
+    if batch.grammar is not None:  # before every draw below: each picks among the allowed tokens
+        rows, bitmask = batch.grammar
+        logits = apply_bitmask(logits, *upload([rows, bitmask], device))
     if batch.all_greedy:
         token_ids = logits.argmax(dim=-1)  # (rows,)
     else:

@@ -127,7 +127,7 @@ class Scheduler:
             return
         if seq.status == SequenceStatus.RUNNING:
             self.running.remove(seq)
-        else:
+        elif seq in self.waiting:  # not there while its grammar compiles (structured output)
             self.waiting.remove(seq)
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
         seq.num_pending = 0  # tokens still in flight are dropped: their steps ran in vain

@@ -38,6 +38,8 @@ class Sequence:
         # completes and `resolve` appends them.
         self.num_pending = 0
         self.finish_reason: str | None = None
+        self.grammar = None  # structured output: its xgrammar matcher, advanced by each resolved token
+        self.grammar_early: bool | None = None  # overlap: the matcher took the pending token already (accepted?)
 
     def __len__(self) -> int:
         """Tokens, pending ones included: what the cache must hold and the next step may feed."""

@@ -26,6 +26,7 @@ from .limits import Limits, Workers, check_shape, decode
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, make_sampling_params, parse
 from .router_endpoints import add_router_endpoints
 from .tokenizer_routes import add_tokenizer_routes
+from .response_format import GrammarCheck
 
 log = logging.getLogger("nanovllm.server")
 CUT_OFF_SEND_S = 1.0  # how long a stream cut off for slow reading waits to hand over its error event and [DONE]
@@ -178,6 +179,7 @@ class Server:
         self.workers = Workers(self.limits)
         self.created = int(time.time())
         self.endpoints = {False: Endpoint(self, chat=False), True: Endpoint(self, chat=True)}
+        self.grammar_check = GrammarCheck(client)
         self._token_text: dict[int, str] = {}
 
     # ---- one request, either endpoint ----
@@ -188,6 +190,7 @@ class Server:
         req, prompts, params = await self.workers.run(body, lambda raw: self.prepare(endpoint, raw))
         limit = self.limits.request_timeout_s
         left = None if limit is None else max(0.0, arrival + limit - asyncio.get_running_loop().time())
+        await self.grammar_check(params)  # a grammar that does not compile is a 400 here
         try:
             handle = await asyncio.wait_for(self.submit(prompts, params, endpoint.prefix), left)
         except asyncio.TimeoutError:

@@ -71,6 +71,9 @@ class _Common(BaseModel):
     min_tokens: int | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    # structured output (response_format.py): OpenAI's, or vLLM's extra field
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
 
     def check_supported(self) -> None:
         if self.logit_bias:
@@ -85,6 +88,10 @@ class _Common(BaseModel):
         kwargs = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         if self.stop is not None:
             kwargs["stop"] = self.stop  # "" and [""] are refused by SamplingParams, as in Python
+        from .response_format import structured_from  # it imports this module
+
+        if (structured := structured_from(self.response_format, self.structured_outputs)) is not None:
+            kwargs["structured_outputs"] = structured
         return kwargs
 
 
@@ -168,7 +175,6 @@ class ChatCompletionRequest(_Common):
     tool_choice: Any = None
     functions: list[dict] | None = None  # OpenAI's legacy form of tools
     function_call: Any = None
-    response_format: dict | None = None
     chat_template: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -187,8 +193,6 @@ class ChatCompletionRequest(_Common):
         if self.tool_choice not in (None, "none", "auto"):  # "required", a named tool: a call this server cannot make
             raise RequestError(f"tool_choice {self.tool_choice!r} needs tools, which this server does not support",
                                "tool_choice")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise RequestError("only response_format {'type': 'text'} is supported", "response_format")
         if self.top_logprobs and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
 

@@ -1,0 +1,229 @@
+"""Structured output in the engine, on xgrammar (the optional extra `structured`):
+
+    grammars = Grammars(tokenizer, vocab_size, eos_token_ids)
+    grammars.add(request)                  # its grammar compiles on a worker thread (cached by schema)
+    ready, failed = grammars.poll()        # each step: requests whose grammar is ready (their
+                                           #   sequences get a matcher each), or failed / timed out
+    rows, bitmask = grammars.bitmask(seqs) # the step's constrained rows, their allowed tokens (host)
+    logits = apply_bitmask(logits, rows, bitmask)  # on the device: the other tokens at -inf
+
+A request waits here, outside the scheduler, until its grammar is ready; the others run on.
+Each sequence's matcher accepts its tokens as they resolve (Request.on_token): EOS is allowed
+only where the grammar can end. Overlap scheduling: step N+1's mask needs step N's tokens, so
+the engine launches N+1's forward pass (fed N's tokens on the device), then waits for N's tokens
+on the host, advances the matchers with them (`advance`) and fills N+1's mask while the device
+runs the forward pass; N's tokens resolve later, and the matchers do not take them twice."""
+
+import copy
+import functools
+import json
+import re
+import time
+from collections import OrderedDict
+import queue
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+
+from ..structured_outputs import StructuredOutputsParams, subschemas
+from ..validate import Problem
+
+COMPILE_TIMEOUT_S = 10.0  # a grammar still compiling after this long ends its request with an error
+CACHE_SIZE = 256  # compiled grammars kept (by schema)
+MISSING_EXTRA = "structured output needs the grammar engine xgrammar: pip install 'nanovllm-staged[structured]'"
+
+
+@functools.cache
+def xgrammar():
+    """The xgrammar module, or None if the extra is not installed."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        return None
+    return xgr
+
+
+def check_available() -> Problem | None:
+    """The problem with serving a structured-output request here (the extra missing), or None."""
+    return None if xgrammar() is not None else Problem(MISSING_EXTRA, "structured_outputs", "unsupported")
+
+
+def clean_error(err: Exception) -> str:
+    """xgrammar's message without its log prefix ("[12:00:00] /project/cpp/x.cc:12: Check failed: ...")."""
+    text = re.sub(r"\[[\d:]+\] \S+\.cc:\d+: ", "", str(err)).strip()
+    return re.sub(r"Check failed: \(.*?\) is false: ", "", text).splitlines()[0][:500]
+
+
+def bounded_strings(schema: dict) -> dict:
+    """A copy of `schema` whose strings bounded by minLength/maxLength alone carry the bounds as a
+    pattern of plain characters: xgrammar's length-bounded strings admit raw control characters,
+    which JSON parsers refuse (such strings hold no escapes then)."""
+    schema = copy.deepcopy(schema)
+    for sub, _, _ in subschemas(schema):
+        if sub.get("type") == "string" and ("minLength" in sub or "maxLength" in sub) and "pattern" not in sub \
+                and "format" not in sub and "enum" not in sub and "const" not in sub:
+            low, high = sub.pop("minLength", 0), sub.pop("maxLength", "")
+            sub["pattern"] = f'^[^"\\\\\\x00-\\x1f]{{{low},{high}}}$'
+    return schema
+
+
+class Job:
+    """One grammar's compile: pending, then a CompiledGrammar or an error message."""
+
+    def __init__(self):
+        self.started: float | None = None  # when a worker took it (the time limit counts from there)
+        self.future: Future | None = None
+        self.error: str | None = None
+
+    def result(self, timeout_s: float):
+        """The compiled grammar, None while it compiles, or a ValueError with the reason."""
+        if self.error is None and self.future.done():
+            err = self.future.exception()
+            if err is None:
+                return self.future.result()
+            self.error = f"the grammar does not compile: {clean_error(err)}"
+        elif self.error is None and self.started is not None and time.perf_counter() - self.started > timeout_s:
+            self.error = f"the grammar took more than {timeout_s:g} s to compile (the time limit)"
+        if self.error is not None:
+            raise ValueError(self.error)
+        return None
+
+
+class Grammars:
+    """The engine's structured-output state: grammars compiling or cached, requests waiting for
+    theirs, and the step's token bitmask. xgrammar is loaded on the first request that needs it."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int], timeout_s: float = COMPILE_TIMEOUT_S):
+        self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
+        self.timeout_s = timeout_s
+        self.compiler = None
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()  # (job, params), for the workers
+        self.workers: list[threading.Thread] = []  # two: one slow grammar leaves the other free
+        self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
+        self.waiting: list[tuple] = []  # (Request, Job)
+        self.used = False  # no structured request yet: steps skip the bitmask entirely
+
+    def _compiler(self):
+        if self.compiler is None:
+            xgr = xgrammar()
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.eos_token_ids)
+            self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # cached here, by key
+        return self.compiler
+
+    def _compile(self, job: Job, params: StructuredOutputsParams):
+        job.started = time.perf_counter()
+        compiler, kind, value = self._compiler(), params.kind, getattr(params, params.kind)
+        if kind == "json":
+            return compiler.compile_json_schema(json.dumps(bounded_strings(value)), any_whitespace=False)
+        if kind == "json_object":  # an object (xgrammar's builtin JSON grammar takes any value), compact
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+        if kind == "regex":
+            return compiler.compile_regex(value)
+        if kind == "choice":
+            return compiler.compile_regex("|".join(re.escape(c) for c in value))
+        return compiler.compile_grammar(value)
+
+    def submit(self, params: StructuredOutputsParams) -> Job:
+        """The compile job of `params`' grammar: the cached one, or a new one on a worker."""
+        key = params.key
+        job = self.cache.get(key)
+        if job is not None:
+            self.cache.move_to_end(key)
+            return job
+        job = self.cache[key] = Job()
+        job.future = Future()
+        self.queue.put((job, params))
+        if not self.workers:  # daemon threads: a compile past its time limit cannot hold up the process's exit
+            self.workers = [threading.Thread(target=self._work, name=f"grammar-{i}", daemon=True) for i in range(2)]
+            for worker in self.workers:
+                worker.start()
+        if len(self.cache) > CACHE_SIZE:
+            self.cache.popitem(last=False)
+        return job
+
+    def add(self, request) -> None:
+        self.used = True
+        self.waiting.append((request, self.submit(request.params.structured_outputs)))
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(request.seqs) for request, _ in self.waiting)
+
+    def poll(self) -> tuple[list, list[tuple]]:
+        """Requests whose grammar is ready (each sequence given a matcher), and those whose grammar
+        failed or timed out, with the reason; the rest keep waiting. Ended requests are dropped."""
+        ready, failed, still = [], [], []
+        for request, job in self.waiting:
+            if request.finished:
+                continue  # aborted while it waited
+            try:
+                compiled = job.result(self.timeout_s)
+            except ValueError as err:
+                failed.append((request, str(err)))
+                continue
+            if compiled is None:
+                still.append((request, job))
+                continue
+            for seq in request.seqs:
+                seq.grammar = xgrammar().GrammarMatcher(compiled)
+            ready.append(request)
+        self.waiting = still
+        return ready, failed
+
+    def bitmask(self, seqs: list) -> tuple[np.ndarray, np.ndarray] | None:
+        """The rows of `seqs` that have a matcher, (c,) int64, and their allowed tokens as an int32
+        bitmask (c, ceil(vocab / 32)) on the host; None if no row has one."""
+        # a matcher that has ended belongs to a sequence that ended last step: this step runs it in vain
+        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.grammar.is_terminated()]
+        if not rows:
+            return None
+        xgr = xgrammar()
+        bitmask = xgr.allocate_token_bitmask(len(rows), self.vocab_size)  # (c, words) int32
+        matchers = [seqs[i].grammar for i in rows]
+        if len(matchers) == 1:
+            matchers[0].fill_next_token_bitmask(bitmask, 0)
+        else:
+            xgr.BatchGrammarMatcher().batch_fill_next_token_bitmask(matchers, bitmask)
+        return np.array(rows, np.int64), bitmask.numpy()
+
+    @staticmethod
+    def advance(seqs: list, token_ids: list[int]) -> None:
+        """Overlap: the step before's tokens, accepted by the matchers before they resolve, so that
+        this step's mask can be filled while the device runs its forward pass."""
+        for seq, token_id in zip(seqs, token_ids):
+            if seq.grammar is not None and not seq.is_finished:
+                seq.grammar_early = seq.grammar.accept_token(token_id)
+
+    def _work(self) -> None:
+        while (item := self.queue.get()) is not None:
+            job, params = item
+            try:
+                job.future.set_result(self._compile(job, params))
+            except Exception as err:  # noqa: BLE001 - the compiler's refusal is the request's error
+                job.future.set_exception(err)
+
+    def shutdown(self) -> None:
+        for _ in self.workers:
+            self.queue.put(None)  # each stops after its compile
+
+
+def accepts(seq, token_id: int) -> bool:
+    """Advance the sequence's matcher by its token as it resolves (unless `advance` did already);
+    False: the grammar has ended (its EOS accepted) or refused the token."""
+    ok = seq.grammar.accept_token(token_id) if seq.grammar_early is None else seq.grammar_early
+    seq.grammar_early = None
+    return ok and not seq.grammar.is_terminated()
+
+
+def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """A copy of `logits` (rows_all, vocab) whose `rows` (c,) keep only the tokens set in
+    `bitmask` (c, words) int32 (bit j of word w: token 32 w + j); the others become -inf. Every
+    draw after this (argmax, top-k candidates, softmax) then picks an allowed token."""
+    vocab = logits.shape[1]
+    bits = torch.arange(32, device=logits.device, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab].bool()  # (c, vocab)
+    masked = logits[rows].masked_fill(~allowed, float("-inf"))  # (c, vocab)
+    return logits.index_put((rows,), masked)

@@ -1,0 +1,172 @@
+"""Structured output in the final engine (SamplingParams.structured_outputs on xgrammar): every
+output of the shared schemas, regexes and choices parses and validates, greedy and sampled,
+n > 1, under preemption and prefix hits; free rows in the same batch get exactly their
+unconstrained tokens; hostile grammars end their own request with a clear error only."""
+
+import json
+import re
+import time
+
+import jsonschema
+import pytest
+from common import ROOT, random_prompts, total
+
+from benchmarks.structured_schemas import CHOICES, REGEXES, SCHEMAS, STORY
+from nanovllm_final import LLM, SamplingParams
+from nanovllm_final.engine import structured
+from nanovllm_final.structured_outputs import MAX_DEPTH, StructuredOutputsParams
+from nanovllm_final.validate import Problem
+
+pytest.importorskip("xgrammar")
+COURSE = ROOT / "models" / "course-llama"
+
+
+@pytest.fixture(scope="module", params=["course", "qwen3"])
+def llm(request, model_dir):
+    path = COURSE if request.param == "course" else model_dir("qwen3")
+    with LLM(path, device="cpu", max_model_len=256, kvcache_block_size=16) as engine:
+        yield engine
+
+
+def formats() -> list[tuple[dict, object]]:
+    """(structured_outputs, check of the output text) for every shared case."""
+    cases = [({"json": s}, lambda text, s=s: jsonschema.validate(json.loads(text), s)) for s in SCHEMAS]
+    cases += [({"regex": r}, lambda text, r=r: re.fullmatch(r, text) or pytest.fail(f"{text!r} !~ {r}")) for r in REGEXES]
+    cases += [({"choice": c}, lambda text, c=c: text in c or pytest.fail(f"{text!r} not in {c}")) for c in CHOICES]
+    return cases
+
+
+def check_all(outs: list[dict], cases: list) -> None:
+    for out, (fmt, check) in zip(outs, cases):
+        for completion in out["outputs"]:
+            assert completion["finish_reason"] == "stop", (fmt, completion)
+            check(completion["text"])
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_every_output_validates(llm, sampled):
+    """All cases in one batch: greedy, or sampled with n=2 (each completion has its own matcher)."""
+    cases = formats()
+    extra = {"temperature": 0.9, "top_k": 50, "n": 2, "seed": 5} if sampled else {"temperature": 0}
+    params = [SamplingParams(max_tokens=128, structured_outputs=fmt, **extra) for fmt, _ in cases]
+    outs = llm.generate(["Once upon a time"] * len(cases), params, use_tqdm=False)
+    check_all(outs, cases)
+
+
+def test_free_rows_are_untouched(llm):
+    """Free rows (greedy and seeded top-p) beside constrained ones get the tokens they get alone."""
+    prompts = random_prompts([7, 11, 5], seed=4)
+    free = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=12),
+            SamplingParams(temperature=1.0, seed=9, max_tokens=12)]
+    alone = llm.generate(prompts, free, use_tqdm=False)
+    constrained = [SamplingParams(temperature=t, seed=1, max_tokens=64, structured_outputs={"json": SCHEMAS[i]})
+                   for i, t in ((6, 0), (11, 0.7), (19, 1.0))]
+    mixed = llm.generate(prompts + prompts, free + constrained, use_tqdm=False)
+    assert [o["token_ids"] for o in mixed[:3]] == [o["token_ids"] for o in alone]
+    check_all(mixed[3:], [(None, lambda text, s=SCHEMAS[i]: jsonschema.validate(json.loads(text), s)) for i in (6, 11, 19)])
+
+
+def test_length_inside_a_structure_and_eos(llm):
+    """max_tokens inside an unfinished object ends with "length"; a finished one ends on EOS ("stop")."""
+    schema = {"json": STORY}
+    short, full = llm.generate(["A story"] * 2, [SamplingParams(temperature=0, max_tokens=3, structured_outputs=schema),
+                                                 SamplingParams(temperature=0, max_tokens=128, structured_outputs=schema)],
+                               use_tqdm=False)
+    assert short["finish_reason"] == "length" and full["text"].startswith(short["text"])
+    assert full["finish_reason"] == "stop" and full["token_ids"][-1] in llm.engine.eos_set
+    jsonschema.validate(json.loads(full["text"]), STORY)
+
+
+def test_preemption_and_prefix_hits(model_dir):
+    """A KV budget too small for every sequence, and one shared prompt: outputs still validate."""
+    cases = formats()[:12]
+    prompt = random_prompts([20], seed=2)[0]
+    with LLM(model_dir("qwen3"), device="cpu", max_model_len=96, kvcache_block_size=4, num_kvcache_blocks=24) as llm:
+        params = [SamplingParams(temperature=0.7, seed=i, max_tokens=72, structured_outputs=fmt)
+                  for i, (fmt, _) in enumerate(cases)]
+        check_all(llm.generate([prompt] * len(cases), params, use_tqdm=False), cases)
+        assert total(llm, "preemptions") > 0 and total(llm, "prefix_hit_tokens") > 0
+
+
+def test_params_are_checked_where_they_enter():
+    ok = SamplingParams(structured_outputs={"json": json.dumps(SCHEMAS[0])}).structured_outputs
+    assert ok == StructuredOutputsParams(json=SCHEMAS[0])
+    assert SamplingParams(structured_outputs='{"choice": ["a", "b"]}').structured_outputs.choice == ["a", "b"]  # the CLI's
+    deep = {"type": "integer"}
+    for _ in range(MAX_DEPTH + 5):
+        deep = {"type": "object", "properties": {"a": deep}}
+    bad = {"none": {}, "two": {"regex": "a", "choice": ["a"]}, "keyword": {"json": {"type": "array", "uniqueItems": True}},
+           "deep": {"json": deep}, "wide": {"json": {"properties": {f"p{i}": {} for i in range(10_000)}}}, "text": {"json": "{not json"}, "choice": {"choice": []}, "field": {"jsonn": {}},
+           "kind": 5, "json_object": {"json_object": "yes"}}
+    for name, value in bad.items():
+        with pytest.raises(Problem) as err:
+            SamplingParams(structured_outputs=value)
+        assert err.value.param == "structured_outputs", name
+    with pytest.raises(Problem, match="uniqueItems"):
+        SamplingParams(structured_outputs=bad["keyword"])
+
+
+def test_hostile_grammars_end_only_their_request(model_dir, monkeypatch):
+    """A schema the compiler refuses, a bad regex, a bad grammar, and a 1,000-property schema past
+    the time limit each end with a clear error, in the same generate call as free requests,
+    which get their usual tokens."""
+    big = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1000)}}
+    recursive = {"$defs": {"node": {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+                                    "required": ["next"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
+    hostile = {"unsupported type": {"json": {"type": "frob"}}, "bad regex": {"regex": "[a-"},
+               "bad grammar": {"grammar": "root ::= 'a' |"}, "time limit": {"json": big}}
+    prompts = random_prompts([6, 9], seed=8)
+    free = [SamplingParams(temperature=0, max_tokens=16)] * 2
+    with LLM(model_dir("qwen3"), device="cpu", max_model_len=256) as llm:
+        alone = llm.generate(prompts, free, use_tqdm=False)
+        llm.engine.grammars.timeout_s = 0.05
+        start = time.perf_counter()
+        params = [SamplingParams(max_tokens=8, structured_outputs=fmt) for fmt in hostile.values()]
+        params.append(SamplingParams(temperature=0, max_tokens=256, structured_outputs={"json": recursive}))
+        outs = llm.generate(prompts + ["x"] * len(params), free + params, use_tqdm=False)
+        assert time.perf_counter() - start < 10
+        assert [o["token_ids"] for o in outs[:2]] == [o["token_ids"] for o in alone]
+        messages = [o.get("error") or "" for o in outs[2:-1]]
+        assert all(o["finish_reason"] == "error" for o in outs[2:-1]), messages
+        assert "frob" in messages[0] and "Unclosed" in messages[1] and "EBNF" in messages[2], messages
+        assert "time limit" in messages[3], messages
+        assert "/project/" not in "".join(messages)  # no compiler log prefix
+        assert outs[-1]["finish_reason"] in ("stop", "length") and outs[-1]["text"].startswith('{"next": ')
+
+
+def test_without_the_extra_a_format_is_a_clear_error(model_dir, monkeypatch):
+    monkeypatch.setattr(structured, "xgrammar", lambda: None)
+    with LLM(model_dir("qwen3"), device="cpu", max_model_len=64) as llm:
+        with pytest.raises(Problem, match=r"nanovllm-staged\[structured\]") as err:
+            llm.generate(["x"], SamplingParams(structured_outputs={"choice": ["a"]}), use_tqdm=False)
+        assert err.value.param == "structured_outputs"
+        assert llm.generate(["x"], SamplingParams(max_tokens=2), use_tqdm=False)[0]["finish_reason"] == "length"
+
+
+def test_abort_while_the_grammar_compiles(model_dir):
+    """A request aborted while its grammar compiles ends with "abort" and frees nothing it never held."""
+    slow = {"type": "object", "properties": {f"q{i}": {"type": "integer"} for i in range(900)}}
+    with LLM(model_dir("qwen3"), device="cpu", max_model_len=64) as llm:
+        engine = llm.engine
+        rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, structured_outputs={"json": slow}))
+        assert engine.num_waiting == 1 and engine.num_running == 0
+        engine.abort_request(rid)
+        outputs = []
+        while engine.has_unfinished_requests():
+            outputs += engine.step()
+        assert [o.outputs[0].finish_reason for o in outputs] == ["abort"]
+        assert not engine.grammars.waiting  # dropped once the engine looked
+        assert engine.num_free_blocks == engine.num_blocks
+
+
+def test_overlap_scheduling_changes_no_token(model_dir):
+    """With overlap, a step's mask is filled from the step before's tokens taken ahead of their
+    resolution (Grammars.advance); without, step by step: the same tokens, sampled or greedy."""
+    cases = formats()
+    params = [SamplingParams(temperature=t, seed=i, max_tokens=96, structured_outputs=fmt)
+              for i, ((fmt, _), t) in enumerate(zip(cases, [0.0, 0.8] * len(cases)))]
+    runs = []
+    for overlap in (True, False):
+        with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap) as llm:
+            runs.append([o["token_ids"] for o in llm.generate(["Once"] * len(cases), params, use_tqdm=False)])
+    assert runs[0] == runs[1]
