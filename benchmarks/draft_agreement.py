@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-k", type=int, default=8)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    record = {"command": " ".join(["python -m benchmarks.draft_agreement", *(argv if argv is not None else sys.argv[1:])]),
+    words = argv if argv is not None else sys.argv[1:]
+    record = {"command": " ".join(["python -m benchmarks.draft_agreement", *words]),
               "device_name": device_name("cpu"), "versions": versions(),
               **measure(args.target, args.draft, args.num_prompts, args.max_tokens, args.max_k)}
     print(f"agreement {record['agreement']:.3f} over {record['positions']} positions ({args.num_prompts} prompts)")
