@@ -1,9 +1,9 @@
 """Train the course model: a small Llama on the stories of tools/course_model/stories.py.
 
 The whole recipe is here and seeded: the stories (stories.py, seed 0), a byte-level BPE
-tokenizer trained on them (tools.tiny_model.train_bpe), a Llama-architecture model from
-transformers, AdamW with warm-up and cosine decay, bf16 autocast on CUDA. It writes a Hugging
-Face checkpoint (config.json, model.safetensors in bfloat16, generation_config.json,
+tokenizer trained on them (tools.tiny_model.train_bpe; the draft reuses the course model's), a
+Llama-architecture model from transformers, AdamW with warm-up and cosine decay, bf16 autocast
+on CUDA (and on the CPU for the draft). It writes a Hugging Face checkpoint (config.json, model.safetensors in bfloat16, generation_config.json,
 tokenizer.json, tokenizer_config.json with a ChatML chat template) and training_log.json
 (loss curve, timings, device, greedy samples).
 
@@ -12,7 +12,7 @@ tokenizer.json, tokenizer_config.json with a ChatML chat template) and training_
     # its draft for speculative decoding (about 1M parameters, the course model's tokenizer;
     # trained on a 2-core CPU within the time limit):
     python -m tools.course_model.train --size draft --out models/course-llama-draft --device cpu \
-        --max-train-seconds 720
+        --max-train-seconds 1080
     # a toy run on CPU, to check the script in a minute:
     python -m tools.course_model.train --out /tmp/course-toy --device cpu --toy
     # the loss curve as a PNG, from a training_log.json:
