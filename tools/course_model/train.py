@@ -3,9 +3,9 @@
 The whole recipe is here and seeded: the stories (stories.py, seed 0), a byte-level BPE
 tokenizer trained on them (tools.tiny_model.train_bpe; the draft reuses the course model's), a
 Llama-architecture model from transformers, AdamW with warm-up and cosine decay, bf16 autocast
-on CUDA (and on the CPU for the draft). It writes a Hugging Face checkpoint (config.json, model.safetensors in bfloat16, generation_config.json,
-tokenizer.json, tokenizer_config.json with a ChatML chat template) and training_log.json
-(loss curve, timings, device, greedy samples).
+on CUDA (and on the CPU for the draft). It writes a Hugging Face checkpoint (config.json,
+model.safetensors in bfloat16, generation_config.json, tokenizer.json, tokenizer_config.json
+with a ChatML chat template) and training_log.json (loss curve, timings, device, greedy samples).
 
     # the committed model (about 2 minutes of training on one H200):
     python -m tools.course_model.train --out models/course-llama --device cuda
