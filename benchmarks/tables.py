@@ -349,6 +349,11 @@ FILES = [
      "blocks where the engine's block manager puts them, or at random places where the name or a note says so)"),
     ("gemv_tiles_*.json", f"{SUITE} gemv", "a decode step's dense projections at one and two rows, with as many distinct weights as the "
      "model has layers: the matrix-vector kernels for each tile choice against cuBLAS"),
+    ("draft_agreement_course-llama_cpu.json",
+     "python -m benchmarks.draft_agreement --out benchmarks/results/draft_agreement_course-llama_cpu.json",
+     "the course model's draft (models/course-llama-draft) teacher-forced on the course model's greedy text (held-out "
+     "story prompts, CPU, float32): per-token agreement a, and tokens per verify step for k = 1..8, from (1 - a^(k+1)) / (1 - a) "
+     "and replayed on the match vector"),
     ("kv_cache_quality_cpu.json", "python -m benchmarks.kv_cache_quality --out benchmarks/results/kv_cache_quality_cpu.json",
      "kv_cache_dtype='fp8' against 'auto': greedy agreement, teacher-forced mean abs Δ logprob, KV blocks per GiB "
      "(course model, the qwen3-0.6b shape with 4 layers)"),

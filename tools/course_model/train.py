@@ -1,14 +1,18 @@
 """Train the course model: a small Llama on the stories of tools/course_model/stories.py.
 
 The whole recipe is here and seeded: the stories (stories.py, seed 0), a byte-level BPE
-tokenizer trained on them (tools.tiny_model.train_bpe), a Llama-architecture model from
-transformers, AdamW with warm-up and cosine decay, bf16 autocast on CUDA. It writes a Hugging
-Face checkpoint (config.json, model.safetensors in bfloat16, generation_config.json,
-tokenizer.json, tokenizer_config.json with a ChatML chat template) and training_log.json
-(loss curve, timings, device, greedy samples).
+tokenizer trained on them (tools.tiny_model.train_bpe; the draft reuses the course model's), a
+Llama-architecture model from transformers, AdamW with warm-up and cosine decay, bf16 autocast
+on CUDA (and on the CPU for the draft). It writes a Hugging Face checkpoint (config.json,
+model.safetensors in bfloat16, generation_config.json, tokenizer.json, tokenizer_config.json
+with a ChatML chat template) and training_log.json (loss curve, timings, device, greedy samples).
 
     # the committed model (about 2 minutes of training on one H200):
     python -m tools.course_model.train --out models/course-llama --device cuda
+    # its draft for speculative decoding (about 1M parameters, the course model's tokenizer;
+    # trained on a 2-core CPU within the time limit):
+    python -m tools.course_model.train --size draft --out models/course-llama-draft --device cpu \
+        --max-train-seconds 1080
     # a toy run on CPU, to check the script in a minute:
     python -m tools.course_model.train --out /tmp/course-toy --device cpu --toy
     # the loss curve as a PNG, from a training_log.json:
@@ -25,6 +29,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -42,6 +47,11 @@ MODEL_SHAPE = dict(
     hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
     num_key_value_heads=4, head_dim=32, vocab_size=2048, max_position_embeddings=1024,
 )
+# The draft model for speculative decoding: about 1M parameters, the same vocabulary and tokenizer.
+DRAFT_SHAPE = dict(
+    hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, vocab_size=2048, max_position_embeddings=1024,
+)
 TOY_SHAPE = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=256,
@@ -49,8 +59,18 @@ TOY_SHAPE = dict(
 # The training run: (stories, tokenizer stories, validation stories, steps, batch, sequence length)
 RUN = dict(stories=200_000, tokenizer_stories=20_000, val_stories=2_000, steps=3000, batch=128, seq_len=512,
            lr=2e-3, min_lr=2e-4, warmup=100, weight_decay=0.1, log_every=25, eval_every=250)
+# The draft trains on a CPU: fewer stories, smaller batches of shorter windows (a story is about
+# 130 tokens), and the course model's tokenizer files copied, so that token ids match exactly.
+# bf16 autocast on the CPU too (2.5x the float32 speed on a CPU with AVX-512 bf16). With
+# --max-train-seconds the learning rate decays over that time (decay_by_time), however fast the
+# steps go on a shared machine; the log records the step it stopped at.
+DRAFT_RUN = dict(stories=20_000, val_stories=2_000, steps=2000, batch=16, seq_len=256, lr=4e-3, min_lr=4e-4,
+                 warmup=30, weight_decay=0.1, log_every=10, eval_every=50, tokenizer_from="models/course-llama",
+                 cpu_autocast=True, decay_by_time=True)
 TOY_RUN = dict(stories=2_000, tokenizer_stories=1_000, val_stories=100, steps=30, batch=8, seq_len=128,
                lr=3e-3, min_lr=3e-4, warmup=5, weight_decay=0.1, log_every=5, eval_every=15)
+SIZES = {"course": (MODEL_SHAPE, RUN), "draft": (DRAFT_SHAPE, DRAFT_RUN), "toy": (TOY_SHAPE, TOY_RUN)}
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_PROMPTS = [
     "Once upon a time, in a small village by the sea,",
     "One sunny morning, a little girl named Lily",
@@ -60,10 +80,10 @@ LOG_FILE = "training_log.json"
 PLOT_FILE = "training_loss.png"
 
 
-def model_config(toy: bool) -> dict:
-    """config.json of the course model: a Llama with tied embeddings, GQA, bfloat16 weights."""
-    shape = TOY_SHAPE if toy else MODEL_SHAPE
-    return build_config("llama", "tiny", tie_word_embeddings=True, dtype="bfloat16", init_std=0.02, **shape)
+def model_config(size: str) -> dict:
+    """config.json of the course model (or its draft, or the toy): a Llama with tied embeddings,
+    GQA, bfloat16 weights."""
+    return build_config("llama", "tiny", tie_word_embeddings=True, dtype="bfloat16", init_std=0.02, **SIZES[size][0])
 
 
 def tokenize(tokenizer: Tokenizer, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,37 +105,41 @@ def batches(stream: torch.Tensor, starts: torch.Tensor, batch: int, seq_len: int
         yield stream[pick[:, None] + offsets]  # (batch, seq_len + 1)
 
 
-def lr_at(step: int, run: dict) -> float:
+def lr_at(step: int, run: dict, time_used: float = 0.0) -> float:
+    """Warm-up, then cosine decay over the steps, or over the time limit where time_used (the
+    share of it spent) is ahead of the steps."""
     if step < run["warmup"]:
         return run["lr"] * (step + 1) / run["warmup"]
-    progress = (step - run["warmup"]) / max(1, run["steps"] - run["warmup"])
+    progress = min(1.0, max((step - run["warmup"]) / max(1, run["steps"] - run["warmup"]), time_used))
     return run["min_lr"] + 0.5 * (run["lr"] - run["min_lr"]) * (1 + math.cos(math.pi * progress))
 
 
 def loss_of(model, rows: torch.Tensor, autocast: bool) -> torch.Tensor:
-    rows = rows.to(next(model.parameters()).device)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+    device = next(model.parameters()).device
+    rows = rows.to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=rows[:, :-1]).logits  # (batch, seq_len, vocab)
     return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), rows[:, 1:].flatten())
 
 
-def train(out: Path, device: str, seed: int, toy: bool, steps: int | None = None,
+def train(out: Path, device: str, seed: int, size: str = "course", steps: int | None = None,
           max_train_seconds: float | None = None) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    run = dict(TOY_RUN if toy else RUN)
+    run = dict(SIZES[size][1])
     if steps is not None:
         run["steps"] = steps
     times = {}
     start = time.perf_counter()
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    config = model_config(toy)
+    config = model_config(size)
     out.mkdir(parents=True, exist_ok=True)
 
     texts = story_grammar.stories(run["stories"], seed)
     val_texts = story_grammar.stories(run["val_stories"], seed, start=run["stories"])
-    tokenizer_json = _train_tokenizer(texts[: run["tokenizer_stories"]], config["vocab_size"])
+    tokenizer_json = (_shared_tokenizer(run["tokenizer_from"], config) if "tokenizer_from" in run
+                      else _train_tokenizer(texts[: run["tokenizer_stories"]], config["vocab_size"]))
     tokenizer = Tokenizer.from_str(tokenizer_json)
     stream, starts = tokenize(tokenizer, texts)
     val_stream, val_starts = tokenize(tokenizer, val_texts)
@@ -131,15 +155,18 @@ def train(out: Path, device: str, seed: int, toy: bool, steps: int | None = None
         [{"params": decay, "weight_decay": run["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
         lr=run["lr"], betas=(0.9, 0.95), fused=device == "cuda",
     )
-    autocast = device == "cuda"
+    autocast = device == "cuda" or run.get("cpu_autocast", False)
     data = batches(stream, starts, run["batch"], run["seq_len"], torch.Generator().manual_seed(seed))
     val_rows = list(_take(batches(val_stream, val_starts, run["batch"], run["seq_len"],
                                   torch.Generator().manual_seed(seed + 1)), 4))
+    # On a shared CPU the step rate is unknown in advance: the draft's schedule follows the clock.
+    decay_by_time = run.get("decay_by_time", False) and max_train_seconds is not None
     curve, val_curve = [], []
     train_start = time.perf_counter()
     for step in range(run["steps"]):
+        time_used = (time.perf_counter() - train_start) / max_train_seconds if decay_by_time else 0.0
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, run)
+            group["lr"] = lr_at(step, run, time_used)
         loss = loss_of(model, next(data), autocast)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -148,7 +175,7 @@ def train(out: Path, device: str, seed: int, toy: bool, steps: int | None = None
         out_of_time = max_train_seconds is not None and time.perf_counter() - train_start > max_train_seconds
         last = step == run["steps"] - 1 or out_of_time
         if step % run["log_every"] == 0 or last:
-            curve.append({"step": step, "loss": round(loss.item(), 4), "lr": lr_at(step, run),
+            curve.append({"step": step, "loss": round(loss.item(), 4), "lr": lr_at(step, run, time_used),
                           "seconds": round(time.perf_counter() - train_start, 2)})
         if step % run["eval_every"] == 0 or last:
             val_curve.append({"step": step, "loss": round(_evaluate(model, val_rows, autocast), 4)})
@@ -162,11 +189,14 @@ def train(out: Path, device: str, seed: int, toy: bool, steps: int | None = None
     times["train_s"] = time.perf_counter() - train_start
 
     _save(out, model, config, tokenizer_json)
+    if "tokenizer_from" in run:  # the very files, not a re-serialisation of them
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(ROOT / run["tokenizer_from"] / name, out / name)
     samples = _greedy_samples(out, tokenizer, device)
     times["total_s"] = time.perf_counter() - start
     log = {
         "command": " ".join(["python -m tools.course_model.train", *sys.argv[1:]]),
-        "seed": seed, "toy": toy, "run": run, "config": config, "parameters": params,
+        "seed": seed, "size": size, "toy": size == "toy", "run": run, "config": config, "parameters": params,
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": _version("transformers"), "tokenizers": _version("tokenizers")},
@@ -190,6 +220,16 @@ def _train_tokenizer(texts: list[str], vocab_size: int) -> str:
     # The chat markup is made of special tokens; the BPE merges come from the words alone.
     plain = [t.replace("<|im_start|>", " ").replace("<|im_end|>", " ") for t in texts]
     return train_bpe(plain, vocab_size)
+
+
+def _shared_tokenizer(model_dir: str, config: dict) -> str:
+    """The tokenizer of another checkpoint (the course model's, for its draft), whose vocab_size
+    must be this model's."""
+    source = ROOT / model_dir
+    theirs = json.loads((source / "config.json").read_text())["vocab_size"]
+    if theirs != config["vocab_size"]:
+        raise ValueError(f"vocab_size: {config['vocab_size']} here, {theirs} in {source}/config.json")
+    return (source / "tokenizer.json").read_text()
 
 
 def _take(iterator, n: int):
@@ -245,6 +285,9 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+_TITLES = {"course": "course model", "draft": "course model's draft", "toy": "toy model"}
+
+
 def plot(model_dir: Path) -> Path:
     """Draw training_log.json's loss curves into training_loss.png beside it."""
     import matplotlib
@@ -259,7 +302,7 @@ def plot(model_dir: Path) -> Path:
     ax.plot([p["step"] for p in log["val_curve"]], [p["loss"] for p in log["val_curve"]], "o-", ms=3,
             label="held-out stories")
     ax.set(xlabel="step", ylabel="cross-entropy (nats/token)", yscale="log",
-           title=f"course model: {log['parameters'] / 1e6:.1f}M parameters, {log['device']}")
+           title=f"{_TITLES[log.get('size', 'course')]}: {log['parameters'] / 1e6:.1f}M parameters, {log['device']}")
     ax.set_yticks([0.2, 0.3, 0.5, 1, 2, 4, 8])
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -277,7 +320,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="the checkpoint directory to write")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=story_grammar.SEED)
-    parser.add_argument("--toy", action="store_true", help="a tiny model for a few steps (a smoke test)")
+    parser.add_argument("--size", choices=list(SIZES), default="course",
+                        help="course: the course model; draft: its ~1M-parameter draft; toy: a smoke test")
+    parser.add_argument("--toy", action="store_true", help="the same as --size toy")
     parser.add_argument("--steps", type=int, help="override the run's number of steps")
     parser.add_argument("--max-train-seconds", type=float, help="stop early (and say so in the log) after this long")
     parser.add_argument("--plot", type=Path, metavar="MODEL_DIR", help="only draw MODEL_DIR's loss curve")
@@ -288,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is None:
         parser.error("--out is required")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before CUDA starts
-    train(args.out, args.device, args.seed, args.toy, args.steps, args.max_train_seconds)
+    train(args.out, args.device, args.seed, "toy" if args.toy else args.size, args.steps, args.max_train_seconds)
 
 
 if __name__ == "__main__":
