@@ -37,6 +37,9 @@ class Sequence:
         # token_ids; their ids are the in-flight step's to hold (llm_engine.InFlight) until it
         # completes and `resolve` appends them.
         self.num_pending = 0
+        # Speculative decoding (engine/speculator.py): this step's proposals, fed after the last
+        # token; the step's outcome decides which of them become tokens.
+        self.spec_token_ids: list[int] = []
         self.finish_reason: str | None = None
 
     def __len__(self) -> int:
@@ -65,7 +68,7 @@ class Sequence:
     @property
     def samples_this_step(self) -> bool:
         """Does this step's feed reach the sequence's end (so a token is sampled)?"""
-        return self.num_cached_tokens + self.num_scheduled_tokens == len(self.token_ids) + self.num_pending  # == len(self)
+        return self.num_cached_tokens + self.num_scheduled_tokens == len(self.token_ids) + self.num_pending + len(self.spec_token_ids)
 
     def reaches_length_limit(self, num_tokens: int, max_model_len: int) -> bool:
         """Does the sequence end by length once it holds `num_tokens` tokens (max_tokens or max_model_len)?"""
