@@ -249,3 +249,29 @@ def test_draft_with_another_vocabulary(spec_model):
     with pytest.raises(ValueError) as err:
         LLM(target, device="cpu", max_model_len=32, speculative_config=spec)
     assert err.value.param == "speculative_config.model" and "vocab" in str(err.value)
+
+
+# ---------------------------------------------------------------- a draft model
+
+
+def test_draft_model(spec_model):
+    """The target as its own draft: every proposal is accepted, which holds only if the draft's
+    paged cache is kept in step (prefix hits, chunks, preemption, rollback); another draft of
+    the same vocabulary changes no greedy token either."""
+    path = spec_model("qwen3")
+    prompts = random_prompts([10, 17, 8, 14, 9, 11], seed=8)
+    prompts.append(prompts[1][:16] + [7])  # its first 4 blocks are a prefix hit
+    params = SamplingParams(temperature=0.0, max_tokens=28)
+    options = dict(max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=13, max_num_batched_tokens=12)
+    plain, _, _ = run(path, prompts, params, None, **options)
+    for draft, rate in ((path, 1.0), (spec_model("draft-qwen3", arch="qwen3", seed=9), None)):
+        spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+        with LLM(path, device="cpu", speculative_config=spec, **options) as llm:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            metrics = llm.metrics()
+            assert sum(s["preemptions"] for s in llm.stats) > 0 and metrics["prefix_hit_tokens"] > 0
+            assert llm.engine.num_free_blocks == llm.engine.num_blocks
+        assert token_ids(outs) == token_ids(plain)
+        assert metrics["spec_decode_num_draft_tokens"] > 0
+        if rate is not None:
+            assert metrics["spec_decode_acceptance_rate"] == rate

@@ -89,7 +89,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager)
         self.metrics = EngineMetrics(self.scheduler, self.block_manager)
         spec = config.speculative_config
-        self.speculator = None if spec is None else Speculator(spec, config.max_model_len, config.max_num_seqs)
+        self.speculator = None if spec is None else Speculator(spec, config, self.block_manager.num_blocks)
         self.scheduler.speculator = self.speculator
         self.requests: dict[str, Request] = {}
         self.pending: list[RequestOutput] = []  # outputs not handed out yet (the step returns them)
@@ -208,6 +208,8 @@ class LLMEngine:
         if not seqs:
             return None
         try:
+            if self.speculator is not None:
+                self.speculator.fill(seqs)  # a draft model's proposals
             step = build_step_input(seqs, self.config.kvcache_block_size, prev.pending_rows() if prev is not None else None,
                                     self.block_tables)
             execute = functools.partial(self.model_runner.execute, carried=prev.sample.token_ids if prev is not None and prev.sample is not None else None)
@@ -324,3 +326,5 @@ class LLMEngine:
         if self.workers is not None:
             self.workers.shutdown()
         self.model_runner.shutdown()
+        if self.speculator is not None:
+            self.speculator.shutdown()

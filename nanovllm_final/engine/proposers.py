@@ -3,9 +3,14 @@
 NgramProposer (vLLM's prompt lookup, method "ngram"): the sequence's last n tokens (n from
 prompt_lookup_max down to prompt_lookup_min, the longest that matches wins) are looked up
 earlier in the sequence, prompt and output alike; the tokens that followed their last
-occurrence are the proposal. It costs a scan of the sequence's ids on the host, no model."""
+occurrence are the proposal. It costs a scan of the sequence's ids on the host, no model.
+The draft-model proposer is draft_model.py's.
+
+A proposer's `propose(seqs, ks)` returns up to ks[i] tokens for sequence i."""
 
 import numpy as np
+
+from .sequence import Sequence
 
 
 def ngram_lookup(token_ids: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
@@ -25,10 +30,9 @@ class NgramProposer:
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
 
-    def propose(self, token_lists: list[list[int]], ks: list[int]) -> list[list[int]]:
-        """Up to ks[i] tokens for each sequence (its token ids `token_lists[i]`)."""
-        return [ngram_lookup(np.asarray(ids, np.int64), k, self.min_n, self.max_n) if k > 0 else []
-                for ids, k in zip(token_lists, ks)]
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        """Up to ks[i] tokens for each sequence."""
+        return [ngram_lookup(np.asarray(seq.token_ids, np.int64), k, self.min_n, self.max_n) for seq, k in zip(seqs, ks)]
 
 
 class ReplayProposer:
@@ -41,9 +45,9 @@ class ReplayProposer:
         self.runs, self.accept_rate, self.vocab_size = [list(r) for r in runs], accept_rate, vocab_size
         self.rng = np.random.default_rng(seed)
 
-    def propose(self, token_lists: list[list[int]], ks: list[int]) -> list[list[int]]:
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         out = []
-        for ids, k in zip(token_lists, ks):
+        for ids, k in ((seq.token_ids, k) for seq, k in zip(seqs, ks)):
             run = next((r for r in self.runs if len(r) > len(ids) and r[: len(ids)] == ids), [])
             guess = run[len(ids) : len(ids) + k]
             wrong = self.rng.random(len(guess)) >= self.accept_rate

@@ -104,7 +104,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        seq.spec_token_ids = []
+        seq.spec_token_ids, seq.num_draft_cached = [], 0
         self.block_manager.deallocate(seq)
         seq.num_cached_tokens = 0  # its K/V are gone: recompute from the tokens
         self.waiting.appendleft(seq)

@@ -40,6 +40,7 @@ class Sequence:
         # Speculative decoding (engine/speculator.py): this step's proposals, fed after the last
         # token; the step's outcome decides which of them become tokens.
         self.spec_token_ids: list[int] = []
+        self.num_draft_cached = 0  # tokens whose K/V the draft model has (engine/draft_model.py)
         self.finish_reason: str | None = None
 
     def __len__(self) -> int:

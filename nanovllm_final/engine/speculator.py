@@ -24,8 +24,11 @@ import numpy as np
 import torch
 
 from ..layers.sampler import Sampler, logprobs_of
+from ..config import EngineConfig
 from ..speculative_config import SpeculativeConfig
+from ..validate import Problem
 from .block_manager import BlockManager
+from .draft_model import DraftModelProposer
 from .proposers import NgramProposer
 from .rejection_sampler import verify
 from .sampling import PendingSample, SampledTokens, build_sampling_batch
@@ -81,11 +84,17 @@ class PendingVerify:
 
 
 class Speculator:
-    def __init__(self, spec: SpeculativeConfig, max_model_len: int, max_num_seqs: int):
-        if spec.method != "ngram":
-            raise NotImplementedError(f"speculative_config.method {spec.method!r} is not implemented yet; use 'ngram'")
-        self.k, self.max_model_len, self.max_num_seqs = spec.num_speculative_tokens, max_model_len, max_num_seqs
-        self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    def __init__(self, spec: SpeculativeConfig, config: EngineConfig, num_blocks: int):
+        self.k, self.max_model_len, self.max_num_seqs = spec.num_speculative_tokens, config.max_model_len, config.max_num_seqs
+        if spec.method == "ngram":
+            self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        else:
+            if config.tensor_parallel_size > 1:
+                raise Problem("speculative_config method 'draft_model' runs the draft on one device and is not supported "
+                              "with tensor_parallel_size > 1; use method 'ngram' (it needs no model)", "speculative_config.method")
+            self.proposer = DraftModelProposer(config, spec.model, num_blocks)
+        # a draft model proposes once the scheduler has given the proposals their slots (fill)
+        self.after_schedule = spec.method == "draft_model"
         self.room = 0  # proposals the current step may still take
         self.reset()
 
@@ -113,8 +122,16 @@ class Speculator:
             if k > 0 and self.room:
                 ready.append(seq)
                 ks.append(k)
-        for seq, ids in zip(ready, self.proposer.propose([s.token_ids for s in ready], ks)):
+        proposals = [[-1] * k for k in ks] if self.after_schedule else self.proposer.propose(ready, ks)
+        for seq, ids in zip(ready, proposals):
             seq.spec_token_ids = ids
+
+    def fill(self, seqs: list[Sequence]) -> None:
+        """A draft model's proposals for the scheduled sequences, as many as their slots hold."""
+        if self.after_schedule:
+            drafting = [seq for seq in seqs if seq.spec_token_ids]
+            for seq, ids in zip(drafting, self.proposer.propose(drafting, [len(s.spec_token_ids) for s in drafting])):
+                seq.spec_token_ids = ids
 
     def fit(self, seq: Sequence, budget: int) -> int:
         """Cut the sequence's proposals to the step's token budget and row room; how many it keeps."""
@@ -155,10 +172,16 @@ class Speculator:
             seq.spec_token_ids = []
             if seq.is_finished:
                 continue
+            if k:  # a draft model fed the last token and the first k - 1 proposals
+                seq.num_draft_cached = len(seq.token_ids) + min(j, k - 1)
             seq.num_cached_tokens = len(seq.token_ids) + j  # the fed token and the accepted proposals
             seq.num_pending = j + 1
             shrank |= block_manager.trim(seq, len(seq))
         return shrank
+
+    def shutdown(self) -> None:
+        if self.after_schedule:
+            self.proposer.shutdown()
 
     def summary(self) -> dict:
         drafts, drafted = self.num_drafts, self.num_draft_tokens
