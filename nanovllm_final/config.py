@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from .sampling_params import GENERATION_CONFIG_FIELDS, SamplingParams
-from .speculative_config import SpeculativeConfig, check_fits, parse_speculative_config
+from .speculative_config import SpeculativeConfig, check_options, parse_speculative_config
 from .validate import INT32_MAX, INT64_MAX, INT64_MIN, Checked, Problem, is_int, is_number, option
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -78,7 +78,7 @@ class EngineConfig(Checked):
         """What one field alone cannot say: the values that depend on each other or on this machine."""
         if self.num_kvcache_blocks == 0:
             raise Problem("num_kvcache_blocks must be -1 (automatic) or positive, got 0", "num_kvcache_blocks")
-        check_fits(self.speculative_config, self.max_model_len)
+        check_options(self.speculative_config, self.max_model_len, self.tensor_parallel_size)
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device.startswith("cuda") and not torch.cuda.is_available():

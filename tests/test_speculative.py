@@ -239,8 +239,9 @@ def test_json_text_and_flag():
     assert EngineConfig.from_options("m", device="cpu", speculative_config=text).speculative_config.num_speculative_tokens == 3
     from nanovllm_final.__main__ import build_parser
 
-    args = build_parser().parse_args(["generate", "--model", "m", "--prompt", "x", "--speculative-config", text])
-    assert args.engine_speculative_config == text
+    for command in (["generate", "--model", "m", "--prompt", "x"], ["serve", "m"]):
+        args = build_parser().parse_args(command + ["--speculative-config", text])
+        assert args.engine_speculative_config == text
 
 
 def test_draft_with_another_vocabulary(spec_model):
@@ -275,3 +276,35 @@ def test_draft_model(spec_model):
         assert metrics["spec_decode_num_draft_tokens"] > 0
         if rate is not None:
             assert metrics["spec_decode_acceptance_rate"] == rate
+
+
+def test_tensor_parallel(spec_model):
+    """TP=2 (gloo): proposals and verification on rank 0, the verify step on both ranks."""
+    path = spec_model("qwen3")
+    prompts = random_prompts([9, 14], seed=10)
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    plain, _, _ = run(path, prompts, params, None, max_model_len=48, kvcache_block_size=4)
+    spec, metrics, all_free = run(path, prompts, params, NGRAM, plain, max_model_len=48, kvcache_block_size=4,
+                                  tensor_parallel_size=2)
+    assert token_ids(spec) == token_ids(plain) and all_free and metrics["spec_decode_num_accepted_tokens"] > 0
+    draft = {"method": "draft_model", "model": str(path), "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        LLM(path, device="cpu", max_model_len=48, speculative_config=draft, tensor_parallel_size=2)
+
+
+def test_metrics_exposition(spec_model):
+    """llm.metrics() and the server's /metrics text carry the counters (vLLM's names)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nanovllm_final.server.metrics import ServerMetrics, engine_gauges
+
+    with LLM(spec_model("qwen3_moe"), device="cpu", speculative_config=NGRAM, max_model_len=64, kvcache_block_size=4) as llm:
+        llm.generate(random_prompts([9], seed=11), SamplingParams(temperature=0.0, max_tokens=30), use_tqdm=False)
+        summary, gauges = llm.metrics(), engine_gauges(llm)
+    text = ServerMetrics().render(gauges, {"in_flight": 0, "max_pending": 1, "healthy": True})
+    samples = {s.name + str(s.labels.get("position", "")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples["nanovllm_spec_decode_num_draft_tokens_total"] == summary["spec_decode_num_draft_tokens"] > 0
+    assert samples["nanovllm_spec_decode_num_accepted_tokens_total"] == summary["spec_decode_num_accepted_tokens"] > 0
+    assert samples["nanovllm_spec_decode_num_drafts_total"] == summary["spec_decode_num_drafts"]
+    assert samples["nanovllm_spec_decode_num_accepted_tokens_per_pos_total0"] == summary["spec_decode_num_accepted_tokens_per_pos"][0]
+    assert summary["spec_decode_mean_acceptance_length"] == 1 + summary["spec_decode_num_accepted_tokens"] / summary["spec_decode_num_drafts"]

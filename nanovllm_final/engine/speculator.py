@@ -26,7 +26,6 @@ import torch
 from ..layers.sampler import Sampler, logprobs_of
 from ..config import EngineConfig
 from ..speculative_config import SpeculativeConfig
-from ..validate import Problem
 from .block_manager import BlockManager
 from .draft_model import DraftModelProposer
 from .proposers import NgramProposer
@@ -88,10 +87,7 @@ class Speculator:
         self.k, self.max_model_len, self.max_num_seqs = spec.num_speculative_tokens, config.max_model_len, config.max_num_seqs
         if spec.method == "ngram":
             self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-        else:
-            if config.tensor_parallel_size > 1:
-                raise Problem("speculative_config method 'draft_model' runs the draft on one device and is not supported "
-                              "with tensor_parallel_size > 1; use method 'ngram' (it needs no model)", "speculative_config.method")
+        else:  # one device: EngineConfig refuses it with tensor parallelism
             self.proposer = DraftModelProposer(config, spec.model, num_blocks)
         # a draft model proposes once the scheduler has given the proposals their slots (fill)
         self.after_schedule = spec.method == "draft_model"
