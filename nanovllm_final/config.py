@@ -56,8 +56,9 @@ class EngineConfig(Checked):
                                  "with a scale per layer and kv head; half the bytes of bfloat16)", choices=KV_CACHE_DTYPES)
     seed: int = option(0, "seed of the sampler for requests without their own seed", low=INT64_MIN, high=INT64_MAX)
     speculative_config: SpeculativeConfig | None = option(
-        None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": A, '
-        '"prompt_lookup_max": B} or {"method": "draft_model", "model": DIR, "num_speculative_tokens": K} (default: off)',
+        None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": K, '
+        '"prompt_lookup_min": A, "prompt_lookup_max": B} or {"method": "draft_model", "model": DIR, '
+        '"num_speculative_tokens": K} (default: off)',
         convert=parse_speculative_config)
     distributed_host: str = option("127.0.0.1", "tensor parallelism: where the ranks meet (torch.distributed's TCP rendezvous)")
     distributed_port: int = option(0, "tensor parallelism: rendezvous port (0: rank 0 picks a free one at start-up)", low=0, high=65535)

@@ -15,8 +15,10 @@ from .validate import Problem, is_int, show
 
 FIELD = "speculative_config"
 METHODS = ("ngram", "draft_model")
-_KEYS = {"ngram": {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"},
-         "draft_model": {"method", "num_speculative_tokens", "model"}}
+_KEYS = {
+    "ngram": {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"},
+    "draft_model": {"method", "num_speculative_tokens", "model"},
+}
 
 
 @dataclass(frozen=True)
@@ -49,19 +51,31 @@ def parse_speculative_config(value) -> SpeculativeConfig | None:
         raise Problem(f"{FIELD} must be a dict (or its JSON text), got {show(value)}", FIELD)
     method = value.get("method")
     if method not in METHODS:
-        raise Problem(f"{FIELD}.method must be one of {', '.join(map(repr, METHODS))}, got {show(method)}", f"{FIELD}.method")
+        raise Problem(
+            f"{FIELD}.method must be one of {', '.join(map(repr, METHODS))}, got {show(method)}",
+            f"{FIELD}.method",
+        )
     unknown = sorted(set(value) - _KEYS[method])
     if unknown:
-        raise Problem(f"{FIELD} has keys {unknown} that method {method!r} does not take; it takes {sorted(_KEYS[method])}", FIELD)
+        raise Problem(
+            f"{FIELD} has keys {unknown} that method {method!r} does not take; it takes {sorted(_KEYS[method])}",
+            FIELD,
+        )
     k = _int(value, "num_speculative_tokens", None)
     if method == "ngram":
         low, high = _int(value, "prompt_lookup_min", 1), _int(value, "prompt_lookup_max", 4)
         if high < low:
-            raise Problem(f"{FIELD}.prompt_lookup_max ({high}) must be >= prompt_lookup_min ({low})", f"{FIELD}.prompt_lookup_max")
+            raise Problem(
+                f"{FIELD}.prompt_lookup_max ({high}) must be >= prompt_lookup_min ({low})",
+                f"{FIELD}.prompt_lookup_max",
+            )
         return SpeculativeConfig(method, k, prompt_lookup_min=low, prompt_lookup_max=high)
     model = value.get("model")
     if not isinstance(model, str) or not pathlib.Path(model).is_dir():
-        raise Problem(f"{FIELD}.model must be the draft model's checkpoint directory, got {show(model)}", f"{FIELD}.model")
+        raise Problem(
+            f"{FIELD}.model must be the draft model's checkpoint directory, got {show(model)}",
+            f"{FIELD}.model",
+        )
     return SpeculativeConfig(method, k, model=model)
 
 
@@ -69,12 +83,18 @@ def check_options(spec: SpeculativeConfig | None, max_model_len: int, tensor_par
     """A verify step holds the last token, k proposals and room for the token it samples; a
     draft model runs on one device."""
     if spec is not None and spec.method == "draft_model" and tensor_parallel_size > 1:
-        raise Problem(f"{FIELD} method 'draft_model' runs the draft on one device and is not supported with "
-                      "tensor_parallel_size > 1; use method 'ngram' (it needs no model)", f"{FIELD}.method")
+        raise Problem(
+            f"{FIELD} method 'draft_model' runs the draft on one device and is not supported with "
+            "tensor_parallel_size > 1; use method 'ngram' (it needs no model)",
+            f"{FIELD}.method",
+        )
     if spec is not None and spec.num_speculative_tokens + 2 > max_model_len:
-        raise Problem(f"{FIELD}.num_speculative_tokens={spec.num_speculative_tokens} does not fit in max_model_len="
-                      f"{max_model_len}: a sequence needs a prompt token, the k proposals and the sampled token "
-                      f"(k <= {max_model_len - 2})", f"{FIELD}.num_speculative_tokens")
+        raise Problem(
+            f"{FIELD}.num_speculative_tokens={spec.num_speculative_tokens} does not fit in max_model_len="
+            f"{max_model_len}: a sequence needs a prompt token, the k proposals and the sampled token "
+            f"(k <= {max_model_len - 2})",
+            f"{FIELD}.num_speculative_tokens",
+        )
 
 
 def check_draft(spec: SpeculativeConfig | None, vocab_size: int, tokenizer) -> None:
@@ -87,8 +107,16 @@ def check_draft(spec: SpeculativeConfig | None, vocab_size: int, tokenizer) -> N
 
     draft = ModelConfig.from_dir(spec.model)
     if draft.vocab_size != vocab_size:
-        raise Problem(f"{FIELD}.model has vocab_size {draft.vocab_size}, the target {vocab_size}: the draft must "
-                      "share the target's vocabulary", f"{FIELD}.model")
-    if tokenizer is not None and AutoTokenizer.from_pretrained(spec.model).get_vocab() != tokenizer.get_vocab():
-        raise Problem(f"{FIELD}.model has another tokenizer than the target: the draft's token ids must be the target's",
-                      f"{FIELD}.model")
+        raise Problem(
+            f"{FIELD}.model has vocab_size {draft.vocab_size}, the target {vocab_size}: the draft must "
+            "share the target's vocabulary",
+            f"{FIELD}.model",
+        )
+    if (
+        tokenizer is not None
+        and AutoTokenizer.from_pretrained(spec.model).get_vocab() != tokenizer.get_vocab()
+    ):
+        raise Problem(
+            f"{FIELD}.model has another tokenizer than the target: the draft's token ids must be the target's",
+            f"{FIELD}.model",
+        )

@@ -21,8 +21,12 @@ from nanovllm_final.engine.rejection_sampler import verify_rows
 from tools.tiny_model import build_if_missing
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-ARCHS = {"qwen3": dict(arch="qwen3"), "llama": dict(arch="llama", tie_word_embeddings=False, seed=2),
-         "qwen3_moe": dict(arch="qwen3_moe"), "qwen2": dict(arch="qwen2", tie_word_embeddings=False, seed=4)}
+ARCHS = {
+    "qwen3": dict(arch="qwen3"),
+    "llama": dict(arch="llama", tie_word_embeddings=False, seed=2),
+    "qwen3_moe": dict(arch="qwen3_moe"),
+    "qwen2": dict(arch="qwen2", tie_word_embeddings=False, seed=4),
+}
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +78,13 @@ def same_greedy(path, prompts, params, **options) -> list[dict]:
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_greedy_equal_every_arch(spec_model, arch):
     prompts = random_prompts([9, 14, 6], seed=1)
-    same_greedy(spec_model(arch), prompts, SamplingParams(temperature=0.0, max_tokens=40), max_model_len=64, kvcache_block_size=4)
+    same_greedy(
+        spec_model(arch),
+        prompts,
+        SamplingParams(temperature=0.0, max_tokens=40),
+        max_model_len=64,
+        kvcache_block_size=4,
+    )
 
 
 def test_greedy_preemption_chunking(spec_model):
@@ -87,7 +97,9 @@ def test_greedy_preemption_chunking(spec_model):
         runs = [o["prompt_token_ids"] + o["token_ids"] for o in plain]
         llm.engine.speculator.proposer = ReplayProposer(runs, 0.7, llm.engine.model_config.vocab_size)
         outs = llm.generate(prompts, params, use_tqdm=False)
-        assert sum(s["preemptions"] for s in llm.stats) > 0 and sum(s["chunked_prefills"] for s in llm.stats) > 0
+        assert (
+            sum(s["preemptions"] for s in llm.stats) > 0 and sum(s["chunked_prefills"] for s in llm.stats) > 0
+        )
         assert llm.engine.num_free_blocks == llm.engine.num_blocks
         assert llm.metrics()["spec_decode_num_accepted_tokens"] > 0
     assert token_ids(outs) == token_ids(plain)
@@ -100,27 +112,40 @@ def test_greedy_prefix_hits_n_stops_penalties(spec_model):
     path = spec_model("llama")
     shared = random_prompts([24], seed=3)[0]
     prompts = [shared + tail for tail in random_prompts([3, 5, 4], seed=4)]
-    options = dict(max_model_len=96, kvcache_block_size=4, max_num_batched_tokens=16)  # later prompts hit the first one's blocks
+    options = dict(
+        max_model_len=96, kvcache_block_size=4, max_num_batched_tokens=16
+    )  # later prompts hit the first one's blocks
     plain, _, _ = run(path, prompts, SamplingParams(temperature=0.0, max_tokens=30), None, **options)
     stop = plain[0]["token_ids"][12]
-    for params in (SamplingParams(temperature=0.0, max_tokens=30, n=2, logprobs=2),
-                   SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[stop], min_tokens=5),
-                   SamplingParams(temperature=0.0, max_tokens=25, repetition_penalty=1.3, frequency_penalty=0.2)):
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=30, n=2, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[stop], min_tokens=5),
+        SamplingParams(temperature=0.0, max_tokens=25, repetition_penalty=1.3, frequency_penalty=0.2),
+    ):
         plain, _, _ = run(path, prompts, params, None, **options)
         spec, metrics, all_free = run(path, prompts, params, NGRAM, plain, **options)
-        assert metrics["prefix_hit_tokens"] > 0 and metrics["spec_decode_num_accepted_tokens"] > 0 and all_free
+        assert (
+            metrics["prefix_hit_tokens"] > 0 and metrics["spec_decode_num_accepted_tokens"] > 0 and all_free
+        )
         assert token_ids(spec) == token_ids(plain)
         completions = [[c for o in outs for c in o["outputs"]] for outs in (plain, spec)]
         assert [c["finish_reason"] for c in completions[1]] == [c["finish_reason"] for c in completions[0]]
         if params.logprobs:
             for a, b in zip(*completions):
-                assert [e["logprob"] for e in b["logprobs"]] == pytest.approx([e["logprob"] for e in a["logprobs"]], abs=1e-4)
+                assert [e["logprob"] for e in b["logprobs"]] == pytest.approx(
+                    [e["logprob"] for e in a["logprobs"]], abs=1e-4
+                )
 
 
 def test_abort_frees_blocks(spec_model):
-    with LLM(spec_model("qwen3"), device="cpu", speculative_config=NGRAM, max_model_len=64, kvcache_block_size=4) as llm:
+    with LLM(
+        spec_model("qwen3"), device="cpu", speculative_config=NGRAM, max_model_len=64, kvcache_block_size=4
+    ) as llm:
         engine = llm.engine
-        ids = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=40)) for p in random_prompts([9, 12], seed=5)]
+        ids = [
+            engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=40))
+            for p in random_prompts([9, 12], seed=5)
+        ]
         for _ in range(4):
             engine.step()
         engine.abort_request(ids[0])
@@ -180,7 +205,9 @@ def test_rejection_sampling_keeps_the_target_distribution(q):
 @pytest.mark.parametrize("q", [Q, None], ids=["draft", "point-mass"])
 def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch, q):
     """Accepting whenever p(d) >= q(d)... or always: the emitted tokens follow another distribution."""
-    monkeypatch.setattr(rejection_sampler, "acceptance_probability", lambda p_d, q_d: (p_d >= q_d).float() + (q is None))
+    monkeypatch.setattr(
+        rejection_sampler, "acceptance_probability", lambda p_d, q_d: (p_d >= q_d).float() + (q is None)
+    )
     assert chi_square_rejects(emitted(P, q, 40000, seed=0), P)
 
 
@@ -218,16 +245,24 @@ def test_ngram_lookup():
 # ---------------------------------------------------------------- checks
 
 
-@pytest.mark.parametrize("value, field", [
-    ({"method": "ngram", "num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
-    ({"method": "eagle", "num_speculative_tokens": 2}, "speculative_config.method"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
-     "speculative_config.prompt_lookup_max"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "speculative_config"),
-    ({"method": "draft_model", "num_speculative_tokens": 2, "model": "/nonexistent"}, "speculative_config.model"),
-    ("{not json", "speculative_config"),
-    ({"method": "ngram", "num_speculative_tokens": 31}, "speculative_config.num_speculative_tokens"),
-])
+@pytest.mark.parametrize(
+    "value, field",
+    [
+        ({"method": "ngram", "num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
+        ({"method": "eagle", "num_speculative_tokens": 2}, "speculative_config.method"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
+            "speculative_config.prompt_lookup_max",
+        ),
+        ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "speculative_config"),
+        (
+            {"method": "draft_model", "num_speculative_tokens": 2, "model": "/nonexistent"},
+            "speculative_config.model",
+        ),
+        ("{not json", "speculative_config"),
+        ({"method": "ngram", "num_speculative_tokens": 31}, "speculative_config.num_speculative_tokens"),
+    ],
+)
 def test_bad_config(value, field):
     with pytest.raises(ValueError) as err:
         EngineConfig.from_options("m", device="cpu", max_model_len=32, speculative_config=value)
@@ -236,7 +271,12 @@ def test_bad_config(value, field):
 
 def test_json_text_and_flag():
     text = json.dumps(NGRAM)
-    assert EngineConfig.from_options("m", device="cpu", speculative_config=text).speculative_config.num_speculative_tokens == 3
+    assert (
+        EngineConfig.from_options(
+            "m", device="cpu", speculative_config=text
+        ).speculative_config.num_speculative_tokens
+        == 3
+    )
     from nanovllm_final.__main__ import build_parser
 
     for command in (["generate", "--model", "m", "--prompt", "x"], ["serve", "m"]):
@@ -284,8 +324,9 @@ def test_tensor_parallel(spec_model):
     prompts = random_prompts([9, 14], seed=10)
     params = SamplingParams(temperature=0.0, max_tokens=24)
     plain, _, _ = run(path, prompts, params, None, max_model_len=48, kvcache_block_size=4)
-    spec, metrics, all_free = run(path, prompts, params, NGRAM, plain, max_model_len=48, kvcache_block_size=4,
-                                  tensor_parallel_size=2)
+    spec, metrics, all_free = run(
+        path, prompts, params, NGRAM, plain, max_model_len=48, kvcache_block_size=4, tensor_parallel_size=2
+    )
     assert token_ids(spec) == token_ids(plain) and all_free and metrics["spec_decode_num_accepted_tokens"] > 0
     draft = {"method": "draft_model", "model": str(path), "num_speculative_tokens": 2}
     with pytest.raises(ValueError, match="tensor_parallel_size"):
@@ -298,13 +339,37 @@ def test_metrics_exposition(spec_model):
 
     from nanovllm_final.server.metrics import ServerMetrics, engine_gauges
 
-    with LLM(spec_model("qwen3_moe"), device="cpu", speculative_config=NGRAM, max_model_len=64, kvcache_block_size=4) as llm:
-        llm.generate(random_prompts([9], seed=11), SamplingParams(temperature=0.0, max_tokens=30), use_tqdm=False)
+    with LLM(
+        spec_model("qwen3_moe"),
+        device="cpu",
+        speculative_config=NGRAM,
+        max_model_len=64,
+        kvcache_block_size=4,
+    ) as llm:
+        llm.generate(
+            random_prompts([9], seed=11), SamplingParams(temperature=0.0, max_tokens=30), use_tqdm=False
+        )
         summary, gauges = llm.metrics(), engine_gauges(llm)
     text = ServerMetrics().render(gauges, {"in_flight": 0, "max_pending": 1, "healthy": True})
-    samples = {s.name + str(s.labels.get("position", "")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
-    assert samples["nanovllm_spec_decode_num_draft_tokens_total"] == summary["spec_decode_num_draft_tokens"] > 0
-    assert samples["nanovllm_spec_decode_num_accepted_tokens_total"] == summary["spec_decode_num_accepted_tokens"] > 0
+    samples = {
+        s.name + str(s.labels.get("position", "")): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert (
+        samples["nanovllm_spec_decode_num_draft_tokens_total"] == summary["spec_decode_num_draft_tokens"] > 0
+    )
+    assert (
+        samples["nanovllm_spec_decode_num_accepted_tokens_total"]
+        == summary["spec_decode_num_accepted_tokens"]
+        > 0
+    )
     assert samples["nanovllm_spec_decode_num_drafts_total"] == summary["spec_decode_num_drafts"]
-    assert samples["nanovllm_spec_decode_num_accepted_tokens_per_pos_total0"] == summary["spec_decode_num_accepted_tokens_per_pos"][0]
-    assert summary["spec_decode_mean_acceptance_length"] == 1 + summary["spec_decode_num_accepted_tokens"] / summary["spec_decode_num_drafts"]
+    assert (
+        samples["nanovllm_spec_decode_num_accepted_tokens_per_pos_total0"]
+        == summary["spec_decode_num_accepted_tokens_per_pos"][0]
+    )
+    assert (
+        summary["spec_decode_mean_acceptance_length"]
+        == 1 + summary["spec_decode_num_accepted_tokens"] / summary["spec_decode_num_drafts"]
+    )

@@ -43,8 +43,13 @@ class DraftView:
 
 class DraftModelProposer:
     def __init__(self, config: EngineConfig, draft_dir: str, num_blocks: int):
-        draft_config = dataclasses.replace(config, model=draft_dir, num_kvcache_blocks=num_blocks, tensor_parallel_size=1,
-                                           speculative_config=None)
+        draft_config = dataclasses.replace(
+            config,
+            model=draft_dir,
+            num_kvcache_blocks=num_blocks,
+            tensor_parallel_size=1,
+            speculative_config=None,
+        )
         self.runner = ModelRunner(draft_config, ModelConfig.from_dir(draft_dir), rank=0)
         self.block_size = config.kvcache_block_size
 
@@ -57,7 +62,9 @@ class DraftModelProposer:
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         """ks[i] tokens for each sequence (whose slots the scheduler has given it)."""
         out: list[list[int]] = [[] for _ in seqs]
-        views = [DraftView(seq, seq.token_ids, min(seq.num_draft_cached, len(seq.token_ids) - 1)) for seq in seqs]
+        views = [
+            DraftView(seq, seq.token_ids, min(seq.num_draft_cached, len(seq.token_ids) - 1)) for seq in seqs
+        ]
         live = list(range(len(seqs)))  # the sequences still drafting
         for _ in range(max(ks, default=0)):
             for i, token in zip(live, self.step([views[i] for i in live])):

@@ -18,7 +18,9 @@ def ngram_lookup(token_ids: np.ndarray, k: int, min_n: int, max_n: int) -> list[
     `token_ids` (between min_n and max_n tokens long); [] if no suffix recurs."""
     length = len(token_ids)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
-        starts = np.lib.stride_tricks.sliding_window_view(token_ids[: length - 1], n)  # (length - n, n): every earlier n-gram
+        starts = np.lib.stride_tricks.sliding_window_view(
+            token_ids[: length - 1], n
+        )  # (length - n, n): every earlier n-gram
         hits = np.flatnonzero((starts == token_ids[length - n :]).all(axis=1))
         if len(hits):
             first = int(hits[-1]) + n  # the token after the last match
@@ -32,7 +34,10 @@ class NgramProposer:
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         """Up to ks[i] tokens for each sequence."""
-        return [ngram_lookup(np.asarray(seq.token_ids, np.int64), k, self.min_n, self.max_n) for seq, k in zip(seqs, ks)]
+        return [
+            ngram_lookup(np.asarray(seq.token_ids, np.int64), k, self.min_n, self.max_n)
+            for seq, k in zip(seqs, ks)
+        ]
 
 
 class ReplayProposer:
@@ -51,6 +56,10 @@ class ReplayProposer:
             run = next((r for r in self.runs if len(r) > len(ids) and r[: len(ids)] == ids), [])
             guess = run[len(ids) : len(ids) + k]
             wrong = self.rng.random(len(guess)) >= self.accept_rate
-            out.append([(t + 1 + int(self.rng.integers(self.vocab_size - 1))) % self.vocab_size if w else t
-                        for t, w in zip(guess, wrong)])
+            out.append(
+                [
+                    (t + 1 + int(self.rng.integers(self.vocab_size - 1))) % self.vocab_size if w else t
+                    for t, w in zip(guess, wrong)
+                ]
+            )
         return out

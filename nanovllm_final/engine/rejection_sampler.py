@@ -44,7 +44,8 @@ def verify_rows(
     draft_ids: torch.Tensor,  # (rows,) int64 the proposal each row tests, -1: a bonus row (tests none)
     uniforms: torch.Tensor,  # (rows,) U(0, 1)
     noise: torch.Tensor,  # (rows, vocab) Exp(1)
-    q: torch.Tensor | None = None,  # (rows, vocab) proposal probabilities (0 on bonus rows); None: point masses
+    q: torch.Tensor
+    | None = None,  # (rows, vocab) proposal probabilities (0 on bonus rows); None: point masses
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(accepted (rows,) bool, drawn (rows,) int64): whether each row keeps its proposal, and the
     token it emits otherwise, drawn from the residual (a bonus row: from p) by Gumbel-max."""
@@ -63,16 +64,22 @@ def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     device = logits.device
     logits = penalized(logits, batch).float()
     temperatures = to_device(batch.temperatures, device)
-    optional = [None if getattr(batch, n) is None else to_device(getattr(batch, n), device) for n in ("top_k", "top_p", "min_p")]
+    optional = [
+        None if getattr(batch, n) is None else to_device(getattr(batch, n), device)
+        for n in ("top_k", "top_p", "min_p")
+    ]
     probs = mask_probs(torch.softmax(by_temperature(logits, temperatures), dim=-1), *optional)
     greedy = (temperatures == 0).unsqueeze(1)  # (rows, 1)
     if bool(greedy.any()):
-        probs = torch.where(greedy, torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[1]).to(probs.dtype), probs)
+        probs = torch.where(
+            greedy, torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[1]).to(probs.dtype), probs
+        )
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def random_draws(generator: torch.Generator, batch: SamplingBatch, rows: int, vocab: int,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def random_draws(
+    generator: torch.Generator, batch: SamplingBatch, rows: int, vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(uniforms (rows,), noise (rows, vocab)): from the generator, or keyed by (seed, position)."""
     uniforms = torch.rand(rows, generator=generator, device=device)
     noise = torch.empty(rows, vocab, device=device).exponential_(generator=generator)
@@ -81,14 +88,17 @@ def random_draws(generator: torch.Generator, batch: SamplingBatch, rows: int, vo
     seeds, positions = to_device(batch.seeds, device), to_device(batch.positions, device)
     seeded = seeds >= 0  # (rows,)
     keys = seed_keys(seeds.clamp(min=0), positions)
-    keyed = keyed_exponential(keys, torch.arange(vocab + 1, device=device))  # (rows, vocab + 1): the last one for u
+    keyed = keyed_exponential(
+        keys, torch.arange(vocab + 1, device=device)
+    )  # (rows, vocab + 1): the last one for u
     uniforms = torch.where(seeded, torch.exp(-keyed[:, vocab]), uniforms)  # exp(-E) ~ U(0, 1)
     return uniforms, torch.where(seeded.unsqueeze(1), keyed[:, :vocab], noise)
 
 
 @torch.inference_mode()
-def verify(generator: torch.Generator, logits: torch.Tensor, batch: SamplingBatch,
-           draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def verify(
+    generator: torch.Generator, logits: torch.Tensor, batch: SamplingBatch, draft_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(accepted, drawn) of every row of a verify step, queued on the device. Greedy rows only:
     argmax comparisons, no probabilities."""
     if batch.all_greedy:

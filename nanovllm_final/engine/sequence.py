@@ -69,7 +69,8 @@ class Sequence:
     @property
     def samples_this_step(self) -> bool:
         """Does this step's feed reach the sequence's end (so a token is sampled)?"""
-        return self.num_cached_tokens + self.num_scheduled_tokens == len(self.token_ids) + self.num_pending + len(self.spec_token_ids)
+        fed = self.num_cached_tokens + self.num_scheduled_tokens
+        return fed == len(self.token_ids) + self.num_pending + len(self.spec_token_ids)  # == len(self) + proposals
 
     def reaches_length_limit(self, num_tokens: int, max_model_len: int) -> bool:
         """Does the sequence end by length once it holds `num_tokens` tokens (max_tokens or max_model_len)?"""

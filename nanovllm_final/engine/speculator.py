@@ -84,7 +84,11 @@ class PendingVerify:
 
 class Speculator:
     def __init__(self, spec: SpeculativeConfig, config: EngineConfig, num_blocks: int):
-        self.k, self.max_model_len, self.max_num_seqs = spec.num_speculative_tokens, config.max_model_len, config.max_num_seqs
+        self.k, self.max_model_len, self.max_num_seqs = (
+            spec.num_speculative_tokens,
+            config.max_model_len,
+            config.max_num_seqs,
+        )
         if spec.method == "ngram":
             self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
         else:  # one device: EngineConfig refuses it with tensor parallelism
@@ -126,7 +130,9 @@ class Speculator:
         """A draft model's proposals for the scheduled sequences, as many as their slots hold."""
         if self.after_schedule:
             drafting = [seq for seq in seqs if seq.spec_token_ids]
-            for seq, ids in zip(drafting, self.proposer.propose(drafting, [len(s.spec_token_ids) for s in drafting])):
+            for seq, ids in zip(
+                drafting, self.proposer.propose(drafting, [len(s.spec_token_ids) for s in drafting])
+            ):
                 seq.spec_token_ids = ids
 
     def fit(self, seq: Sequence, budget: int) -> int:
@@ -142,7 +148,9 @@ class Speculator:
     def drafted(seqs: list[Sequence]) -> bool:
         return any(seq.spec_token_ids for seq in seqs)
 
-    def verify(self, sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -> PendingVerify:
+    def verify(
+        self, sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]
+    ) -> PendingVerify:
         """`logits`: (rows, vocab), 1 + k rows per sequence in `seqs` (k: its proposals)."""
         rows = [DraftRow(seq, i) for seq in seqs for i in range(len(seq.spec_token_ids) + 1)]
         batch = build_sampling_batch(rows, eos_token_ids)

@@ -161,7 +161,7 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
     else:
         input_ids = np.fromiter(chain.from_iterable(fed_ids(s, a, b) for s, a, b in zip(seqs, starts.tolist(), ends.tolist())),
                                 np.int64, int(cu[-1]))
-    samples = ends == known + pending + proposed  # (seqs,) the feed reaches the sequence's end: Sequence.samples_this_step
+    samples = ends == known + pending + proposed  # (seqs,) the feed reaches the end: Sequence.samples_this_step
     carried = np.flatnonzero(pending)  # (carried,) rows whose fed token is a pending one
     return StepInput(
         input_ids=input_ids,

@@ -101,8 +101,9 @@ class ServerMetrics:
             if "spec_decode_num_drafts" in engine:  # speculative decoding, vLLM's names
                 for name, help in SPEC_DECODE_COUNTERS.items():
                     family(name + "_total", "counter", help, [({}, engine[name])])
-                family("spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted proposals, by position in the proposal.",
-                       [({"position": i}, n) for i, n in enumerate(engine["spec_decode_num_accepted_tokens_per_pos"])])
+                per_pos = engine["spec_decode_num_accepted_tokens_per_pos"]
+                family("spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                       "Accepted proposals, by position in the proposal.", [({"position": i}, n) for i, n in enumerate(per_pos)])
         family("server_requests_in_flight", "gauge", "Requests accepted by the server and not finished yet.", [({}, server["in_flight"])])
         family("server_max_pending_requests", "gauge", "Requests in flight past which new ones get HTTP 503.", [({}, server["max_pending"])])
         family("engine_healthy", "gauge", "1 while the engine runs, 0 after it failed or stopped.", [({}, 1 if server["healthy"] else 0)])
