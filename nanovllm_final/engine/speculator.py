@@ -36,13 +36,17 @@ from .step_input import to_device
 
 
 class DraftRow:
-    """A verify row as build_sampling_batch reads it: its sequence with the proposals before
+    """A verify row as build_sampling_batch reads it: its sequence with the `i` proposals before
     the row taken as accepted (their penalties, min_tokens and output position)."""
 
     def __init__(self, seq: Sequence, i: int):
+        self.seq, self.i = seq, i
         self.params, self.index, self.num_prompt_tokens = seq.params, seq.index, seq.num_prompt_tokens
-        self.token_ids = seq.token_ids + seq.spec_token_ids[:i] if i else seq.token_ids
-        self.num_completion_tokens = len(self.token_ids) - seq.num_prompt_tokens
+        self.num_completion_tokens = seq.num_completion_tokens + i
+
+    @property
+    def token_ids(self) -> list[int]:  # read only with penalties
+        return self.seq.token_ids + self.seq.spec_token_ids[: self.i]
 
     @property
     def completion_token_ids(self) -> list[int]:

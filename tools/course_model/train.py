@@ -11,6 +11,8 @@ tokenizer.json, tokenizer_config.json with a ChatML chat template) and training_
     python -m tools.course_model.train --out models/course-llama --device cuda
     # a toy run on CPU, to check the script in a minute:
     python -m tools.course_model.train --out /tmp/course-toy --device cpu --toy
+    # the course model's draft for speculative decoding (a few minutes on a CPU):
+    python -m tools.course_model.train --out models/course-llama-draft --device cpu --draft-for models/course-llama
     # the loss curve as a PNG, from a training_log.json:
     python -m tools.course_model.train --plot models/course-llama
 
@@ -46,9 +48,16 @@ TOY_SHAPE = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=256,
 )
+# The course model's draft for speculative decoding: about 1M parameters, the same vocabulary
+DRAFT_SHAPE = dict(
+    hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, vocab_size=2048, max_position_embeddings=1024,
+)
 # The training run: (stories, tokenizer stories, validation stories, steps, batch, sequence length)
 RUN = dict(stories=200_000, tokenizer_stories=20_000, val_stories=2_000, steps=3000, batch=128, seq_len=512,
            lr=2e-3, min_lr=2e-4, warmup=100, weight_decay=0.1, log_every=25, eval_every=250)
+DRAFT_RUN = dict(stories=20_000, tokenizer_stories=20_000, val_stories=200, steps=250, batch=8, seq_len=256,
+                 lr=6e-3, min_lr=6e-4, warmup=10, weight_decay=0.1, log_every=10, eval_every=50)
 TOY_RUN = dict(stories=2_000, tokenizer_stories=1_000, val_stories=100, steps=30, batch=8, seq_len=128,
                lr=3e-3, min_lr=3e-4, warmup=5, weight_decay=0.1, log_every=5, eval_every=15)
 SAMPLE_PROMPTS = [
@@ -60,9 +69,9 @@ LOG_FILE = "training_log.json"
 PLOT_FILE = "training_loss.png"
 
 
-def model_config(toy: bool) -> dict:
-    """config.json of the course model: a Llama with tied embeddings, GQA, bfloat16 weights."""
-    shape = TOY_SHAPE if toy else MODEL_SHAPE
+def model_config(toy: bool, draft: bool = False) -> dict:
+    """config.json of the course model (or its draft): a Llama with tied embeddings, GQA, bfloat16 weights."""
+    shape = TOY_SHAPE if toy else DRAFT_SHAPE if draft else MODEL_SHAPE
     return build_config("llama", "tiny", tie_word_embeddings=True, dtype="bfloat16", init_std=0.02, **shape)
 
 
@@ -100,22 +109,25 @@ def loss_of(model, rows: torch.Tensor, autocast: bool) -> torch.Tensor:
 
 
 def train(out: Path, device: str, seed: int, toy: bool, steps: int | None = None,
-          max_train_seconds: float | None = None) -> dict:
+          max_train_seconds: float | None = None, tokenizer_from: Path | None = None) -> dict:
+    """`tokenizer_from`: train a draft for that model (DRAFT_SHAPE, DRAFT_RUN) with its tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    run = dict(TOY_RUN if toy else RUN)
+    draft = tokenizer_from is not None
+    run = dict(TOY_RUN if toy else DRAFT_RUN if draft else RUN)
     if steps is not None:
         run["steps"] = steps
     times = {}
     start = time.perf_counter()
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    config = model_config(toy)
+    config = model_config(toy, draft)
     out.mkdir(parents=True, exist_ok=True)
 
     texts = story_grammar.stories(run["stories"], seed)
     val_texts = story_grammar.stories(run["val_stories"], seed, start=run["stories"])
-    tokenizer_json = _train_tokenizer(texts[: run["tokenizer_stories"]], config["vocab_size"])
+    tokenizer_json = ((tokenizer_from / "tokenizer.json").read_text() if draft
+                      else _train_tokenizer(texts[: run["tokenizer_stories"]], config["vocab_size"]))
     tokenizer = Tokenizer.from_str(tokenizer_json)
     stream, starts = tokenize(tokenizer, texts)
     val_stream, val_starts = tokenize(tokenizer, val_texts)
@@ -280,6 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--toy", action="store_true", help="a tiny model for a few steps (a smoke test)")
     parser.add_argument("--steps", type=int, help="override the run's number of steps")
     parser.add_argument("--max-train-seconds", type=float, help="stop early (and say so in the log) after this long")
+    parser.add_argument("--draft-for", type=Path, metavar="MODEL_DIR",
+                        help="train a ~1M-parameter draft (speculative decoding) with MODEL_DIR's tokenizer")
     parser.add_argument("--plot", type=Path, metavar="MODEL_DIR", help="only draw MODEL_DIR's loss curve")
     args = parser.parse_args(argv)
     if args.plot:
@@ -288,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is None:
         parser.error("--out is required")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before CUDA starts
-    train(args.out, args.device, args.seed, args.toy, args.steps, args.max_train_seconds)
+    train(args.out, args.device, args.seed, args.toy, args.steps, args.max_train_seconds, args.draft_for)
 
 
 if __name__ == "__main__":
