@@ -373,3 +373,21 @@ def test_metrics_exposition(spec_model):
         summary["spec_decode_mean_acceptance_length"]
         == 1 + summary["spec_decode_num_accepted_tokens"] / summary["spec_decode_num_drafts"]
     )
+
+
+def test_warmup_step_verifies(spec_model, monkeypatch):
+    """The warm-up step (CUDA's memory measurement) verifies k proposals of every sequence."""
+    from nanovllm_final.engine import model_runner
+
+    rows = []
+
+    def spy(sampler, logits, seqs, eos):
+        rows.append(len(logits))
+        return verify_step(sampler, logits, seqs, eos)
+
+    verify_step = model_runner.verify_step
+    monkeypatch.setattr(model_runner, "verify_step", spy)
+    with LLM(spec_model("qwen3"), device="cpu", speculative_config=NGRAM, max_model_len=32, max_num_seqs=4,
+             max_num_batched_tokens=64) as llm:
+        llm.engine.model_runner.warmup(llm.engine.model_config)  # rebinds the cache to a scratch one: not used again
+    assert rows == [4 * (1 + NGRAM["num_speculative_tokens"])]

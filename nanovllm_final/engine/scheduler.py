@@ -46,7 +46,7 @@ class Scheduler:
         """The sequences to run this step; each one's `num_scheduled_tokens` says how many tokens it feeds."""
         self.num_preemptions = 0
         if self.speculator is not None:
-            self.speculator.propose(self.running, len(self.waiting))
+            self.speculator.propose(self.running)
         scheduled = self.schedule_running(self.max_num_batched_tokens)
         budget = self.max_num_batched_tokens - sum(seq.num_scheduled_tokens for seq in scheduled)
         if not self.num_preemptions:  # no admissions in a step that had to free memory
