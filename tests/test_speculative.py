@@ -106,18 +106,19 @@ def test_greedy_preemption_chunking(spec_model):
 
 
 def test_greedy_prefix_hits_n_stops_penalties(spec_model):
-    """Prompts sharing a prefix (cache hits), n = 2, stop ids inside accepted runs, min_tokens,
+    """Prompts sharing a prefix (cache hits), n = 2, stop strings and stop ids, min_tokens,
     a repetition penalty (each verify row penalised as if the proposals before it were kept)
     and logprobs of accepted tokens."""
     path = spec_model("llama")
     shared = random_prompts([24], seed=3)[0]
     prompts = [shared + tail for tail in random_prompts([3, 5, 4], seed=4)]
-    options = dict(
-        max_model_len=96, kvcache_block_size=4, max_num_batched_tokens=16
-    )  # later prompts hit the first one's blocks
+    options = dict(max_model_len=96, kvcache_block_size=4, max_num_batched_tokens=16)  # later prompts hit cached blocks
     plain, _, _ = run(path, prompts, SamplingParams(temperature=0.0, max_tokens=30), None, **options)
     stop = plain[0]["token_ids"][12]
+    stop_text = plain[1]["text"][8:11]  # a stop string, checked after every emitted token of a run
+    assert len(stop_text) == 3
     for params in (
+        SamplingParams(temperature=0.0, max_tokens=30, stop=[stop_text]),
         SamplingParams(temperature=0.0, max_tokens=30, n=2, logprobs=2),
         SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[stop], min_tokens=5),
         SamplingParams(temperature=0.0, max_tokens=25, repetition_penalty=1.3, frequency_penalty=0.2),
