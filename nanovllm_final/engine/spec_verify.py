@@ -66,6 +66,7 @@ class PendingVerify:
         return out
 
 
+@torch.inference_mode()
 def verify_step(
     sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]
 ) -> PendingVerify:

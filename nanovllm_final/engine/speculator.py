@@ -28,12 +28,11 @@ from .spec_verify import Verified, verify_step
 
 
 class Speculator:
+    """The engine's speculative decoding: a proposer, the verify step's sampling, the rollback,
+    and the counters of llm.metrics()."""
+
     def __init__(self, spec: SpeculativeConfig, config: EngineConfig, num_blocks: int):
-        self.k, self.max_model_len, self.max_num_seqs = (
-            spec.num_speculative_tokens,
-            config.max_model_len,
-            config.max_num_seqs,
-        )
+        self.k, self.max_model_len = spec.num_speculative_tokens, config.max_model_len
         if spec.method == "ngram":
             self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
         else:  # one device: EngineConfig refuses it with tensor parallelism
@@ -71,9 +70,8 @@ class Speculator:
         """A draft model's proposals for the scheduled sequences, as many as their slots hold."""
         if self.after_schedule:
             drafting = [seq for seq in seqs if seq.spec_token_ids]
-            for seq, ids in zip(
-                drafting, self.proposer.propose(drafting, [len(s.spec_token_ids) for s in drafting])
-            ):
+            proposals = self.proposer.propose(drafting, [len(seq.spec_token_ids) for seq in drafting])
+            for seq, ids in zip(drafting, proposals):
                 seq.spec_token_ids = ids
 
     def fit(self, seq: Sequence, budget: int) -> int:
