@@ -392,3 +392,19 @@ def test_warmup_step_verifies(spec_model, monkeypatch):
              max_num_batched_tokens=64) as llm:
         llm.engine.model_runner.warmup(llm.engine.model_config)  # rebinds the cache to a scratch one: not used again
     assert rows == [4 * (1 + NGRAM["num_speculative_tokens"])]
+
+
+def test_draft_with_another_tokenizer(spec_model, tmp_path):
+    import shutil
+
+    from common import ROOT
+
+    target = spec_model("qwen3")
+    draft = tmp_path / "draft"
+    shutil.copytree(target, draft)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the same vocab_size, another tokenizer
+        shutil.copy(ROOT / "models" / "course-llama" / name, draft / name)
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2}
+    with pytest.raises(ValueError) as err:
+        LLM(target, device="cpu", max_model_len=32, speculative_config=spec)
+    assert err.value.param == "speculative_config.model" and "tokenizer" in str(err.value)
