@@ -408,3 +408,28 @@ def test_draft_with_another_tokenizer(spec_model, tmp_path):
     with pytest.raises(ValueError) as err:
         LLM(target, device="cpu", max_model_len=32, speculative_config=spec)
     assert err.value.param == "speculative_config.model" and "tokenizer" in str(err.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_cuda_graphs_replay_verify_steps(spec_model, method):
+    """On CUDA with the Triton backend: verify steps replay the token-count ladder's graphs, and
+    the greedy tokens are those of plain decoding."""
+    path = spec_model("qwen3")
+    prompts = random_prompts([9, 14, 6, 11], seed=12)
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    options = dict(device="cuda", dtype="float32", attention_backend="triton", max_model_len=96, max_num_seqs=8)
+    with LLM(path, **options) as llm:
+        plain = llm.generate(prompts, params, use_tqdm=False)
+    spec = NGRAM if method == "ngram" else {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}
+    with LLM(path, speculative_config=spec, **options) as llm:
+        if method == "ngram":
+            runs = [o["prompt_token_ids"] + o["token_ids"] for o in plain]
+            llm.engine.speculator.proposer = ReplayProposer(runs, 0.7, llm.engine.model_config.vocab_size)
+        replays = dict(llm.engine.model_runner.cuda_graphs.num_replays)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        not_decode = sum(s["is_prefill"] for s in llm.stats)  # prompt steps and verify steps (1 + k tokens each)
+        assert llm.engine.model_runner.cuda_graphs.num_replays[False] - replays[False] == not_decode  # all replayed
+        assert llm.metrics()["spec_decode_num_drafts"] > len(prompts) and not_decode > len(prompts)
+        assert llm.engine.num_free_blocks == llm.engine.num_blocks
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in plain]
