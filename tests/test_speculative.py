@@ -165,6 +165,11 @@ def test_sampling_runs_reproducibly(spec_model):
     again, _, _ = run(path, prompts, params, NGRAM, max_model_len=64, kvcache_block_size=4)
     assert all_free and metrics["spec_decode_num_draft_tokens"] > 0
     assert token_ids(first) == token_ids(again)
+    # a greedy request verified in the same steps as sampled ones: still the plain greedy tokens
+    greedy = SamplingParams(temperature=0.0, max_tokens=30)
+    alone, _, _ = run(path, prompts[:1], greedy, None, max_model_len=64, kvcache_block_size=4)
+    mixed, _, _ = run(path, prompts, [greedy, params], NGRAM, alone, max_model_len=64, kvcache_block_size=4)
+    assert mixed[0]["token_ids"] == alone[0]["token_ids"]
 
 
 # ---------------------------------------------------------------- the rejection sampler

@@ -69,8 +69,8 @@ def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         for n in ("top_k", "top_p", "min_p")
     ]
     probs = mask_probs(torch.softmax(by_temperature(logits, temperatures), dim=-1), *optional)
-    greedy = (temperatures == 0).unsqueeze(1)  # (rows, 1)
-    if bool(greedy.any()):
+    if (batch.temperatures == 0).any():  # known on the host: no sync
+        greedy = (temperatures == 0).unsqueeze(1)  # (rows, 1)
         probs = torch.where(
             greedy, torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[1]).to(probs.dtype), probs
         )
