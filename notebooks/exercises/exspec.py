@@ -41,27 +41,54 @@ def check_accept_or_resample(accept_or_resample) -> str:
     cases = [(0, 0.99, 0), (2, 0.5, 2), (1, 0.01, 1), (1, 0.2, 0), (4, 0.999, 4), (3, 0.9, 3)]
     for draft, u, expected in cases:  # draft 1: p/q = 1/8; the residual (p - q)+ is [0.3, 0, 0.05, 0, 0]
         got = accept_or_resample(p, q, draft, u, noise)
-        expect_equal(int(got), expected, "the wrong token for this row (accept if u < min(1, p[d]/q[d]), "
-                     "else argmax((p - q).clamp(min=0) / noise))", draft=draft, u=u, p_over_q=round(float(p[draft] / q[draft]), 3))
+        expect_equal(
+            int(got),
+            expected,
+            "the wrong token for this row (accept if u < min(1, p[d]/q[d]), "
+            "else argmax((p - q).clamp(min=0) / noise))",
+            draft=draft,
+            u=u,
+            p_over_q=round(float(p[draft] / q[draft]), 3),
+        )
     counts = emitted_counts(accept_or_resample, p, q, 4000, seed=5)
     stat, critical = chi_square(counts, p)
     if stat > critical:
-        fail("the tokens it emits do not follow p (chi-square test)", p=p.tolist(), emitted_shares=(counts / counts.sum()).tolist(),
-             chi_square=round(stat, 1), critical_value=round(critical, 1))
-    return f"the expected token in {len(cases)} cases, and 4000 draws that follow p (chi-square {stat:.1f} < {critical:.1f})"
+        fail(
+            "the tokens it emits do not follow p (chi-square test)",
+            p=p.tolist(),
+            emitted_shares=(counts / counts.sum()).tolist(),
+            chi_square=round(stat, 1),
+            critical_value=round(critical, 1),
+        )
+    return (f"the expected token in {len(cases)} cases, and 4000 draws that follow p "
+            f"(chi-square {stat:.1f} < {critical:.1f})")
 
 
 def check_ngram_propose(ngram_propose) -> str:
     """ngram_propose(token_ids, k, min_n, max_n) -> up to k tokens: those that followed the last
     earlier occurrence of the sequence's last n tokens, the longest n in [min_n, max_n] that
     recurs; [] if none does. Compared with the engine's ngram_lookup."""
-    cases = [([5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2], 3, 1, 3), ([5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2], 2, 3, 3),
-             ([4, 4, 4, 4], 3, 1, 2), ([1, 2, 3], 2, 1, 2), ([7, 1, 2, 7, 3, 9, 1, 2, 7], 2, 1, 3),
-             ([1, 2, 1, 3, 1, 2, 1], 4, 2, 3), ([3, 8], 2, 1, 1), ([1, 2, 9, 5, 2, 8, 1, 2], 2, 1, 2)]
+    cases = [
+        ([5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2], 3, 1, 3),
+        ([5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2], 2, 3, 3),
+        ([4, 4, 4, 4], 3, 1, 2),
+        ([1, 2, 3], 2, 1, 2),
+        ([7, 1, 2, 7, 3, 9, 1, 2, 7], 2, 1, 3),
+        ([1, 2, 1, 3, 1, 2, 1], 4, 2, 3),
+        ([3, 8], 2, 1, 1),
+        ([1, 2, 9, 5, 2, 8, 1, 2], 2, 1, 2),
+    ]
     for ids, k, low, high in cases:
         expected = ngram_lookup(torch.tensor(ids).numpy(), k, low, high)
-        expect_equal(list(ngram_propose(list(ids), k, low, high)), expected, "another proposal than prompt lookup's",
-                     token_ids=ids, k=k, min_n=low, max_n=high)
+        expect_equal(
+            list(ngram_propose(list(ids), k, low, high)),
+            expected,
+            "another proposal than prompt lookup's",
+            token_ids=ids,
+            k=k,
+            min_n=low,
+            max_n=high,
+        )
     return f"the engine's proposals in {len(cases)} cases (longest suffix first, its last earlier occurrence)"
 
 
@@ -71,8 +98,13 @@ def check_rollback(rollback) -> str:
     are handed back (ref_counts[b] -= 1; a block whose count reaches 0 is appended to free_blocks),
     and cut from the table (in place). Returns how many slots of its last block hold rejected K/V
     that the next step overwrites (0 if that block is full of kept tokens)."""
-    cases = [([3, 7, 9], {3: 1, 7: 1, 9: 1}, 5, 4), ([3, 7, 9], {3: 1, 7: 1, 9: 1}, 8, 4),
-             ([2, 5], {2: 2, 5: 1}, 3, 4), ([4, 6, 1, 8], {4: 1, 6: 1, 1: 2, 8: 1}, 6, 4), ([0], {0: 1}, 2, 16)]
+    cases = [
+        ([3, 7, 9], {3: 1, 7: 1, 9: 1}, 5, 4),
+        ([3, 7, 9], {3: 1, 7: 1, 9: 1}, 8, 4),
+        ([2, 5], {2: 2, 5: 1}, 3, 4),
+        ([4, 6, 1, 8], {4: 1, 6: 1, 1: 2, 8: 1}, 6, 4),
+        ([0], {0: 1}, 2, 16),
+    ]
     for table, counts, num_tokens, block_size in cases:
         mine_table, mine_counts, mine_free = list(table), dict(counts), [11]
         ref_table, ref_counts, ref_free = list(table), dict(counts), [11]
@@ -86,6 +118,10 @@ def check_rollback(rollback) -> str:
         inputs = dict(block_table=table, ref_counts=counts, num_tokens=num_tokens, block_size=block_size)
         expect_equal(mine_table, ref_table, "the block table after the rollback", **inputs)
         expect_equal(mine_counts, ref_counts, "the reference counts after the rollback", **inputs)
-        expect_equal(mine_free, ref_free, "the free list after the rollback (a shared block stays taken)", **inputs)
-        expect_equal(got, (block_size - num_tokens % block_size) % block_size, "the slots left to overwrite", **inputs)
+        expect_equal(
+            mine_free, ref_free, "the free list after the rollback (a shared block stays taken)", **inputs
+        )
+        expect_equal(
+            got, (block_size - num_tokens % block_size) % block_size, "the slots left to overwrite", **inputs
+        )
     return f"the same tables, counts, free lists and slots in {len(cases)} cases (a shared block among them)"

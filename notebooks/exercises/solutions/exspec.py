@@ -18,7 +18,9 @@ def ngram_propose(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[
     return []
 
 
-def rollback(block_table: list[int], ref_counts: dict, free_blocks: list[int], num_tokens: int, block_size: int) -> int:
+def rollback(
+    block_table: list[int], ref_counts: dict, free_blocks: list[int], num_tokens: int, block_size: int
+) -> int:
     keep = -(-num_tokens // block_size)  # blocks that hold the kept tokens
     for block in block_table[keep:]:
         ref_counts[block] -= 1
