@@ -100,7 +100,7 @@ for part in "${parts[@]}"; do
       logged "$OUT/gpu_tests_final_$TAG.log" "${PYTEST[@]}" -n 4 tests/test_final_cuda_graphs.py tests/test_kv_fp8.py tests/test_fused_kernels.py \
         tests/test_moe_kernels.py tests/test_moe.py::test_final_on_cuda_fused_experts_in_cuda_graphs tests/test_kernels.py \
         tests/test_gpu.py tests/test_final_sampling.py::test_top_candidates_are_the_top_k tests/test_step_input.py \
-        tests/test_kernel_tuning.py \
+        tests/test_kernel_tuning.py tests/test_speculative.py::test_cuda_graphs_replay_verify_steps \
         -k "not (test_gpu and not final)" ;;
     tp-tests)
       for e in 07 final; do logged "$OUT/tp_gpu_tests_${e}_${TAG}x2.log" "${PYTEST[@]}" -s tests/test_gpu_tp.py -k "$e"; done ;;

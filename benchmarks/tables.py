@@ -303,6 +303,11 @@ def fill(text: str, prefix: str = "") -> str:
 
 # ---- the index of benchmarks/results/ ----
 
+SPEC_DECODE = ("speculative decoding: output tok/s per batch, k and proposer (n-gram, a draft model, none, the "
+               "benchmark-only replay proposer at a set acceptance) against plain decoding with and without overlap "
+               "scheduling, tokens per verification, a verify step's median time against a decode step's; greedy "
+               "tokens compared with plain decoding")
+
 # (file-name pattern, the command or suite part that writes it, what it holds); first match wins.
 # Records of benchmarks/run.py need no entry: they say what they measured and how they were made.
 FILES = [
@@ -354,6 +359,11 @@ FILES = [
      "the course model's draft (models/course-llama-draft) teacher-forced on the course model's greedy text (held-out "
      "story prompts, CPU, float32): per-token agreement a, and tokens per verify step for k = 1..8, from (1 - a^(k+1)) / (1 - a) "
      "and replayed on the match vector"),
+    ("spec_decode_course-llama_cpu.json", "python -m benchmarks.spec_decode --model models/course-llama --draft "
+     "models/course-llama-draft --device cpu --batches 1 8 --ks 2 4 --accept 1.0 0.0 --max-tokens 96 "
+     "--out benchmarks/results/spec_decode_course-llama_cpu.json", SPEC_DECODE),
+    ("spec_decode_*.json", "python -m benchmarks.spec_decode --shape S --batches 1 8 --ks 1 2 3 4 5 6 7 8 "
+     "--accept 1.0 0.5 0.0 --out benchmarks/results/spec_decode_S_h200.json (S: the record's model)", SPEC_DECODE),
     ("kv_cache_quality_cpu.json", "python -m benchmarks.kv_cache_quality --out benchmarks/results/kv_cache_quality_cpu.json",
      "kv_cache_dtype='fp8' against 'auto': greedy agreement, teacher-forced mean abs Δ logprob, KV blocks per GiB "
      "(course model, the qwen3-0.6b shape with 4 layers)"),

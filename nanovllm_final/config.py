@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from .sampling_params import GENERATION_CONFIG_FIELDS, SamplingParams
+from .speculative_config import SpeculativeConfig, check_options, parse_speculative_config
 from .validate import INT32_MAX, INT64_MAX, INT64_MIN, Checked, Problem, is_int, is_number, option
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -54,6 +55,11 @@ class EngineConfig(Checked):
     kv_cache_dtype: str = option("auto", "KV-cache storage: auto (the model's dtype) or fp8 (alias fp8_e4m3: float8 e4m3 "
                                  "with a scale per layer and kv head; half the bytes of bfloat16)", choices=KV_CACHE_DTYPES)
     seed: int = option(0, "seed of the sampler for requests without their own seed", low=INT64_MIN, high=INT64_MAX)
+    speculative_config: SpeculativeConfig | None = option(
+        None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": K, '
+        '"prompt_lookup_min": A, "prompt_lookup_max": B} or {"method": "draft_model", "model": DIR, '
+        '"num_speculative_tokens": K} (default: off)',
+        convert=parse_speculative_config)
     distributed_host: str = option("127.0.0.1", "tensor parallelism: where the ranks meet (torch.distributed's TCP rendezvous)")
     distributed_port: int = option(0, "tensor parallelism: rendezvous port (0: rank 0 picks a free one at start-up)", low=0, high=65535)
     distributed_timeout: float = option(120.0, "tensor parallelism: seconds the rendezvous or a collective may wait for a peer",
@@ -73,6 +79,7 @@ class EngineConfig(Checked):
         """What one field alone cannot say: the values that depend on each other or on this machine."""
         if self.num_kvcache_blocks == 0:
             raise Problem("num_kvcache_blocks must be -1 (automatic) or positive, got 0", "num_kvcache_blocks")
+        check_options(self.speculative_config, self.max_model_len, self.tensor_parallel_size)
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device.startswith("cuda") and not torch.cuda.is_available():

@@ -114,6 +114,8 @@ class Spec:
             try:
                 value = self.convert(value)
             except ValueError as err:
+                if isinstance(err, Problem) and (err.param or "").startswith(name):  # names a part of the value already
+                    raise err from None
                 raise Problem(f"{name}: {err}", name) from None
         if not self.accepts(value):
             raise Problem(f"{name} must be {self.describe()}, got {show(given)}", name)

@@ -20,6 +20,7 @@ ExerciseFailed = exercises.ExerciseFailed
 
 
 K = "kernels"  # kernels.ipynb's exercises: exkernels.py
+S = "spec"  # speculative.ipynb's exercises: exspec.py
 
 
 def _name(n: int | str) -> str:
@@ -38,7 +39,8 @@ CHECKS = [(1, "naive_generate"), (1, "gumbel_max"), (1, "filter_probs"), (1, "ro
           (2, "step_inputs"), (2, "attend_cached"), (2, "static_scheduler"), (3, "slot_mapping"), (3, "gather_kv"), (3, "block_manager"), (4, "prefix_hashes"),
           (4, "cached_blocks"), (4, "prefix_block_manager"), (5, "plan_step"), (5, "document_chunks"), (5, "schedule"),
           (6, "graph_batch_sizes"), (6, "pad_for_graph"), (6, "replay"), (7, "row_parallel_linear"), (7, "qkv_rows"),
-          (7, "tp_mlp"), (K, "merge_splits"), (K, "prefill_key_tiles"), (K, "quantize_kv"), (K, "store_kvcache")]
+          (7, "tp_mlp"), (K, "merge_splits"), (K, "prefill_key_tiles"), (K, "quantize_kv"), (K, "store_kvcache"),
+          (S, "accept_or_resample"), (S, "ngram_propose"), (S, "rollback")]
 REFERENCE = {"static_scheduler": "StaticBatchScheduler", "block_manager": "BlockManager",
              "prefix_block_manager": "PrefixBlockManager"}  # classes: check_NAME checks solutions' CLASS
 
@@ -62,7 +64,7 @@ def test_reference_solution_passes(n, name):
 
 
 def test_every_notebook_exercise_is_listed():
-    for n in [*range(1, 8), K]:
+    for n in [*range(1, 8), K, S]:
         checks = {k.removeprefix("check_") for k in vars(ex(n)) if k.startswith("check_")}
         assert checks == {name for m, name in CHECKS if m == n}
         assert all(callable(reference(n, name)) for name in checks)
@@ -412,6 +414,44 @@ def _store_block_major(key, value, k_cache, v_cache, slots):
             v_cache[s % v_cache.shape[0], s // v_cache.shape[0]] = value[t]
 
 
+def _accept_if_p_above_q(p, q, d, u, e):  # keeps d whenever p(d) >= q(d), never by chance
+    return d if p[d] >= q[d] else int(((p - q).clamp(min=0) / e).argmax())
+
+
+def _resample_from_p(p, q, d, u, e):  # the rule right, the draw after a rejection from p, not (p - q)+
+    return d if u < min(1.0, float(p[d] / q[d])) else int((p / e).argmax())
+
+
+def _ngram_first_match(ids, k, low, high):  # the first earlier occurrence, not the last
+    for n in range(min(high, len(ids) - 1), low - 1, -1):
+        for start in range(len(ids) - n):
+            if ids[start : start + n] == ids[-n:]:
+                return ids[start + n : start + n + k]
+    return []
+
+
+def _ngram_shortest_first(ids, k, low, high):  # tries n = min_n first
+    for n in range(low, min(high, len(ids) - 1) + 1):
+        got = sol(S).ngram_propose(ids, k, n, n)
+        if got:
+            return got
+    return []
+
+
+def _rollback_frees_shared(table, counts, free, num_tokens, bs):  # frees a block another sequence still reads
+    keep = -(-num_tokens // bs)
+    for b in table[keep:]:
+        counts[b] -= 1
+        free.append(b)
+    del table[keep:]
+    return (bs - num_tokens % bs) % bs
+
+
+def _rollback_keeps_one_too_many(table, counts, free, num_tokens, bs):  # num_tokens // bs + 1 blocks: one too many when full
+    sol(S).rollback(table, counts, free, num_tokens + 1, bs)
+    return (bs - num_tokens % bs) % bs
+
+
 WRONG = {
     "naive_generate": [_naive_last_token_only, _naive_extra_call],
     "gumbel_max": [
@@ -471,6 +511,13 @@ WRONG = {
         lambda x, s: (x.float() / s.max()).clamp(-448, 448).to(torch.float8_e4m3fn),  # one scale for all heads
         lambda x, s: (x.float() / s[:, None]).clamp(-448, 448).to(torch.float8_e5m2),  # the other fp8 format
     ],
+    "accept_or_resample": [_accept_if_p_above_q, _resample_from_p,
+                           lambda p, q, d, u, e: d,  # always accepts: the draft's distribution
+                           lambda p, q, d, u, e: d if u < float(p[d]) else int((p / e).argmax())],  # ignores q
+    "ngram_propose": [_ngram_first_match, _ngram_shortest_first,
+                      lambda ids, k, low, high: sol(S).ngram_propose(ids, k - 1, low, high) if k > 1 else []],  # k - 1
+    "rollback": [_rollback_frees_shared, _rollback_keeps_one_too_many,
+                 lambda t, c, f, n, bs: (sol(S).rollback(t, c, f, n, bs), bs - n % bs)[1]],  # bs left when full
 }
 
 WRONG_CASES = [(n, name, i) for n, name in CHECKS for i in range(len(WRONG[name]))]

@@ -131,6 +131,20 @@ class BlockManager:
         seq.block_table.clear()
         seq.num_hashed_blocks = 0
 
+    def trim(self, seq: Sequence, num_tokens: int) -> bool:
+        """Hand back the blocks past those that hold the sequence's first `num_tokens` tokens (the
+        slots of rejected proposals); True if any. They were taken fresh, so they are freed."""
+        keep = self.blocks_needed(num_tokens)
+        if len(seq.block_table) <= keep:
+            return False
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_block_ids[block_id] = None
+        del seq.block_table[keep:]
+        return True
+
     def blocks_missing(self, seq: Sequence, num_tokens: int) -> int:
         """Blocks the sequence needs beyond its block table to hold `num_tokens` tokens: 0 at
         most decode steps (its last block has room), 1 when its newest token starts a block, and

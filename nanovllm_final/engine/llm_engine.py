@@ -10,6 +10,7 @@ from ..config import EngineConfig, ModelConfig, check_tensor_parallel
 from ..log import log_once
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+from ..speculative_config import check_draft
 from ..validate import Problem
 from .block_manager import BlockManager
 from .metrics import EngineMetrics
@@ -20,6 +21,7 @@ from .request import Request, validate_request
 from .sampling import PendingSample, SampledTokens, SamplingColumns, build_sampling_batch, sample
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .speculator import Speculator, Verified
 from .step_input import BlockTables, StepInput, build_step_input
 from .structured import Grammars
 from .workers import WorkerError, WorkerGroup
@@ -75,6 +77,7 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, tokenizer):
         check_tensor_parallel(config, model_config)
+        check_draft(config.speculative_config, model_config.vocab_size, tokenizer)
         self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
         self.eos_token_ids = list(model_config.eos_token_ids)  # every one of them ends a sequence
         self.eos_set = set(self.eos_token_ids)
@@ -88,9 +91,12 @@ class LLMEngine:
         self.block_manager = BlockManager(self.model_runner.num_kvcache_blocks, config.kvcache_block_size)
         self.scheduler = Scheduler(config, self.block_manager)
         self.metrics = EngineMetrics(self.scheduler, self.block_manager)
+        spec = config.speculative_config
+        self.speculator = None if spec is None else Speculator(spec, config, self.block_manager.num_blocks)
+        self.scheduler.speculator = self.speculator
         self.requests: dict[str, Request] = {}
         self.pending: list[RequestOutput] = []  # outputs not handed out yet (the step returns them)
-        self.overlap = config.overlap_scheduling
+        self.overlap = config.overlap_scheduling and spec is None  # speculator.py says why
         self.in_flight: InFlight | None = None
         self.block_tables = BlockTables()  # the steps' block-table arrays, each built from the one before
         self.sampling_columns = SamplingColumns()  # the sampling rows' parameter columns, kept while the rows stay
@@ -217,18 +223,24 @@ class LLMEngine:
                 time.sleep(0.001)  # nothing to run but grammars compiling: do not spin
             return None
         try:
+            if self.speculator is not None:
+                self.speculator.fill(seqs)  # a draft model's proposals
             step = build_step_input(seqs, self.config.kvcache_block_size, prev.pending_rows() if prev is not None else None,
                                     self.block_tables)
             execute = functools.partial(self.model_runner.execute, carried=prev.sample.token_ids if prev is not None and prev.sample is not None else None)
             logits = execute(step) if self.workers is None else self.workers.call("execute", execute, step)
             all_sample = len(step.sample_rows) == len(seqs)  # most steps: every sequence samples
             sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
-            batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns) if sampling else None
-            if batch is not None and self.grammars.used:  # filled on the host while the device runs the forward
-                if prev is not None and prev.constrained:  # the step before's tokens, into the matchers first
-                    self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
-                batch.grammar = self.grammars.bitmask(sampling)
-            pending = sample(self.model_runner.sampler, logits, batch) if sampling else None
+            batch = pending = None
+            if self.speculator is not None and self.speculator.drafted(sampling):
+                pending = self.speculator.verify(self.model_runner.sampler, logits, sampling, self.eos_token_ids)
+            elif sampling:
+                batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns)
+                if self.grammars.used:  # filled on the host while the device runs the forward
+                    if prev is not None and prev.constrained:  # the step before's tokens, into the matchers first
+                        self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
+                    batch.grammar = self.grammars.bitmask(sampling)
+                pending = sample(self.model_runner.sampler, logits, batch)
         except Exception as err:
             self._fail(seqs, err)
             return None
@@ -246,6 +258,11 @@ class LLMEngine:
             if done.scores is not None:
                 collect_scores(done.step.scoring, done.scores, done.seqs, self.requests)
             sampled = done.sample.result() if done.sample is not None else SampledTokens([], None)  # no row sampled
+            sampling = done.sampling
+            if isinstance(sampled, Verified):  # a row per emitted token, several per verifying sequence
+                if self.speculator.accept(sampled, sampling, self.block_manager):
+                    self.block_tables = BlockTables()  # a block table shrank: the next step's are written whole
+                sampling = sampled.seqs
             now = time.perf_counter()
             news: dict[str, Request] = {}
             ended: set[str] = set()  # requests a sequence of which ended here: only they may have finished
@@ -256,7 +273,7 @@ class LLMEngine:
                 ))
             # a row of every sequence the step sampled for (this loop runs for each, every step)
             requests, resolve, eos, max_len = self.requests, self.scheduler.resolve, self.eos_set, self.config.max_model_len
-            for seq, token_id, logprob in zip(done.sampling, sampled.token_ids, sampled.logprobs or itertools.repeat(None)):
+            for seq, token_id, logprob in zip(sampling, sampled.token_ids, sampled.logprobs or itertools.repeat(None)):
                 if seq.is_finished:
                     continue  # aborted, or stopped by the token of the step before
                 resolve(seq, token_id)
@@ -330,11 +347,14 @@ class LLMEngine:
 
     def metrics_summary(self) -> dict:
         """Requests, tokens, throughput, latency percentiles, prefix-cache hit rate, KV usage, preemptions."""
-        return self.metrics.summary()
+        summary = self.metrics.summary()
+        return summary if self.speculator is None else summary | self.speculator.summary()
 
     def reset_metrics(self) -> None:
         """Forget what was measured so far (e.g. after a warm-up)."""
         self.metrics.reset()
+        if self.speculator is not None:
+            self.speculator.reset()
 
     def shutdown(self) -> None:
         """Free the model, the KV cache and the workers; later calls do nothing, and step() or
@@ -345,4 +365,6 @@ class LLMEngine:
         if self.workers is not None:
             self.workers.shutdown()
         self.model_runner.shutdown()
+        if self.speculator is not None:
+            self.speculator.shutdown()
         self.model_runner = None

@@ -69,7 +69,8 @@ class EngineMetrics:
             "preemptions": sched.num_preemptions,
             "prefix_hit_tokens": hit_tokens,  # what admission found in the prefix cache
             "prefix_hit_blocks": hit_tokens // bm.block_size,
-            "chunked_prefills": num_seqs - len(step.sample_rows),  # sequences that fed only part of their prompt
+            # sequences that fed only part of their prompt (a verifying one samples 1 + its proposals rows)
+            "chunked_prefills": num_seqs - len(step.sample_rows) + step.num_proposed,
         }
 
     def on_step(self, record: dict, seconds: float) -> None:

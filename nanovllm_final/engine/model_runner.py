@@ -18,6 +18,7 @@ from .cuda_graphs import CUDAGraphs
 from .prompt_logprobs import score_rows
 from .sampling import build_sampling_batch, sample
 from .sequence import Sequence
+from .spec_verify import verify_step, warmup_proposals
 from .step_input import StepInput, build_step_input, upload
 
 logger = logging.getLogger(__name__)
@@ -173,9 +174,15 @@ class ModelRunner:
             seq.num_scheduled_tokens = length
             first_block += num_blocks
             seqs.append(seq)
+        spec = self.config.speculative_config
+        if spec is not None:  # its rows verify proposals, as many as a verify step's
+            warmup_proposals(seqs, spec.num_speculative_tokens)
         logits = self.execute(build_step_input(seqs, self.block_size))
         if logits is not None:  # rank 0 samples
-            sample(self.sampler, logits, build_sampling_batch(seqs, []))
+            if spec is not None:
+                verify_step(self.sampler, logits, seqs, []).result()
+            else:
+                sample(self.sampler, logits, build_sampling_batch(seqs, []))
         nbytes = scratch.numel() * scratch.element_size()
         del scratch
         torch.cuda.empty_cache()

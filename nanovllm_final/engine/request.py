@@ -132,6 +132,9 @@ def validate_request(token_ids, params, config, model_config) -> Problem | None:
     for name in ("logprobs", "prompt_logprobs"):
         if getattr(params, name) is not None and getattr(params, name) > vocab:
             return Problem(f"{name}={getattr(params, name)} is more than the vocabulary's {vocab} tokens", name)
+    if params.structured_outputs is not None and config.speculative_config is not None:  # verify rows take no bitmask
+        return Problem("structured_outputs cannot be combined with speculative decoding (this engine has a "
+                       "speculative_config)", "structured_outputs")
     if params.structured_outputs is not None:
         return check_available()  # xgrammar is imported only when a request asks for a format
     return None

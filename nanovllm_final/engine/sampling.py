@@ -151,17 +151,9 @@ class PendingSample:
 @torch.inference_mode()
 def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> PendingSample:
     """Penalties, masks and Gumbel-max; logprobs from the raw logits. Queued on the device."""
-    device, vocab_size = logits.device, logits.shape[1]
+    device = logits.device
     raw = logits  # (rows, vocab) in the model's dtype
-    if batch.penalties is not None:
-        p = batch.penalties
-        logits = apply_penalties(
-            logits.float(), token_counts(p["output_ids"], vocab_size, device), token_counts(p["prompt_ids"], vocab_size, device) > 0,
-            to_device(p["repetition"], device), to_device(p["presence"], device), to_device(p["frequency"], device),
-        )
-    if batch.suppress is not None:
-        rows, ids = batch.suppress
-        logits = logits.index_put((to_device(rows, device), to_device(ids, device)), torch.tensor(float("-inf"), dtype=logits.dtype, device=device))
+    logits = penalized(logits, batch)
     if batch.grammar is not None:  # before every draw below: each picks among the allowed tokens
         rows, bitmask = batch.grammar
         logits = apply_bitmask(logits, *upload([rows, bitmask], device))
@@ -182,6 +174,21 @@ def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> Pend
     if batch.num_logprobs is None:
         return PendingSample(token_ids)
     return PendingSample(token_ids, logprobs_of(raw, token_ids, batch.num_logprobs))
+
+
+def penalized(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """(rows, vocab) the logits with the batch's penalties applied and its suppressed ids at -inf."""
+    device, vocab_size = logits.device, logits.shape[1]
+    if batch.penalties is not None:
+        p = batch.penalties
+        logits = apply_penalties(
+            logits.float(), token_counts(p["output_ids"], vocab_size, device), token_counts(p["prompt_ids"], vocab_size, device) > 0,
+            to_device(p["repetition"], device), to_device(p["presence"], device), to_device(p["frequency"], device),
+        )
+    if batch.suppress is not None:
+        rows, ids = batch.suppress
+        logits = logits.index_put((to_device(rows, device), to_device(ids, device)), torch.tensor(float("-inf"), dtype=logits.dtype, device=device))
+    return logits
 
 
 def token_counts(token_lists: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:

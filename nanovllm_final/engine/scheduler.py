@@ -34,6 +34,7 @@ class Scheduler:
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0  # in the current step
         self.total_preemptions = 0
+        self.speculator = None  # speculative decoding: proposes tokens for decoding sequences (engine/speculator.py)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -44,6 +45,8 @@ class Scheduler:
     def schedule(self) -> list[Sequence]:
         """The sequences to run this step; each one's `num_scheduled_tokens` says how many tokens it feeds."""
         self.num_preemptions = 0
+        if self.speculator is not None:
+            self.speculator.propose(self.running)
         scheduled = self.schedule_running(self.max_num_batched_tokens)
         budget = self.max_num_batched_tokens - sum(seq.num_scheduled_tokens for seq in scheduled)
         if not self.num_preemptions:  # no admissions in a step that had to free memory
@@ -57,6 +60,8 @@ class Scheduler:
         while self.running:
             seq = self.running.popleft()
             num_tokens = len(seq)
+            if seq.spec_token_ids:  # verify proposals: slots for them too
+                num_tokens += self.speculator.fit(seq, budget)
             if budget == 0 or (seq.num_pending and seq.reaches_length_limit(num_tokens, self.max_model_len)):
                 still_running.append(seq)  # no room this step, or its last token is in flight: it keeps its blocks and waits
                 continue
@@ -99,6 +104,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        seq.spec_token_ids, seq.num_draft_cached = [], 0
         self.block_manager.deallocate(seq)
         seq.num_cached_tokens = 0  # its K/V are gone: recompute from the tokens
         self.waiting.appendleft(seq)

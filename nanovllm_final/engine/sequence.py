@@ -37,6 +37,10 @@ class Sequence:
         # token_ids; their ids are the in-flight step's to hold (llm_engine.InFlight) until it
         # completes and `resolve` appends them.
         self.num_pending = 0
+        # Speculative decoding (engine/speculator.py): this step's proposals, fed after the last
+        # token; the step's outcome decides which of them become tokens.
+        self.spec_token_ids: list[int] = []
+        self.num_draft_cached = 0  # tokens whose K/V the draft model has (engine/draft_model.py)
         self.finish_reason: str | None = None
         self.grammar = None  # structured output: its xgrammar matcher, advanced by each resolved token
         self.grammar_early: bool | None = None  # overlap: the matcher took the pending token already (accepted?)
@@ -67,7 +71,8 @@ class Sequence:
     @property
     def samples_this_step(self) -> bool:
         """Does this step's feed reach the sequence's end (so a token is sampled)?"""
-        return self.num_cached_tokens + self.num_scheduled_tokens == len(self.token_ids) + self.num_pending  # == len(self)
+        fed = self.num_cached_tokens + self.num_scheduled_tokens
+        return fed == len(self.token_ids) + self.num_pending + len(self.spec_token_ids)  # == len(self) + proposals
 
     def reaches_length_limit(self, num_tokens: int, max_model_len: int) -> bool:
         """Does the sequence end by length once it holds `num_tokens` tokens (max_tokens or max_model_len)?"""

@@ -30,6 +30,7 @@ class StepInput:
     # the sequences by decreasing context length: the order the decode kernel starts them in
     decode_order: np.ndarray  # (seqs,) int32
     scoring: PromptScoring | None = None  # the rows whose next prompt token is scored (prompt_logprobs)
+    num_proposed: int = 0  # proposals fed (speculative decoding): each samples a row of its own
 
     @property
     def num_tokens(self) -> int:
@@ -95,9 +96,11 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
 
 
 def fed_ids(seq: Sequence, start: int, end: int):
-    """The ids of the tokens fed from `start` to `end`; a pending one (it is always the last) is a
-    placeholder 0 here, replaced on the device (carry_index)."""
-    return chain(seq.token_ids[start:end], repeat(0, end - seq.num_known_tokens))
+    """The ids of the tokens fed from `start` to `end`: known ones, then proposals (speculative
+    decoding); a pending one (it is always the last) is a placeholder 0 here, replaced on the
+    device (carry_index)."""
+    spec = seq.spec_token_ids[: max(0, end - seq.num_known_tokens)]
+    return chain(seq.token_ids[start:end], spec, repeat(0, end - seq.num_known_tokens - len(spec)))
 
 
 class BlockTables:
@@ -141,6 +144,7 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
     counts = np.fromiter((s.num_scheduled_tokens for s in seqs), np.int64, n)  # (seqs,)
     known = np.fromiter((len(s.token_ids) for s in seqs), np.int64, n)  # (seqs,) tokens whose ids the host knows
     pending = np.fromiter((s.num_pending for s in seqs), np.int64, n)  # (seqs,) sampled ones still on the device
+    proposed = np.fromiter((len(s.spec_token_ids) for s in seqs), np.int64, n)  # (seqs,) speculative decoding
     ends = starts + counts
     cu = np.zeros(len(seqs) + 1, np.int64)
     np.cumsum(counts, out=cu[1:])
@@ -157,7 +161,7 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
     else:
         input_ids = np.fromiter(chain.from_iterable(fed_ids(s, a, b) for s, a, b in zip(seqs, starts.tolist(), ends.tolist())),
                                 np.int64, int(cu[-1]))
-    samples = ends == known + pending  # (seqs,) the feed reaches the sequence's end: Sequence.samples_this_step
+    samples = ends == known + pending + proposed  # (seqs,) the feed reaches the end: Sequence.samples_this_step
     carried = np.flatnonzero(pending)  # (carried,) rows whose fed token is a pending one
     return StepInput(
         input_ids=input_ids,
@@ -166,11 +170,23 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
         cu_seqlens_q=cu.astype(np.int32),
         context_lens=ends.astype(np.int32),
         block_tables=tables,
-        sample_rows=(cu[1:] - 1)[samples],  # the last fed token of each sequence that samples
+        sample_rows=sample_rows(cu, samples, proposed),
         carry_index=cu[1:][carried] - 1,
         carry_rows=np.fromiter((pending_rows[seqs[i].seq_id] for i in carried.tolist()), np.int64, len(carried)),
         max_seqlen_q=max_seqlen_q,
         is_decode=is_decode,
         decode_order=np.argsort(-ends, kind="stable").astype(np.int32),
         scoring=plan_scoring(seqs, starts, ends, cu),
+        num_proposed=int(proposed.sum()),
     )
+
+
+def sample_rows(cu: np.ndarray, samples: np.ndarray, proposed: np.ndarray) -> np.ndarray:
+    """(rows,) the last fed token of each sequence that samples; a sequence verifying k proposals
+    samples its last 1 + k rows."""
+    if not proposed.any():
+        return (cu[1:] - 1)[samples]
+    counts = np.where(samples, 1 + proposed, 0)  # (seqs,)
+    ends = np.repeat(cu[1:], counts)  # (rows,)
+    within = np.arange(len(ends)) - np.repeat(np.cumsum(counts) - counts, counts)  # (rows,) 0..count-1
+    return ends - np.repeat(counts, counts) + within

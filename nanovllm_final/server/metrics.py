@@ -12,6 +12,11 @@ import threading
 PREFIX = "nanovllm_"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+SPEC_DECODE_COUNTERS = {
+    "spec_decode_num_drafts": "Verifications of a sequence with proposals (speculative decoding).",
+    "spec_decode_num_draft_tokens": "Tokens proposed (speculative decoding).",
+    "spec_decode_num_accepted_tokens": "Proposed tokens accepted (speculative decoding).",
+}
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
 
 
@@ -93,6 +98,12 @@ class ServerMetrics:
             family("kv_cache_blocks_total", "gauge", "KV-cache blocks in the pool.", [({}, engine["blocks_total"])])
             family("prefix_cache_hit_rate", "gauge", "Fraction of prompt tokens served from the prefix cache so far.", [({}, engine["prefix_hit_rate"])])
             family("num_preemptions_total", "counter", "Sequences preempted (recomputed later) for lack of KV blocks.", [({}, engine["preemptions"])])
+            if "spec_decode_num_drafts" in engine:  # speculative decoding, vLLM's names
+                for name, help in SPEC_DECODE_COUNTERS.items():
+                    family(name + "_total", "counter", help, [({}, engine[name])])
+                per_pos = engine["spec_decode_num_accepted_tokens_per_pos"]
+                family("spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                       "Accepted proposals, by position in the proposal.", [({"position": i}, n) for i, n in enumerate(per_pos)])
         family("server_requests_in_flight", "gauge", "Requests accepted by the server and not finished yet.", [({}, server["in_flight"])])
         family("server_max_pending_requests", "gauge", "Requests in flight past which new ones get HTTP 503.", [({}, server["max_pending"])])
         family("engine_healthy", "gauge", "1 while the engine runs, 0 after it failed or stopped.", [({}, 1 if server["healthy"] else 0)])
@@ -119,6 +130,7 @@ def engine_gauges(llm) -> dict:
         "blocks_total": engine.num_blocks,
         "prefix_hit_rate": summary["prefix_hit_rate"],
         "preemptions": summary["preemptions"],
+        **{name: value for name, value in summary.items() if name.startswith("spec_decode_")},
     }
 
 

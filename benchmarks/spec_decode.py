@@ -1,0 +1,202 @@
+"""Speculative decoding: tokens/s against acceptance, and a verify step against a decode step.
+
+Random weights accept nothing meaningful, so on a random-weight shape the proposals come from a
+replay proposer (benchmark-only, engine/proposers.py's ReplayProposer): it proposes the target's
+own greedy continuation from a run without speculation, each token replaced by a wrong one with
+probability 1 - acceptance. "none" proposes nothing (n-gram lookup that finds nothing: the cost
+of speculation that cannot win); "ngram" is real prompt lookup on the same prompts.
+
+    # one GPU, the Qwen3-0.6B and 8B shapes (the lead's commands):
+    python -m benchmarks.spec_decode --shape qwen3-0.6b --batches 1 8 --ks 1 2 3 4 5 6 7 8 --accept 1.0 0.5 0.0 \\
+        --out benchmarks/results/spec_decode_qwen3-0.6b_h200.json
+    python -m benchmarks.spec_decode --shape qwen3-8b --batches 1 8 --ks 1 2 4 8 --accept 1.0 0.5 0.0 \\
+        --out benchmarks/results/spec_decode_qwen3-8b_h200.json
+    # a trained model and its draft, on the course stories (CPU or GPU):
+    python -m benchmarks.spec_decode --model models/course-llama --draft models/course-llama-draft --device cpu \\
+        --batches 1 8 --ks 2 4 --out benchmarks/results/spec_decode_course-llama_cpu.json
+
+Each row: output tokens/s of greedy requests (ignore_eos) with speculation, against the same
+requests without it (overlap scheduling on, the engine's default; and off, as speculation runs),
+the speedup against the faster of those two, the mean tokens a verification emits, and the median
+step times (a verify step of batch x (k+1) tokens against a decode step of batch tokens)."""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.run import device_name, model_for_shape, versions
+from nanovllm_final import LLM, SamplingParams
+from nanovllm_final.engine.proposers import ReplayProposer
+
+
+def story_prompts(count: int, words: int = 12) -> list[str]:
+    """The opening words of held-out course stories."""
+    from tools.course_model.stories import stories
+
+    return [" ".join(s.split()[:words]) for s in stories(count, start=300_000)]
+
+
+def timed_run(llm: LLM, prompts, params: SamplingParams) -> dict:
+    """Generate twice (the first warms up); the second's tokens/s, step times and metrics."""
+    llm.generate(prompts, params, use_tqdm=False)
+    llm.engine.reset_metrics()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    return {
+        "outs": outs,
+        "seconds": seconds,
+        "tokens": sum(len(o["token_ids"]) for o in outs),
+        "steps": list(llm.stats),
+        "metrics": llm.metrics(),
+    }
+
+
+def median_ms(steps: list[dict], num_tokens: int) -> float | None:
+    times = [s["seconds"] for s in steps if s["num_tokens"] == num_tokens]
+    return statistics.median(times) * 1e3 if times else None
+
+
+def plain(path, prompts, params, options: dict) -> dict:
+    rows = {}
+    for overlap in (True, False):
+        with LLM(path, overlap_scheduling=overlap, **options) as llm:
+            rows[overlap] = timed_run(llm, prompts, params)
+    base = rows[True]
+    base["tok_s_no_overlap"] = rows[False]["tokens"] / rows[False]["seconds"]
+    base["decode_ms"] = median_ms(rows[False]["steps"], len(prompts))
+    return base
+
+
+def speculative(path, prompts, params, options: dict, spec: dict, replay: list | None, accept: float) -> dict:
+    with LLM(path, speculative_config=spec, **options) as llm:
+        if replay is not None:  # benchmark-only proposals: the target's own continuation, partly wrong
+            vocab = llm.engine.model_config.vocab_size
+            llm.engine.speculator.proposer = ReplayProposer(replay, accept, vocab, seed=0)
+        return timed_run(llm, prompts, params)
+
+
+def row(base: dict, run: dict, batch: int, k: int, method: str, accept: float | None) -> dict:
+    # against the faster of plain decoding with and without overlap scheduling
+    m, tok_s = run["metrics"], run["tokens"] / run["seconds"]
+    base_tok_s = max(base["tokens"] / base["seconds"], base["tok_s_no_overlap"])
+    verify_ms = median_ms(run["steps"], batch * (k + 1))
+    same = [o["token_ids"] for o in run["outs"]] == [o["token_ids"] for o in base["outs"]]
+    out = {
+        "batch": batch,
+        "k": k,
+        "method": method,
+        "replay_accept": accept,
+        "tok_s": tok_s,
+        "plain_tok_s": base["tokens"] / base["seconds"],
+        "plain_tok_s_no_overlap": base["tok_s_no_overlap"],
+        "speedup": tok_s / base_tok_s,
+        "acceptance_rate": m.get("spec_decode_acceptance_rate"),
+        "mean_acceptance_length": m.get("spec_decode_mean_acceptance_length"),
+        "verify_ms": verify_ms,
+        "decode_ms": base["decode_ms"],
+        "verify_over_decode": verify_ms / base["decode_ms"] if verify_ms and base["decode_ms"] else None,
+        "same_tokens": same,
+    }
+    print(
+        f"batch {batch:3d} k {k} {method:>11} {'' if accept is None else accept:>4}: {tok_s:9.1f} tok/s "
+        f"(plain {base_tok_s:8.1f}, x{out['speedup']:.2f}), accepted {out['acceptance_rate'] or 0:.2f}, "
+        f"mean length {out['mean_acceptance_length'] or 0:.2f}, verify/decode "
+        f"{out['verify_over_decode'] or float('nan'):.2f}, same tokens {same}",
+        flush=True,
+    )
+    return out
+
+
+def run_batch(path, args, batch: int, options: dict) -> list[dict]:
+    if args.model:
+        prompts = story_prompts(batch)
+    else:
+        g, vocab = (
+            torch.Generator().manual_seed(batch),
+            min(10000, json.loads((Path(path) / "config.json").read_text())["vocab_size"]),
+        )
+        prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    base = plain(path, prompts, params, options)
+    runs = [o["prompt_token_ids"] + o["token_ids"] for o in base["outs"]]
+    rows = []
+    for k in args.ks:
+        ngram = {"method": "ngram", "num_speculative_tokens": k}
+        rows.append(
+            row(base, speculative(path, prompts, params, options, ngram, None, 0), batch, k, "ngram", None)
+        )
+        if args.draft:
+            draft = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": k}
+            rows.append(
+                row(
+                    base,
+                    speculative(path, prompts, params, options, draft, None, 0),
+                    batch,
+                    k,
+                    "draft_model",
+                    None,
+                )
+            )
+        rows.append(
+            row(base, speculative(path, prompts, params, options, ngram, [], 0), batch, k, "none", None)
+        )
+        for accept in args.accept:
+            run = speculative(path, prompts, params, options, ngram, runs, accept)
+            rows.append(row(base, run, batch, k, "replay", accept))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shape", default="qwen3-0.6b", help="random weights of this shape (benchmarks/run.py SHAPES)"
+    )
+    parser.add_argument("--model", help="a checkpoint instead (its prompts: course stories' openings)")
+    parser.add_argument("--draft", help="a draft checkpoint: adds method draft_model")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument(
+        "--accept", type=float, nargs="+", default=[1.0, 0.5, 0.0], help="replay acceptance rates"
+    )
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    path = args.model or str(model_for_shape(args.shape, args.device))
+    rows = []
+    for batch in args.batches:
+        options = dict(
+            device=args.device,
+            dtype=args.dtype,
+            max_num_seqs=batch,
+            max_model_len=args.prompt_len + args.max_tokens + max(args.ks) + 64,
+        )
+        rows += run_batch(path, args, batch, options)
+    record = {
+        "benchmark": "spec_decode",
+        "model": args.model or args.shape,
+        "draft": args.draft,
+        "device_name": device_name(args.device),
+        "max_tokens": args.max_tokens,
+        "rows": rows,
+        "command": "python -m benchmarks.spec_decode " + " ".join(sys.argv[1:]),
+        "versions": versions(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

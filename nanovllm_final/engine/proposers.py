@@ -1,0 +1,65 @@
+"""Proposers: where a verify step's k guesses come from.
+
+NgramProposer (vLLM's prompt lookup, method "ngram"): the sequence's last n tokens (n from
+prompt_lookup_max down to prompt_lookup_min, the longest that matches wins) are looked up
+earlier in the sequence, prompt and output alike; the tokens that followed their last
+occurrence are the proposal. It costs a scan of the sequence's ids on the host, no model.
+The draft-model proposer is draft_model.py's.
+
+A proposer's `propose(seqs, ks)` returns up to ks[i] tokens for sequence i."""
+
+import numpy as np
+
+from .sequence import Sequence
+
+
+def ngram_lookup(token_ids: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
+    """Up to k tokens that followed the last earlier occurrence of the longest suffix of
+    `token_ids` (between min_n and max_n tokens long); [] if no suffix recurs."""
+    length = len(token_ids)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        starts = np.lib.stride_tricks.sliding_window_view(
+            token_ids[: length - 1], n
+        )  # (length - n, n): every earlier n-gram
+        hits = np.flatnonzero((starts == token_ids[length - n :]).all(axis=1))
+        if len(hits):
+            first = int(hits[-1]) + n  # the token after the last match
+            return token_ids[first : first + k].tolist()
+    return []
+
+
+class NgramProposer:
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        """Up to ks[i] tokens for each sequence."""
+        return [
+            ngram_lookup(np.asarray(seq.token_ids, np.int64), k, self.min_n, self.max_n)
+            for seq, k in zip(seqs, ks)
+        ]
+
+
+class ReplayProposer:
+    """Benchmark and test use only (no engine option selects it): proposes the continuation a
+    recorded run produced (`runs`: full token lists, prompt then output), each token replaced by
+    a wrong one with probability 1 - `accept_rate`. With the target's own greedy outputs it
+    controls the acceptance rate, which random weights would otherwise leave near 0."""
+
+    def __init__(self, runs: list[list[int]], accept_rate: float = 1.0, vocab_size: int = 2, seed: int = 0):
+        self.runs, self.accept_rate, self.vocab_size = [list(r) for r in runs], accept_rate, vocab_size
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        out = []
+        for ids, k in ((seq.token_ids, k) for seq, k in zip(seqs, ks)):
+            run = next((r for r in self.runs if len(r) > len(ids) and r[: len(ids)] == ids), [])
+            guess = run[len(ids) : len(ids) + k]
+            wrong = self.rng.random(len(guess)) >= self.accept_rate
+            out.append(
+                [
+                    (t + 1 + int(self.rng.integers(self.vocab_size - 1))) % self.vocab_size if w else t
+                    for t, w in zip(guess, wrong)
+                ]
+            )
+        return out
