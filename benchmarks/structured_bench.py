@@ -4,6 +4,10 @@ schema compile time percentiles, on one device in one process.
     python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 \
         --out benchmarks/results/structured_step_time_qwen3-0.6b_h100.json
     python -m benchmarks.structured_bench --shape tiny-qwen3 --batch 16 --device cpu   # a quick check
+    python -m benchmarks.structured_bench --pieces-only 151936 --batch 256 --device cpu  # the pieces alone
+
+The constrained step's pieces (`pieces`: the matchers' advance, the bitmask's fill, its upload, the
+mask's application by the kernel and by the PyTorch reference) are timed alone at the same batch.
 
 `batch` prompts of 32 random tokens generate `--max-tokens` tokens each (ignore_eos, greedy),
 either free or each under a JSON schema (an object holding an array of at least 1000 objects, so
