@@ -14,6 +14,7 @@ the engine launches N+1's forward pass (fed N's tokens on the device), then wait
 on the host, advances the matchers with them (`advance`) and fills N+1's mask while the device
 runs the forward pass; N's tokens resolve later, and the matchers do not take them twice."""
 
+import atexit
 import copy
 import functools
 import json
@@ -23,6 +24,7 @@ import time
 from collections import OrderedDict
 import queue
 import threading
+import weakref
 from concurrent.futures import Future
 
 import numpy as np
@@ -157,6 +159,7 @@ class Grammars:
             self.workers = [threading.Thread(target=self._work, name=f"grammar-{i}", daemon=True) for i in range(2)]
             for worker in self.workers:
                 worker.start()
+            LIVE.add(self)
         if len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
         return job
@@ -230,6 +233,23 @@ class Grammars:
     def shutdown(self) -> None:
         for _ in self.workers:
             self.queue.put(None)  # each stops after its compile
+        self.workers = [worker for worker in self.workers if worker.is_alive()]
+
+
+LIVE: weakref.WeakSet = weakref.WeakSet()  # every Grammars that started workers
+
+
+@atexit.register
+def _finish_compiles() -> None:
+    """At exit, the compiles still running finish first (up to the time limit): a worker inside the
+    compiler while the interpreter tears down crashes the process (SIGSEGV or abort)."""
+    workers = []
+    for grammars in list(LIVE):
+        grammars.shutdown()
+        workers += grammars.workers
+    deadline = time.perf_counter() + COMPILE_TIMEOUT_S
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.perf_counter()))
 
 
 def accepts(seq, token_id: int) -> bool:
