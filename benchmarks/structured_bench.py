@@ -170,7 +170,8 @@ def main() -> None:
     record = {"benchmark": "structured_step_time", "shape": args.shape, "dtype": dtype, "batch": args.batch,
               "prompt_len": 32, "max_tokens": args.max_tokens, "device": args.device,
               "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-              "full_vocab_matchers": args.full_vocab_matchers, "rows": rows, "pieces": parts, "compile": compiles, "outputs": checked, "versions": versions(),
+              "full_vocab_matchers": args.full_vocab_matchers,
+              "rows": rows, "pieces": parts, "compile": compiles, "outputs": checked, "versions": versions(),
               "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if args.out:
         with open(args.out, "w") as f:
@@ -182,7 +183,8 @@ def main_pieces(args, dtype: str) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_for_shape("tiny-qwen3", "cpu"))
-    parts = pieces(tokenizer, args.pieces_only, [tokenizer.eos_token_id], args.batch, args.device, getattr(torch, dtype))
+    parts = pieces(tokenizer, args.pieces_only, [tokenizer.eos_token_id], args.batch, args.device,
+                   getattr(torch, dtype))
     print_pieces(parts, args.batch)
     record = {"benchmark": "structured_mask_pieces", "tokenizer": "tiny-qwen3", "vocab_size": args.pieces_only,
               "full_vocab_matchers": args.full_vocab_matchers,
