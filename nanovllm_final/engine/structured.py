@@ -260,7 +260,8 @@ def accepts(seq, token_id: int) -> bool:
     return ok and not seq.grammar.is_terminated()
 
 
-def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor,
+                  inplace: bool = False) -> torch.Tensor:
     """`logits` (rows_all, vocab) whose `rows` (c,) keep only the tokens set in `bitmask` (c, words)
     int32 (bit j of word w: token 32 w + j; the tokens past 32 words are not allowed); the others
     become -inf. Every draw after this (argmax, top-k candidates, softmax) then picks an allowed
