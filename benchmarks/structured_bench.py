@@ -4,6 +4,10 @@ schema compile time percentiles, on one device in one process.
     python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 \
         --out benchmarks/results/structured_step_time_qwen3-0.6b_h100.json
     python -m benchmarks.structured_bench --shape tiny-qwen3 --batch 16 --device cpu   # a quick check
+    python -m benchmarks.structured_bench --pieces-only 151936 --batch 256 --device cpu  # the pieces alone
+
+The constrained step's pieces (`pieces`: the matchers' advance, the bitmask's fill, its upload, the
+mask's application by the kernel and by the PyTorch reference) are timed alone at the same batch.
 
 `batch` prompts of 32 random tokens generate `--max-tokens` tokens each (ignore_eos, greedy),
 either free or each under a JSON schema (an object holding an array of at least 1000 objects, so
@@ -18,13 +22,16 @@ import argparse
 import json
 import statistics
 import time
+from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 from benchmarks.run import model_for_shape, versions
 from benchmarks.structured_schemas import SCHEMAS
 from nanovllm_final import LLM, SamplingParams
-from nanovllm_final.engine.structured import Grammars, Job
+from nanovllm_final.engine.step_input import upload
+from nanovllm_final.engine.structured import Grammars, Job, apply_bitmask, apply_bitmask_reference, xgrammar
 from nanovllm_final.structured_outputs import StructuredOutputsParams
 
 LONG = {"type": "object", "properties": {"items": {"type": "array", "minItems": 1000, "items": {
@@ -69,6 +76,54 @@ def compile_ms(llm: LLM) -> dict:
     return {"count": len(times), "p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99), "max_ms": round(times[-1], 3)}
 
 
+def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: str, dtype: torch.dtype,
+           steps: int = 20) -> dict:
+    """A constrained step's host and device pieces at this batch, every row under LONG, the median
+    ms over `steps` steps along the grammar: the matchers' advance by the step before's tokens
+    (Grammars.advance), the bitmask's fill (Grammars.bitmask), its upload, and its application to
+    (batch, vocab) logits by apply_bitmask (the kernel on CUDA) and by the PyTorch reference."""
+    grammars = Grammars(tokenizer, vocab_size, eos_ids)
+    compiled = grammars._compile(Job(), StructuredOutputsParams(json=LONG))
+    seqs = [SimpleNamespace(grammar=xgrammar().GrammarMatcher(compiled), is_finished=False, grammar_early=None)
+            for _ in range(batch)]
+    logits = torch.randn(batch, vocab_size, device=device).to(dtype)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    times: dict[str, list[float]] = {k: [] for k in ("advance", "fill", "upload", "apply", "apply_reference")}
+
+    def timed(name: str, fn):
+        sync()
+        start = time.perf_counter()
+        out = fn()
+        sync()
+        times[name].append((time.perf_counter() - start) * 1e3)
+        return out
+
+    for step in range(steps):
+        rows, bitmask = timed("fill", lambda: grammars.bitmask(seqs))
+        on_device = timed("upload", lambda: upload([rows, bitmask], torch.device(device)))
+        work = logits.clone()
+        timed("apply", lambda: apply_bitmask(work, *on_device, inplace=True))
+        if step < 3 or device.startswith("cuda"):  # the reference takes ~1 s a step on a CPU at a full vocabulary
+            timed("apply_reference", lambda: apply_bitmask_reference(logits, *on_device))
+        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")  # (batch, 32 words)
+        tokens = [int(np.flatnonzero(b)[step * 7 % max(1, int(b.sum()))]) for b in bits]  # allowed tokens
+        timed("advance", lambda: Grammars.advance(seqs, tokens))
+        for seq in seqs:
+            assert seq.grammar_early
+            seq.grammar_early = None
+    grammars.shutdown()
+    out = {f"{name}_ms": round(statistics.median(t), 3) for name, t in times.items()}
+    out["bitmask_shape"] = list(bitmask.shape)
+    out["host_ms"] = round(out["advance_ms"] + out["fill_ms"], 3)  # what overlap hides under the forward pass
+    return out
+
+
+def print_pieces(p: dict, batch: int) -> None:
+    print(f"pieces at batch {batch} (bitmask {p['bitmask_shape']}): advance {p['advance_ms']:.3f} ms  "
+          f"fill {p['fill_ms']:.3f} ms  upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
+          f"(PyTorch reference {p['apply_reference_ms']:.3f} ms)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen3-0.6b")
@@ -77,8 +132,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--out")
+    parser.add_argument("--pieces-only", type=int, metavar="VOCAB_SIZE",
+                        help="only the pieces, on tiny-qwen3's tokenizer with this vocab_size (no model)")
+    parser.add_argument("--full-vocab-matchers", action="store_true", help="the matchers and bitmask over the model's "
+                        "whole vocab_size, not only the tokenizer's ids (as before Grammars.grammar_vocab)")
     args = parser.parse_args()
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.full_vocab_matchers:
+        Grammars.grammar_vocab = property(lambda self: self.vocab_size)
+    if args.pieces_only:
+        return main_pieces(args, dtype)
     path = model_for_shape(args.shape, args.device)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 500, (32,), generator=g).tolist() for _ in range(args.batch)]
@@ -92,19 +155,42 @@ def main() -> None:
             times = {mode: step_ms(llm, prompts, p) for mode, p in (("free", free), ("constrained", constrained))}
             if overlap:
                 compiles, checked = compile_ms(llm), valid_outputs(llm)
+                engine = llm.engine
+                parts = pieces(llm.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids, args.batch,
+                               args.device, getattr(torch, dtype))
         row = {"overlap_scheduling": overlap, "free_ms": round(times["free"], 3),
                "constrained_ms": round(times["constrained"], 3), "ratio": round(times["constrained"] / times["free"], 3)}
         rows.append(row)
         print(f"overlap {row['overlap_scheduling']!s:5}  batch {args.batch}: free {row['free_ms']:8.2f} ms   "
               f"constrained {row['constrained_ms']:8.2f} ms   x{row['ratio']:.3f}", flush=True)
+    print_pieces(parts, args.batch)
     print(f"{checked['valid']} outputs of the shared schemas parse and validate on {args.device}")
     print(f"compile ({compiles['count']} schemas): p50 {compiles['p50_ms']} ms  p90 {compiles['p90_ms']} ms  "
           f"max {compiles['max_ms']} ms")
     record = {"benchmark": "structured_step_time", "shape": args.shape, "dtype": dtype, "batch": args.batch,
               "prompt_len": 32, "max_tokens": args.max_tokens, "device": args.device,
               "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-              "rows": rows, "compile": compiles, "outputs": checked, "versions": versions(),
+              "full_vocab_matchers": args.full_vocab_matchers,
+              "rows": rows, "pieces": parts, "compile": compiles, "outputs": checked, "versions": versions(),
               "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=2)
+
+
+
+def main_pieces(args, dtype: str) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_for_shape("tiny-qwen3", "cpu"))
+    parts = pieces(tokenizer, args.pieces_only, [tokenizer.eos_token_id], args.batch, args.device,
+                   getattr(torch, dtype))
+    print_pieces(parts, args.batch)
+    record = {"benchmark": "structured_mask_pieces", "tokenizer": "tiny-qwen3", "vocab_size": args.pieces_only,
+              "full_vocab_matchers": args.full_vocab_matchers,
+              "dtype": dtype, "batch": args.batch, "device": args.device,
+              "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+              "pieces": parts, "versions": versions(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=2)

@@ -380,7 +380,21 @@ FILES = [
     ("structured_step_time_*.json", "python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 "
      "--out benchmarks/results/structured_step_time_qwen3-0.6b_DEVICE.json",
      "decode step time at batch 256 with every row under a JSON schema against none, overlap scheduling on and off; "
-     "schema compile percentiles (the factory's small tokenizer)"),
+     "schema compile percentiles (the factory's small tokenizer); in newer records the constrained step's pieces "
+     "(advance, fill, upload, apply)"),
+    ("structured_mask_pieces_full-vocab-matchers_*_cpu.json", "python -m benchmarks.structured_bench --pieces-only 151936 "
+     "--batch 256 --device cpu --full-vocab-matchers --out benchmarks/results/"
+     "structured_mask_pieces_full-vocab-matchers_qwen3-0.6b-vocab_cpu.json",
+     "a constrained step's pieces at batch 256 (matchers' advance, bitmask fill, upload, apply, PyTorch apply) with the "
+     "matchers and bitmask over the whole 151,936-id vocabulary, the tiny tokenizer's 500 ids in it"),
+    ("structured_mask_pieces_*_cpu.json", "python -m benchmarks.structured_bench --pieces-only 151936 --batch 256 --device cpu "
+     "--out benchmarks/results/structured_mask_pieces_qwen3-0.6b-vocab_cpu.json",
+     "a constrained step's pieces at batch 256 (matchers' advance, bitmask fill, upload, apply, PyTorch apply), the matchers "
+     "and bitmask over the tokenizer's ids, the logits over 151,936"),
+    ("structured_mask_pieces_*.json", "python -m benchmarks.structured_bench --pieces-only 151936 --batch 256 --device cuda "
+     "[--full-vocab-matchers] --out benchmarks/results/structured_mask_pieces_[full-vocab-matchers_]qwen3-0.6b-vocab_DEVICE.json",
+     "a constrained step's pieces at batch 256 on the GPU (matchers' advance, bitmask fill, upload, the Triton apply, the "
+     "PyTorch apply); with full-vocab-matchers in the name, the matchers and bitmask over the whole 151,936 ids"),
     ("moe_layer_*.json", f"{SUITE} moe", "one MoE layer of a shape: the fused grouped-GEMM kernels (eager and graph-replayed, per tile choice) against the expert loop"),
     ("prompt_logprobs_memory_*.json", "python -m benchmarks.prompt_logprobs_memory --shape qwen3-0.6b --max-model-len 8192",
      "one prompt of max_model_len - 1 tokens scored with prompt_logprobs against the same prompt without: peak device memory and "

@@ -170,3 +170,28 @@ def test_overlap_scheduling_changes_no_token(model_dir):
         with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap) as llm:
             runs.append([o["token_ids"] for o in llm.generate(["Once"] * len(cases), params, use_tqdm=False)])
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_mask_kernel_equals_the_reference(dtype):
+    """The Triton mask (under TRITON_INTERPRET=1 without CUDA) against apply_bitmask's PyTorch code:
+    some rows constrained, in any order, a bitmask narrower than the vocabulary (the ids past it
+    masked), a last word's high bits set past the vocabulary; the free rows untouched."""
+    import torch
+
+    from nanovllm_final.kernels.grammar_mask import mask_logits_
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    dtype = getattr(torch, dtype)
+    for vocab, words in ((5000, 157), (5000, 120), (70, 3)):
+        logits = torch.randn(9, vocab, generator=g).to(dtype)
+        rows = torch.tensor([7, 0, 3, 4])
+        bitmask = torch.randint(-(2**31), 2**31, (4, words), generator=g, dtype=torch.int64).to(torch.int32)
+        bitmask[1] = -1  # every token allowed (up to the bitmask's width)
+        expected = structured.apply_bitmask_reference(logits, rows, bitmask)
+        out = mask_logits_(logits.to(device), rows.to(device), bitmask.to(device)).cpu()
+        assert torch.equal(out, expected)
+        assert torch.equal(out[[1, 2, 5, 6, 8]], logits[[1, 2, 5, 6, 8]])
+        assert (out[rows, min(vocab, 32 * words):] == float("-inf")).all()
+        assert torch.isfinite(out[0, : min(vocab, 32 * words)]).all()  # bitmask[1]: all allowed

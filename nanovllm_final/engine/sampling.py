@@ -156,7 +156,8 @@ def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> Pend
     logits = penalized(logits, batch)
     if batch.grammar is not None:  # before every draw below: each picks among the allowed tokens
         rows, bitmask = batch.grammar
-        logits = apply_bitmask(logits, *upload([rows, bitmask], device))
+        inplace = logits is not raw or batch.num_logprobs is None  # the logprobs read the raw logits
+        logits = apply_bitmask(logits, *upload([rows, bitmask], device), inplace=inplace)
     if batch.all_greedy:
         token_ids = logits.argmax(dim=-1)  # (rows,)
     else:

@@ -14,24 +14,34 @@ the engine launches N+1's forward pass (fed N's tokens on the device), then wait
 on the host, advances the matchers with them (`advance`) and fills N+1's mask while the device
 runs the forward pass; N's tokens resolve later, and the matchers do not take them twice."""
 
+import atexit
 import copy
 import functools
 import json
+import os
 import re
 import time
 from collections import OrderedDict
 import queue
 import threading
+import weakref
 from concurrent.futures import Future
 
 import numpy as np
 import torch
 
+from ..kernels import dispatch
 from ..structured_outputs import StructuredOutputsParams, subschemas
 from ..validate import Problem
 
+try:
+    from ..kernels.grammar_mask import mask_logits_
+except ImportError:  # no Triton: the PyTorch code masks
+    mask_logits_ = None
+
 COMPILE_TIMEOUT_S = 10.0  # a grammar still compiling after this long ends its request with an error
 CACHE_SIZE = 256  # compiled grammars kept (by schema)
+FILL_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))  # the host threads that fill a step's bitmask rows
 MISSING_EXTRA = "structured output needs the grammar engine xgrammar: pip install 'nanovllm-staged[structured]'"
 
 
@@ -99,6 +109,7 @@ class Grammars:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
         self.timeout_s = timeout_s
         self.compiler = None
+        self.filler = None  # xgrammar's BatchGrammarMatcher: its threads fill the rows of a step's bitmask
         self.queue: queue.SimpleQueue = queue.SimpleQueue()  # (job, params), for the workers
         self.workers: list[threading.Thread] = []  # two: one slow grammar leaves the other free
         self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
@@ -108,10 +119,18 @@ class Grammars:
     def _compiler(self):
         if self.compiler is None:
             xgr = xgrammar()
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.grammar_vocab,
                                                       stop_token_ids=self.eos_token_ids)
             self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # cached here, by key
         return self.compiler
+
+    @property
+    def grammar_vocab(self) -> int:
+        """The token ids a grammar may allow: the tokenizer's (and the EOS ids), at most the model's
+        vocab_size. The ids past them decode to no text: apply_bitmask masks them without a bit, and
+        the matchers skip them (xgrammar checks a token against its special ids one by one: 151k of
+        them, 60 us a token, where a random-weight model's vocab_size far exceeds its tokenizer)."""
+        return min(self.vocab_size, max(len(self.tokenizer), max(self.eos_token_ids, default=0) + 1))
 
     def _compile(self, job: Job, params: StructuredOutputsParams):
         job.started = time.perf_counter()
@@ -140,6 +159,7 @@ class Grammars:
             self.workers = [threading.Thread(target=self._work, name=f"grammar-{i}", daemon=True) for i in range(2)]
             for worker in self.workers:
                 worker.start()
+            LIVE.add(self)
         if len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
         return job
@@ -175,19 +195,24 @@ class Grammars:
 
     def bitmask(self, seqs: list) -> tuple[np.ndarray, np.ndarray] | None:
         """The rows of `seqs` that have a matcher, (c,) int64, and their allowed tokens as an int32
-        bitmask (c, ceil(vocab / 32)) on the host; None if no row has one."""
+        bitmask (c, ceil(grammar_vocab / 32)) on the host; None if no row has one."""
         # a matcher that has ended belongs to a sequence that ended last step: this step runs it in vain
         rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.grammar.is_terminated()]
         if not rows:
             return None
         xgr = xgrammar()
-        bitmask = xgr.allocate_token_bitmask(len(rows), self.vocab_size)  # (c, words) int32
+        bitmask = xgr.allocate_token_bitmask(len(rows), self.grammar_vocab)  # (c, words) int32
         matchers = [seqs[i].grammar for i in rows]
         if len(matchers) == 1:
             matchers[0].fill_next_token_bitmask(bitmask, 0)
         else:
-            xgr.BatchGrammarMatcher().batch_fill_next_token_bitmask(matchers, bitmask)
-        return np.array(rows, np.int64), bitmask.numpy()
+            if self.filler is None:
+                self.filler = xgr.BatchGrammarMatcher(max_threads=FILL_THREADS)
+            self.filler.batch_fill_next_token_bitmask(matchers, bitmask)
+        bitmask = bitmask.numpy()
+        if self.grammar_vocab % 32:  # the last word's bits past grammar_vocab: no token of the grammar's
+            bitmask[:, -1] &= np.int32((1 << self.grammar_vocab % 32) - 1)
+        return np.array(rows, np.int64), bitmask
 
     @staticmethod
     def advance(seqs: list, token_ids: list[int]) -> None:
@@ -208,6 +233,23 @@ class Grammars:
     def shutdown(self) -> None:
         for _ in self.workers:
             self.queue.put(None)  # each stops after its compile
+        self.workers = [worker for worker in self.workers if worker.is_alive()]
+
+
+LIVE: weakref.WeakSet = weakref.WeakSet()  # every Grammars that started workers
+
+
+@atexit.register
+def _finish_compiles() -> None:
+    """At exit, the compiles still running finish first (up to the time limit): a worker inside the
+    compiler while the interpreter tears down crashes the process (SIGSEGV or abort)."""
+    workers = []
+    for grammars in list(LIVE):
+        grammars.shutdown()
+        workers += grammars.workers
+    deadline = time.perf_counter() + COMPILE_TIMEOUT_S
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.perf_counter()))
 
 
 def accepts(seq, token_id: int) -> bool:
@@ -218,12 +260,22 @@ def accepts(seq, token_id: int) -> bool:
     return ok and not seq.grammar.is_terminated()
 
 
-def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """A copy of `logits` (rows_all, vocab) whose `rows` (c,) keep only the tokens set in
-    `bitmask` (c, words) int32 (bit j of word w: token 32 w + j); the others become -inf. Every
-    draw after this (argmax, top-k candidates, softmax) then picks an allowed token."""
-    vocab = logits.shape[1]
+def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor,
+                  inplace: bool = False) -> torch.Tensor:
+    """`logits` (rows_all, vocab) whose `rows` (c,) keep only the tokens set in `bitmask` (c, words)
+    int32 (bit j of word w: token 32 w + j; the tokens past 32 words are not allowed); the others
+    become -inf. Every draw after this (argmax, top-k candidates, softmax) then picks an allowed
+    token. On CUDA one kernel masks them (in place where `inplace`, else in a copy)."""
+    if mask_logits_ is not None and dispatch.use_kernel(logits):
+        return mask_logits_(logits if inplace else logits.clone(), rows, bitmask)
+    return apply_bitmask_reference(logits, rows, bitmask)
+
+
+def apply_bitmask_reference(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """apply_bitmask in PyTorch, in a copy: the bits unpacked into a (c, words, 32) temporary."""
+    width = min(logits.shape[1], 32 * bitmask.shape[1])
     bits = torch.arange(32, device=logits.device, dtype=torch.int32)
-    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab].bool()  # (c, vocab)
-    masked = logits[rows].masked_fill(~allowed, float("-inf"))  # (c, vocab)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :width].bool()  # (c, width)
+    masked = torch.full((len(rows), logits.shape[1]), float("-inf"), dtype=logits.dtype, device=logits.device)
+    masked[:, :width] = logits[rows, :width].masked_fill(~allowed, float("-inf"))  # (c, vocab)
     return logits.index_put((rows,), masked)
