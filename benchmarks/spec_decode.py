@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.run import device_name, model_for_shape, versions
+from benchmarks.run import device_name, model_for_shape, versions, write_json
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.engine.proposers import ReplayProposer
 
@@ -194,8 +194,7 @@ def main() -> None:
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=2)
+        write_json([record], args.out)
 
 
 if __name__ == "__main__":
