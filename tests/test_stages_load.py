@@ -69,7 +69,7 @@ def readme_snippet() -> str:
     return found[0]
 
 
-def test_installed_stages_import_from_any_directory(tmp_path, model_dir):
+def test_installed_stages_import_from_any_directory(tmp_path):
     """Build the project as pip installs it (from a copy, so the checkout stays clean), then
     import stages and run the README's snippet from an unrelated directory."""
     src, target, elsewhere = tmp_path / "src", tmp_path / "site", tmp_path / "elsewhere"
@@ -82,13 +82,13 @@ def test_installed_stages_import_from_any_directory(tmp_path, model_dir):
     assert build.returncode == 0, build.stderr
     elsewhere.mkdir()
     snippet = readme_snippet()
-    assert '".models/tiny-qwen3"' in snippet
+    assert '"models/course-llama"' in snippet  # a path relative to the repository: from elsewhere, the full one
     code = (
         "import stages\n"
         f"assert stages.__file__.startswith({str(target)!r}), stages.__file__\n"
         "assert stages.load('3').__name__ == 'stages.03_paged' and stages.load('final').__name__ == 'nanovllm_final'\n"
         "print('stages:', ', '.join(stages.names()))\n"
-        + snippet.replace('".models/tiny-qwen3"', repr(str(model_dir("qwen3"))))
+        + snippet.replace('"models/course-llama"', repr(str(ROOT / "models" / "course-llama")))
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(target)}
     run = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
