@@ -6,7 +6,7 @@ own greedy continuation from a run without speculation, each token replaced by a
 probability 1 - acceptance. "none" proposes nothing (n-gram lookup that finds nothing: the cost
 of speculation that cannot win); "ngram" is real prompt lookup on the same prompts.
 
-    # one GPU, the Qwen3-0.6B and 8B shapes (the lead's commands):
+    # one GPU, the Qwen3-0.6B and 8B shapes:
     python -m benchmarks.spec_decode --shape qwen3-0.6b --batches 1 8 --ks 1 2 3 4 5 6 7 8 --accept 1.0 0.5 0.0 \\
         --out benchmarks/results/spec_decode_qwen3-0.6b_h200.json
     python -m benchmarks.spec_decode --shape qwen3-8b --batches 1 8 --ks 1 2 4 8 --accept 1.0 0.5 0.0 \\
