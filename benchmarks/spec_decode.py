@@ -73,12 +73,17 @@ def plain(path, prompts, params, options: dict) -> dict:
     return base
 
 
-def speculative(path, prompts, params, options: dict, spec: dict, replay: list | None, accept: float) -> dict:
+def speculative_runs(path, prompts, params, options: dict, spec: dict, proposals: list) -> list[dict]:
+    """One engine for this k; each (name, replay, acceptance) in proposals swaps its proposer.
+
+    replay None keeps the engine's own proposer; a list of runs is the benchmark-only replay."""
+    runs = []
     with LLM(path, speculative_config=spec, **options) as llm:
-        if replay is not None:  # benchmark-only proposals: the target's own continuation, partly wrong
-            vocab = llm.engine.model_config.vocab_size
-            llm.engine.speculator.proposer = ReplayProposer(replay, accept, vocab, seed=0)
-        return timed_run(llm, prompts, params)
+        own, vocab = llm.engine.speculator.proposer, llm.engine.model_config.vocab_size
+        for name, replay, accept in proposals:
+            llm.engine.speculator.proposer = own if replay is None else ReplayProposer(replay, accept, vocab, seed=0)
+            runs.append((name, accept if name == "replay" else None, timed_run(llm, prompts, params)))
+    return runs
 
 
 def row(base: dict, run: dict, batch: int, k: int, method: str, accept: float | None) -> dict:
@@ -128,27 +133,12 @@ def run_batch(path, args, batch: int, options: dict) -> list[dict]:
     rows = []
     for k in args.ks:
         ngram = {"method": "ngram", "num_speculative_tokens": k}
-        rows.append(
-            row(base, speculative(path, prompts, params, options, ngram, None, 0), batch, k, "ngram", None)
-        )
+        proposals = [("ngram", None, 0), ("none", [], 0)] + [("replay", runs, a) for a in args.accept]
+        measured = speculative_runs(path, prompts, params, options, ngram, proposals)
         if args.draft:
             draft = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": k}
-            rows.append(
-                row(
-                    base,
-                    speculative(path, prompts, params, options, draft, None, 0),
-                    batch,
-                    k,
-                    "draft_model",
-                    None,
-                )
-            )
-        rows.append(
-            row(base, speculative(path, prompts, params, options, ngram, [], 0), batch, k, "none", None)
-        )
-        for accept in args.accept:
-            run = speculative(path, prompts, params, options, ngram, runs, accept)
-            rows.append(row(base, run, batch, k, "replay", accept))
+            measured += speculative_runs(path, prompts, params, options, draft, [("draft_model", None, 0)])
+        rows += [row(base, run, batch, k, name, accept) for name, accept, run in measured]
     return rows
 
 
@@ -182,19 +172,19 @@ def main() -> None:
             max_model_len=args.prompt_len + args.max_tokens + max(args.ks) + 64,
         )
         rows += run_batch(path, args, batch, options)
-    record = {
-        "benchmark": "spec_decode",
-        "model": args.model or args.shape,
-        "draft": args.draft,
-        "device_name": device_name(args.device),
-        "max_tokens": args.max_tokens,
-        "rows": rows,
-        "command": "python -m benchmarks.spec_decode " + " ".join(sys.argv[1:]),
-        "versions": versions(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
-    if args.out:
-        write_json([record], args.out)
+        record = {
+            "benchmark": "spec_decode",
+            "model": args.model or args.shape,
+            "draft": args.draft,
+            "device_name": device_name(args.device),
+            "max_tokens": args.max_tokens,
+            "rows": rows,
+            "command": "python -m benchmarks.spec_decode " + " ".join(sys.argv[1:]),
+            "versions": versions(),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        if args.out:  # after every batch, so a run cut short keeps what it measured
+            write_json([record], args.out)
 
 
 if __name__ == "__main__":
