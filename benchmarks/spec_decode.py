@@ -41,20 +41,44 @@ def story_prompts(count: int, words: int = 12) -> list[str]:
     return [" ".join(s.split()[:words]) for s in stories(count, start=300_000)]
 
 
-def timed_run(llm: LLM, prompts, params: SamplingParams) -> dict:
-    """Generate twice (the first warms up); the second's tokens/s, step times and metrics."""
+def repeat_prompts(count: int, words: int = 60) -> list[str]:
+    """A chat request that quotes a passage of a held-out course story (its first `words` words)
+    and asks for the story again: what the model writes can be looked up in its own prompt."""
+    from tools.course_model.stories import stories
+
+    return [
+        f"<|im_start|>user\nTell this story again: {' '.join(s.split()[:words])}<|im_end|>\n<|im_start|>assistant\n"
+        for s in stories(count, start=300_000)
+    ]
+
+
+WORKLOADS = {"stories": story_prompts, "repeat": repeat_prompts}
+
+
+def timed_run(llm: LLM, prompts, params: SamplingParams, repeat: int = 1) -> dict:
+    """Generate 1 + repeat times (the first warms up); the median timed run's seconds, the step
+    times and metrics of all timed runs."""
     llm.generate(prompts, params, use_tqdm=False)
     llm.engine.reset_metrics()
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
     return {
         "outs": outs,
         "seconds": seconds,
         "tokens": sum(len(o["token_ids"]) for o in outs),
+        "repeat": repeat,
         "steps": list(llm.stats),
         "metrics": llm.metrics(),
     }
+
+
+def repeats(options: dict) -> int:
+    """Timed runs per row: --repeat at batch 1, fewer at larger batches (ceil(repeat / batch))."""
+    return -(-options["repeat"] // options["max_num_seqs"])
 
 
 def median_ms(steps: list[dict], num_tokens: int) -> float | None:
@@ -65,12 +89,16 @@ def median_ms(steps: list[dict], num_tokens: int) -> float | None:
 def plain(path, prompts, params, options: dict) -> dict:
     rows = {}
     for overlap in (True, False):
-        with LLM(path, overlap_scheduling=overlap, **options) as llm:
-            rows[overlap] = timed_run(llm, prompts, params)
+        with LLM(path, overlap_scheduling=overlap, **engine_options(options)) as llm:
+            rows[overlap] = timed_run(llm, prompts, params, repeats(options))
     base = rows[True]
     base["tok_s_no_overlap"] = rows[False]["tokens"] / rows[False]["seconds"]
     base["decode_ms"] = median_ms(rows[False]["steps"], len(prompts))
     return base
+
+
+def engine_options(options: dict) -> dict:
+    return {key: value for key, value in options.items() if key != "repeat"}
 
 
 def speculative_runs(path, prompts, params, options: dict, spec: dict, proposals: list) -> list[dict]:
@@ -78,11 +106,11 @@ def speculative_runs(path, prompts, params, options: dict, spec: dict, proposals
 
     replay None keeps the engine's own proposer; a list of runs is the benchmark-only replay."""
     runs = []
-    with LLM(path, speculative_config=spec, **options) as llm:
+    with LLM(path, speculative_config=spec, **engine_options(options)) as llm:
         own, vocab = llm.engine.speculator.proposer, llm.engine.model_config.vocab_size
         for name, replay, accept in proposals:
             llm.engine.speculator.proposer = own if replay is None else ReplayProposer(replay, accept, vocab, seed=0)
-            runs.append((name, accept if name == "replay" else None, timed_run(llm, prompts, params)))
+            runs.append((name, accept if name == "replay" else None, timed_run(llm, prompts, params, repeats(options))))
     return runs
 
 
@@ -120,7 +148,7 @@ def row(base: dict, run: dict, batch: int, k: int, method: str, accept: float | 
 
 def run_batch(path, args, batch: int, options: dict) -> list[dict]:
     if args.model:
-        prompts = story_prompts(batch)
+        prompts = WORKLOADS[args.workload](batch)
     else:
         g, vocab = (
             torch.Generator().manual_seed(batch),
@@ -151,12 +179,19 @@ def main() -> None:
     )
     parser.add_argument("--model", help="a checkpoint instead (its prompts: course stories' openings)")
     parser.add_argument("--draft", help="a draft checkpoint: adds method draft_model")
+    parser.add_argument(
+        "--workload", choices=sorted(WORKLOADS), default="stories",
+        help="a checkpoint's prompts: the openings of held-out course stories, or a request to repeat a quoted passage",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument(
-        "--accept", type=float, nargs="+", default=[1.0, 0.5, 0.0], help="replay acceptance rates"
+        "--accept", type=float, nargs="*", default=[1.0, 0.5, 0.0], help="replay acceptance rates (none: no replay rows)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="timed runs per row at batch 1 (the median is kept); batch b: ceil(repeat / b)"
     )
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -169,13 +204,15 @@ def main() -> None:
             device=args.device,
             dtype=args.dtype,
             max_num_seqs=batch,
-            max_model_len=args.prompt_len + args.max_tokens + max(args.ks) + 64,
+            repeat=args.repeat,
+            max_model_len=max(args.prompt_len, 128 if args.workload == "repeat" else 0) + args.max_tokens + max(args.ks) + 64,
         )
         rows += run_batch(path, args, batch, options)
         record = {
             "benchmark": "spec_decode",
             "model": args.model or args.shape,
             "draft": args.draft,
+            "workload": args.workload if args.model else "random",
             "device_name": device_name(args.device),
             "max_tokens": args.max_tokens,
             "rows": rows,

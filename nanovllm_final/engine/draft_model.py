@@ -15,12 +15,13 @@ It runs on rank 0 only, one device, eager or from the draft runner's own decode 
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
 from .model_runner import ModelRunner
 from .sequence import Sequence
-from .step_input import build_step_input
+from .step_input import StepInput, build_step_input
 
 
 class _NoScoring:
@@ -53,26 +54,55 @@ class DraftModelProposer:
         self.runner = ModelRunner(draft_config, ModelConfig.from_dir(draft_dir), rank=0)
         self.block_size = config.kvcache_block_size
 
-    def step(self, views: list[DraftView]) -> list[int]:
-        """One draft step over the views; each one's next token (argmax)."""
-        logits = self.runner.execute(build_step_input(views, self.block_size))  # (views, vocab)
-        return logits.argmax(dim=-1).tolist()
-
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
-        """ks[i] tokens for each sequence (whose slots the scheduler has given it)."""
+        """ks[i] tokens for each sequence (whose slots the scheduler has given it). The first step
+        feeds what the draft has not cached; the k - 1 after it are decode steps built at once,
+        each fed the argmax of the one before on the device (carried): no read until the end."""
+        if not seqs:
+            return []
+        views = [DraftView(seq, seq.token_ids, min(seq.num_draft_cached, len(seq.token_ids) - 1)) for seq in seqs]
+        first = build_step_input(views, self.block_size)
+        tokens = [self.runner.execute(first).argmax(dim=-1)]  # (live,) per step, on the device
+        lives = [np.arange(len(seqs))]
+        for step, live in decode_steps(first, np.asarray(ks), self.block_size):
+            tokens.append(self.runner.execute(step, carried=tokens[-1]).argmax(dim=-1))
+            lives.append(live)
+        flat = iter(torch.cat(tokens).tolist())  # the only read of the proposals
         out: list[list[int]] = [[] for _ in seqs]
-        views = [
-            DraftView(seq, seq.token_ids, min(seq.num_draft_cached, len(seq.token_ids) - 1)) for seq in seqs
-        ]
-        live = list(range(len(seqs)))  # the sequences still drafting
-        for _ in range(max(ks, default=0)):
-            for i, token in zip(live, self.step([views[i] for i in live])):
-                out[i].append(token)
-            live = [i for i in live if len(out[i]) < ks[i]]
-            for i in live:
-                views[i] = DraftView(seqs[i], views[i].token_ids + [out[i][-1]], len(views[i].token_ids))
+        for live in lives:
+            for i in live.tolist():
+                out[i].append(next(flat))
         return out
 
     def shutdown(self) -> None:
         self.runner.shutdown()
+
+
+def decode_steps(first: StepInput, ks: np.ndarray, block_size: int):
+    """(step, live) for the draft steps after `first`: step j (1..max(ks) - 1) feeds proposal j - 1
+    of each sequence i with ks[i] > j (`live`, indices into the sequences), placed after the
+    tokens `first` left in the cache; its id comes from the step before's row (carry_rows)."""
+    cached, tables = first.context_lens.astype(np.int64), first.block_tables  # (seqs,), (seqs, max_blocks)
+    prev = np.arange(len(ks))
+    for j in range(1, int(ks.max())):
+        live = np.flatnonzero(ks > j)
+        n = len(live)
+        positions = cached[live] + j - 1  # (n,)
+        ends = positions + 1
+        rows = np.arange(n)
+        yield StepInput(
+            input_ids=np.zeros(n, np.int64),  # all carried
+            positions=positions,
+            slot_mapping=tables[live, positions // block_size].astype(np.int64) * block_size + positions % block_size,
+            cu_seqlens_q=np.arange(n + 1, dtype=np.int32),
+            context_lens=ends.astype(np.int32),
+            block_tables=tables[live],
+            sample_rows=rows,
+            carry_index=rows,
+            carry_rows=np.searchsorted(prev, live),
+            max_seqlen_q=1,
+            is_decode=True,
+            decode_order=np.argsort(-ends, kind="stable").astype(np.int32),
+        ), live
+        prev = live

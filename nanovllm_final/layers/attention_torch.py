@@ -23,6 +23,7 @@ store, `dequantize` on the gathered K/V.
 """
 
 import torch
+import torch.nn.functional as F
 
 name = "torch"
 capturable = False  # it reads sizes on the host (.tolist())
@@ -53,12 +54,12 @@ def store_kvcache(
 ) -> None:
     """Write token t's key/value into cache slot slot_mapping[t] (in place), quantized for an fp8 cache."""
     slots = slot_mapping.to(device=key.device, dtype=torch.long)
-    keep = slots >= 0
-    slots = slots[keep]
+    if bool((slots < 0).any()):  # (padding rows store nothing)
+        keep = slots >= 0
+        slots, key, value = slots[keep], key[keep], value[keep]  # (stored, kv_heads, head_dim)
     # View the cache as a flat list of slots: (num_blocks * block_size, kv_heads, head_dim).
     k_flat = k_cache.view(-1, *k_cache.shape[2:])
     v_flat = v_cache.view(-1, *v_cache.shape[2:])
-    key, value = key[keep], value[keep]  # (stored, kv_heads, head_dim)
     if k_cache.dtype == FP8:
         key, value = quantize(key, k_scale), quantize(value, v_scale)
     k_flat[slots] = key.to(k_cache.dtype)
@@ -123,18 +124,81 @@ def paged_attention(
     return out
 
 
-# the backend's prefill and decode (attention.py): both are one paged_attention
+# The backend's prefill and decode (attention.py): the same causal softmax as paged_attention, in
+# fewer operations (a CPU step runs them one by one, each costing microseconds): torch's fused
+# scaled_dot_product_attention, with GQA, over the sequences of a step whose queries are equally
+# many at once (every decode step, and a verify step of speculative decoding).
+
+SCORES_PER_CHUNK = 1 << 24  # float32 scores computed at once (64 MiB): bounds a large step's memory
+
+
+def batched_attention(
+    q: torch.Tensor,  # (seqs, q_len, heads, head_dim): each sequence's last q_len positions
+    k_cache: torch.Tensor,  # (num_blocks, block_size, kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    context_lens: torch.Tensor,  # (seqs,) int, each >= q_len
+    block_tables: torch.Tensor,  # (seqs, max_blocks) int32, padded with -1
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:  # (seqs, q_len, heads, head_dim), q.dtype
+    """paged_attention for sequences that all feed q_len queries, computed together: their blocks
+    are gathered into one padded context, whose keys past each query's position are masked."""
+    seqs, q_len = q.shape[:2]
+    lens = context_lens.to(device=q.device, dtype=torch.long)  # (seqs,)
+    ctx = int(lens.max())
+    blocks = block_tables[:, : -(-ctx // k_cache.shape[1])].to(device=k_cache.device, dtype=torch.long)  # (seqs, blocks)
+    # (seqs, ctx, kv_heads, head_dim); a padding entry (-1) of a table reads a block of another sequence
+    k, v = (cache[blocks].flatten(1, 2)[:, :ctx] for cache in (k_cache, v_cache))
+    if k_cache.dtype == FP8:
+        k, v = dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype)
+    visible = None  # one sequence's one query sees every key
+    if seqs > 1 or q_len > 1:
+        last = lens[:, None] - q_len + torch.arange(q_len, device=q.device)  # (seqs, q_len) each query's position
+        visible = torch.arange(ctx, device=q.device) <= last[:, :, None]  # (seqs, q_len, ctx): keys up to the query
+    if seqs > 1:  # past a shorter context, the slots may hold anything (NaN): zeros, which the mask hides
+        real = visible[:, -1, :, None, None]  # (seqs, ctx, 1, 1)
+        k, v = k.where(real, 0), v.where(real, 0)
+    out = F.scaled_dot_product_attention(  # query head h reads kv head h // (heads // kv_heads) (enable_gqa)
+        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
+        None if visible is None else visible[:, None], scale=scale, enable_gqa=True,
+    )  # (seqs, heads, q_len, head_dim)
+    return out.transpose(1, 2).to(q.dtype)
+
+
+def _chunked(q, k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale) -> torch.Tensor:
+    """batched_attention over chunks of the sequences, each within SCORES_PER_CHUNK scores."""
+    seqs, q_len, heads, _ = q.shape
+    ctx = int(context_lens.max())
+    step = max(1, SCORES_PER_CHUNK // (q_len * heads * ctx))
+    if step >= seqs:
+        return batched_attention(q, k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale)
+    return torch.cat([
+        batched_attention(q[i : i + step], k_cache, v_cache, context_lens[i : i + step], block_tables[i : i + step],
+                          scale, k_scale, v_scale)
+        for i in range(0, seqs, step)
+    ])
 
 
 def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q, k_scale=None, v_scale=None):
-    return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, k_scale, v_scale)
+    seqs = len(context_lens)
+    if seqs and len(q) == seqs * max_seqlen_q:  # every sequence feeds max_seqlen_q tokens (a verify step)
+        q = q.view(seqs, max_seqlen_q, *q.shape[1:])
+        return _chunked(q, k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale).flatten(0, 1)
+    out = torch.zeros_like(q)
+    cu = cu_seqlens_q.tolist()
+    for i, ctx in enumerate(context_lens.tolist()):
+        if cu[i + 1] > cu[i] and ctx:
+            qi = q[None, cu[i] : cu[i + 1]]  # (1, q_len, heads, head_dim)
+            out[cu[i] : cu[i + 1]] = batched_attention(qi, k_cache, v_cache, context_lens[i : i + 1], block_tables[i : i + 1],
+                                                       scale, k_scale, v_scale)[0]
+    return out
 
 
 def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None, k_scale=None, v_scale=None,
                            new_kv=None):
-    # `order` is a launch order for GPU kernels: nothing to schedule in a loop over sequences
+    # `order` is a launch order for GPU kernels: nothing to schedule here
     if new_kv is not None:
         k, v, slot_mapping = new_kv
         store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    cu_seqlens_q = torch.arange(len(context_lens) + 1, dtype=torch.int32)  # one query per sequence
-    return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, k_scale, v_scale)
+    return _chunked(q[:, None], k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale)[:, 0]
