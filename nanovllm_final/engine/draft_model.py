@@ -82,27 +82,38 @@ class DraftModelProposer:
 def decode_steps(first: StepInput, ks: np.ndarray, block_size: int):
     """(step, live) for the draft steps after `first`: step j (1..max(ks) - 1) feeds proposal j - 1
     of each sequence i with ks[i] > j (`live`, indices into the sequences), placed after the
-    tokens `first` left in the cache; its id comes from the step before's row (carry_rows)."""
-    cached, tables = first.context_lens.astype(np.int64), first.block_tables  # (seqs,), (seqs, max_blocks)
-    prev = np.arange(len(ks))
-    for j in range(1, int(ks.max())):
-        live = np.flatnonzero(ks > j)
-        n = len(live)
-        positions = cached[live] + j - 1  # (n,)
-        ends = positions + 1
-        rows = np.arange(n)
+    tokens `first` left in the cache; its id comes from the step before's row (carry_rows). The
+    arrays of every step are computed at once; a step takes its row of them."""
+    n, steps = len(ks), int(ks.max()) - 1
+    positions = first.context_lens.astype(np.int64) + np.arange(steps)[:, None]  # (steps, seqs)
+    # (steps, seqs); past a sequence's own steps the index is clipped (a row no step runs)
+    within = np.minimum(positions.T // block_size, first.block_tables.shape[1] - 1)
+    blocks = np.take_along_axis(first.block_tables, within, axis=1).T
+    slots = blocks.astype(np.int64) * block_size + positions % block_size  # (steps, seqs)
+    ends = (positions + 1).astype(np.int32)  # (steps, seqs)
+    orders = np.argsort(-ends, axis=1, kind="stable").astype(np.int32)  # (steps, seqs)
+    counts = np.arange(n + 1, dtype=np.int32)
+    prev = everyone = np.arange(n)
+    for j in range(steps):
+        live = np.flatnonzero(ks > j + 1)
+        m = len(live)
+        tables, rows = first.block_tables, everyone[:m]
+        pos, slot, end, order = positions[j], slots[j], ends[j], orders[j]
+        if m < n:  # some sequences have drafted all they may: the others' rows
+            tables, pos, slot, end = tables[live], pos[live], slot[live], end[live]
+            order = np.argsort(-end, kind="stable").astype(np.int32)
         yield StepInput(
-            input_ids=np.zeros(n, np.int64),  # all carried
-            positions=positions,
-            slot_mapping=tables[live, positions // block_size].astype(np.int64) * block_size + positions % block_size,
-            cu_seqlens_q=np.arange(n + 1, dtype=np.int32),
-            context_lens=ends.astype(np.int32),
-            block_tables=tables[live],
+            input_ids=np.zeros(m, np.int64),  # all carried
+            positions=pos,
+            slot_mapping=slot,
+            cu_seqlens_q=counts[: m + 1],
+            context_lens=end,
+            block_tables=tables,
             sample_rows=rows,
             carry_index=rows,
-            carry_rows=np.searchsorted(prev, live),
+            carry_rows=rows if m == len(prev) else np.searchsorted(prev, live),
             max_seqlen_q=1,
             is_decode=True,
-            decode_order=np.argsort(-ends, kind="stable").astype(np.int32),
+            decode_order=order,
         ), live
         prev = live

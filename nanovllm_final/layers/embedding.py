@@ -3,6 +3,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, divide, gather_to_first, get_tp_rank, get_tp_size
+from . import cpu_linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -42,7 +43,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     they are gathered on rank 0, which samples. The other ranks get None."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        logits = F.linear(hidden, self.weight)  # (seqs, vocab / tp)
+        logits = cpu_linear.linear(hidden, self.weight)  # (seqs, vocab / tp)
         if self.tp_size == 1:
             return logits  # (seqs, vocab)
         return gather_to_first(logits)  # (seqs, vocab) on rank 0, None elsewhere

@@ -1,0 +1,33 @@
+"""x W^T on the CPU for two or more rows through oneDNN, on a copy of the weight packed for it.
+
+torch's F.linear multiplies float32 matrices on the CPU with MKL, whose kernels for a few rows
+are slow on AMD CPUs: on the course machine's EPYC (one thread, course model's shapes) five rows
+took 2.5 to 3 times one row, so a verify step of speculative decoding (1 + k rows a sequence), a
+small decode batch or a short prompt chunk cost far more than their weights' reads. oneDNN on a
+weight reordered once takes 1.1 to 2.2 times less there from two rows up to 256 (and the same
+results within float32 rounding); one row keeps MKL's matrix-vector path, as fast. The packed copy
+lives beside the weight (a CPU engine holds its float32 matrices twice) and is packed again when
+the weight changes. Elsewhere (CUDA, other dtypes, a torch without oneDNN) this is F.linear."""
+
+import torch
+import torch.nn.functional as F
+
+AVAILABLE = (
+    torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+)
+ROWS_HINT = 8  # the row count oneDNN reorders the weight for (any count runs on it)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x (rows, in), weight (out, in): (rows, out)."""
+    if not (AVAILABLE and x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > 1
+            and x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)):
+        return F.linear(x, weight, bias)
+    packed = getattr(weight, "onednn_packed", None)
+    if packed is None or packed[0] != weight._version:
+        with torch.no_grad():
+            packed = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT))
+        weight.onednn_packed = packed
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[1], bias, "none", [], "")
