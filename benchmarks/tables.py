@@ -360,8 +360,13 @@ FILES = [
      "story prompts, CPU, float32): per-token agreement a, and tokens per verify step for k = 1..8, from (1 - a^(k+1)) / (1 - a) "
      "and replayed on the match vector"),
     ("spec_decode_course-llama_cpu.json", "python -m benchmarks.spec_decode --model models/course-llama --draft "
-     "models/course-llama-draft --device cpu --batches 1 8 --ks 2 4 --accept 1.0 0.0 --max-tokens 96 "
-     "--out benchmarks/results/spec_decode_course-llama_cpu.json", SPEC_DECODE),
+     "models/course-llama-draft --device cpu --workload stories --batches 1 8 64 --ks 2 4 6 --accept --repeat 5 "
+     "--max-tokens 128 --out benchmarks/results/spec_decode_course-llama_cpu.json",
+     SPEC_DECODE + "; the course model with its draft and with n-gram lookup, on openings of held-out stories"),
+    ("spec_decode_repeat_course-llama_cpu.json", "python -m benchmarks.spec_decode --model models/course-llama --draft "
+     "models/course-llama-draft --device cpu --workload repeat --batches 1 8 64 --ks 2 4 6 --accept --repeat 5 "
+     "--max-tokens 128 --out benchmarks/results/spec_decode_repeat_course-llama_cpu.json",
+     SPEC_DECODE + "; the course model with its draft and with n-gram lookup, on requests to repeat a quoted passage"),
     ("spec_decode_*.json", "python -m benchmarks.spec_decode --shape S --batches 1 8 --ks 1 2 3 4 5 6 7 8 "
      "--accept 1.0 0.5 0.0 --out benchmarks/results/spec_decode_S_h200.json (S: the record's model)", SPEC_DECODE),
     ("kv_cache_quality_cpu.json", "python -m benchmarks.kv_cache_quality --out benchmarks/results/kv_cache_quality_cpu.json",

@@ -1,0 +1,71 @@
+"""The final engine's CPU fast paths against what they replace: the torch backend's batched
+attention against paged_attention (its per-sequence reference), and cpu_linear.linear against
+F.linear."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanovllm_final.layers import attention_torch as ref
+from nanovllm_final.layers import cpu_linear
+
+
+def paged_case(seqs, block_size=4, heads=8, kv_heads=2, dim=16, seed=0):
+    """seqs: (context_len, q_len) each. A NaN-poisoned cache with each sequence's K/V in shuffled
+    blocks (tables padded with -1), and its last q_len queries packed."""
+    g = torch.Generator().manual_seed(seed)
+    counts = [-(-c // block_size) for c, _ in seqs]
+    num_blocks = sum(counts) + 2
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    k_cache = torch.full((num_blocks, block_size, kv_heads, dim), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    tables = torch.full((len(seqs), max(counts) + 1), -1, dtype=torch.int32)
+    for i, ((ctx, _), n) in enumerate(zip(seqs, counts)):
+        tables[i, :n] = torch.tensor([order.pop() for _ in range(n)], dtype=torch.int32)
+        slots = tables[i].long()[torch.arange(ctx) // block_size] * block_size + torch.arange(ctx) % block_size
+        k_cache.view(-1, kv_heads, dim)[slots] = torch.randn(ctx, kv_heads, dim, generator=g)
+        v_cache.view(-1, kv_heads, dim)[slots] = torch.randn(ctx, kv_heads, dim, generator=g)
+    q = torch.randn(sum(n for _, n in seqs), heads, dim, generator=g)
+    cu = F.pad(torch.tensor([n for _, n in seqs]).cumsum(0), (1, 0)).to(torch.int32)
+    lens = torch.tensor([c for c, _ in seqs], dtype=torch.int32)
+    return q, k_cache, v_cache, cu, lens, tables
+
+
+@pytest.mark.parametrize("seqs", [
+    [(9, 1)],  # one decoding sequence
+    [(9, 1), (30, 1), (1, 1), (17, 1)],  # a decode batch of uneven contexts
+    [(12, 5)],  # a verify step: 1 + 4 tokens
+    [(12, 5), (33, 5), (5, 5)],  # verify steps of several sequences
+    [(20, 20), (13, 3), (7, 0), (40, 1)],  # a mixed step: a prompt, a chunk, nothing, a decode
+])
+def test_batched_attention_matches_the_reference(seqs):
+    q, k_cache, v_cache, cu, lens, tables = paged_case(seqs)
+    want = ref.paged_attention(q, k_cache, v_cache, cu, lens, tables, 0.3)
+    got = ref.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, 0.3, max(n for _, n in seqs))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    if all(n == 1 for _, n in seqs):
+        got = ref.paged_decode_attention(q, k_cache, v_cache, lens, tables, 0.3)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_attention_in_chunks(monkeypatch):
+    """A step larger than SCORES_PER_CHUNK runs in chunks of sequences: the same outputs."""
+    seqs = [(c, 1) for c in (5, 19, 2, 31, 8, 12, 1)]
+    q, k_cache, v_cache, cu, lens, tables = paged_case(seqs, seed=2)
+    whole = ref.paged_decode_attention(q, k_cache, v_cache, lens, tables, 0.3)
+    monkeypatch.setattr(ref, "SCORES_PER_CHUNK", 2 * 8 * 31)  # two sequences a chunk
+    torch.testing.assert_close(ref.paged_decode_attention(q, k_cache, v_cache, lens, tables, 0.3), whole)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cpu_linear_matches_f_linear(rows, bias):
+    g = torch.Generator().manual_seed(rows)
+    w = torch.nn.Parameter(torch.randn(48, 32, generator=g))
+    b = torch.randn(48, generator=g) if bias else None
+    x = torch.randn(rows, 32, generator=g)
+    torch.testing.assert_close(cpu_linear.linear(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # a changed weight is packed again
+        w.mul_(-2)
+    torch.testing.assert_close(cpu_linear.linear(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    assert cpu_linear.linear(x.double(), w.double()).dtype == torch.float64  # other dtypes: F.linear
