@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import EngineConfig, ModelConfig, check_tensor_parallel
+from ..config import EngineConfig, check_tensor_parallel
+from ..model_config import ModelConfig
 from ..log import log_once
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams

@@ -4,7 +4,9 @@ import logging
 
 import torch
 
-from ..config import EngineConfig, ModelConfig, kv_cache_torch_dtype
+from ..config import EngineConfig
+from ..dtypes import kv_cache_torch_dtype
+from ..model_config import ModelConfig
 from ..distributed import broadcast_from_first, destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
 from ..layers.attention import Attention, make_backend
 from ..layers.context import Context, set_context
