@@ -7,8 +7,16 @@ from .dtypes import parse_dtype
 from .sampling_params import GENERATION_CONFIG_FIELDS, SamplingParams
 from .validate import INT32_MAX, is_int, is_number
 
-SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-         "num_key_value_heads", "head_dim", "max_position_embeddings")
+SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
 
 
 def bad(file: str, key: str, rule: str, value) -> ValueError:
@@ -34,14 +42,22 @@ def check_sizes(raw: dict) -> None:
             raise bad("config.json", key, "a positive integer", raw[key])
     heads, kv_heads = raw.get("num_attention_heads"), raw.get("num_key_value_heads")
     if heads and kv_heads and heads % kv_heads:
-        raise bad("config.json", "num_attention_heads", f"a multiple of num_key_value_heads ({kv_heads})", heads)
+        raise bad(
+            "config.json",
+            "num_attention_heads",
+            f"a multiple of num_key_value_heads ({kv_heads})",
+            heads,
+        )
 
 
 def check_rope_and_norm(raw: dict) -> None:
     """The norm's epsilon and RoPE's base positive numbers; RoPE's parameters objects."""
     rope = raw.get("rope_parameters")
-    for key, value in (("rms_norm_eps", raw.get("rms_norm_eps")), ("rope_theta", raw.get("rope_theta")),
-                       ("rope_parameters.rope_theta", rope.get("rope_theta") if isinstance(rope, dict) else None)):
+    for key, value in (
+        ("rms_norm_eps", raw.get("rms_norm_eps")),
+        ("rope_theta", raw.get("rope_theta")),
+        ("rope_parameters.rope_theta", rope.get("rope_theta") if isinstance(rope, dict) else None),
+    ):
         if value is not None and not (is_number(value) and value > 0):
             raise bad("config.json", key, "a positive number", value)
     for key in ("rope_scaling", "rope_parameters"):
@@ -61,7 +77,9 @@ def check_dtype_and_architectures(raw: dict) -> None:
     except ValueError as err:
         raise ValueError(f"config.json: torch_dtype: {err}") from None
     archs = raw.get("architectures")
-    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+    if archs is not None and not (
+        isinstance(archs, list) and all(isinstance(a, str) for a in archs)
+    ):
         raise bad("config.json", "architectures", "a list of class names", archs)
 
 
@@ -70,7 +88,12 @@ def check_eos_ids(file: str, source: dict, vocab: int | None) -> None:
     ids = source.get("eos_token_id")
     ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
     if vocab is not None and not all(is_int(i) and 0 <= i < vocab for i in ids):
-        raise bad(file, "eos_token_id", f"a token id (or a list of them) in the vocabulary [0, {vocab})", source["eos_token_id"])
+        raise bad(
+            file,
+            "eos_token_id",
+            f"a token id (or a list of them) in the vocabulary [0, {vocab})",
+            source["eos_token_id"],
+        )
 
 
 def check_sampling_defaults(generation_config: dict) -> None:

@@ -13,7 +13,10 @@ def resolve_device(device: str | None) -> str:
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise Problem(f"device {device!r} was asked for, but CUDA is not available here; use device='cpu'", "device")
+        raise Problem(
+            f"device {device!r} was asked for, but CUDA is not available here; use device='cpu'",
+            "device",
+        )
     return device
 
 
@@ -24,5 +27,8 @@ def check_ranks_fit(tensor_parallel_size: int, device: str) -> None:
     else:
         available, kind = os.cpu_count() or 1, "CPU cores are available (each rank is a process)"
     if tensor_parallel_size > available:
-        raise Problem(f"tensor_parallel_size={tensor_parallel_size} needs one device per rank, but only {available} {kind}",
-                      "tensor_parallel_size")
+        raise Problem(
+            f"tensor_parallel_size={tensor_parallel_size} needs one device per rank, "
+            f"but only {available} {kind}",
+            "tensor_parallel_size",
+        )

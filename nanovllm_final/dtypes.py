@@ -3,7 +3,11 @@
 import torch
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # vLLM's names: fp8 is e4m3 (values up to +-448, 3 mantissa bits)
+KV_CACHE_DTYPES = (
+    "auto",
+    "fp8",
+    "fp8_e4m3",
+)  # vLLM's names: fp8 is e4m3 (values up to +-448, 3 mantissa bits)
 
 
 def parse_dtype(value: str | torch.dtype) -> torch.dtype:

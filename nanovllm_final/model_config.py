@@ -32,8 +32,12 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     torch_dtype: torch.dtype
-    eos_token_ids: list[int] = field(default_factory=list)  # config.json's and generation_config.json's
-    generation_defaults: dict = field(default_factory=dict)  # generation_config.json's sampling fields
+    eos_token_ids: list[int] = field(
+        default_factory=list
+    )  # config.json's and generation_config.json's
+    generation_defaults: dict = field(
+        default_factory=dict
+    )  # generation_config.json's sampling fields
     use_sliding_window: bool = False
     # mixture of experts (Qwen3-MoE); dense models have num_experts == 0
     num_experts: int = 0
@@ -44,8 +48,12 @@ class ModelConfig:
     mlp_only_layers: list[int] = field(default_factory=list)  # ... and i is not listed here
 
     def is_moe_layer(self, layer: int) -> bool:
-        """Does decoder layer `layer` (0-based) hold experts, or a dense MLP? Hugging Face's rule."""
-        return self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        """Does decoder layer `layer` (0-based) hold experts, or a dense MLP? HF's rule."""
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     @classmethod
     def from_dir(cls, model_dir: str | pathlib.Path) -> "ModelConfig":
@@ -54,8 +62,12 @@ class ModelConfig:
             raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
         config_file = path / "config.json"
         if not config_file.exists():
-            raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
-        if not any(path.glob("*.safetensors")):  # one file, or the shards of model.safetensors.index.json
+            raise FileNotFoundError(
+                f"{path} has no config.json: not a Hugging Face model directory"
+            )
+        if not any(
+            path.glob("*.safetensors")
+        ):  # one file, or the shards of model.safetensors.index.json
             raise FileNotFoundError(f"{path} has no *.safetensors weight files")
         gen_file = path / "generation_config.json"
         raw, gen = read_json(config_file), read_json(gen_file) if gen_file.exists() else {}
@@ -96,7 +108,11 @@ class ModelConfig:
             attention_bias=raw.get("attention_bias", False),
             torch_dtype=parse_dtype(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
             eos_token_ids=eos_ids(raw, generation_config or {}),
-            generation_defaults={k: v for k, v in (generation_config or {}).items() if k in GENERATION_CONFIG_FIELDS and v is not None},
+            generation_defaults={
+                k: v
+                for k, v in (generation_config or {}).items()
+                if k in GENERATION_CONFIG_FIELDS and v is not None
+            },
             use_sliding_window=bool(raw.get("use_sliding_window", False)),
             **moe_fields(raw),
         )
@@ -114,23 +130,42 @@ def read_json(file: pathlib.Path) -> dict:
 
 
 def moe_fields(raw: dict) -> dict:
-    """The mixture-of-experts fields of a config.json, checked: the expert count is `num_experts`
-    as the hub ships it, or `num_local_experts` as transformers 5 writes it. {} for a dense model."""
+    """The mixture-of-experts fields of a config.json, checked: the expert count is
+    `num_experts` as the hub ships it, or `num_local_experts` as transformers 5 writes it.
+    {} for a dense model."""
     num_experts = raw.get("num_experts", raw.get("num_local_experts")) or 0
     if not num_experts:
         return {}
     for key in ("num_experts_per_tok", "moe_intermediate_size"):
         if key not in raw:
-            raise ValueError(f"config.json has num_experts={num_experts} but lacks the required field {key!r}")
-    top_k, step, dense = raw["num_experts_per_tok"], raw.get("decoder_sparse_step", 1), raw.get("mlp_only_layers") or []
+            raise ValueError(
+                f"config.json has num_experts={num_experts} but lacks the required field {key!r}"
+            )
+    top_k, step, dense = (
+        raw["num_experts_per_tok"],
+        raw.get("decoder_sparse_step", 1),
+        raw.get("mlp_only_layers") or [],
+    )
     if not is_int(top_k) or not 1 <= top_k <= num_experts:
-        raise ValueError(f"num_experts_per_tok must be an integer from 1 to num_experts={num_experts}, got {top_k!r}")
+        raise ValueError(
+            f"num_experts_per_tok must be an integer from 1 to num_experts={num_experts}, "
+            f"got {top_k!r}"
+        )
     if not is_int(step) or step < 1:
         raise ValueError(f"decoder_sparse_step must be a positive integer, got {step!r}")
     if not is_int(raw["moe_intermediate_size"]) or raw["moe_intermediate_size"] < 1:
-        raise ValueError(f"moe_intermediate_size must be a positive integer, got {raw['moe_intermediate_size']!r}")
-    return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=raw["moe_intermediate_size"],
-                norm_topk_prob=bool(raw.get("norm_topk_prob", False)), decoder_sparse_step=step, mlp_only_layers=list(dense))
+        raise ValueError(
+            "moe_intermediate_size must be a positive integer, "
+            f"got {raw['moe_intermediate_size']!r}"
+        )
+    return dict(
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=raw["moe_intermediate_size"],
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        decoder_sparse_step=step,
+        mlp_only_layers=list(dense),
+    )
 
 
 def rope_fields(raw: dict) -> tuple[float, dict | None]:
@@ -138,7 +173,9 @@ def rope_fields(raw: dict) -> tuple[float, dict | None]:
     rope_parameters (transformers 5)."""
     rope = raw.get("rope_parameters") or {}
     rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-    scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    scaling = raw.get("rope_scaling") or (
+        rope if rope.get("rope_type", "default") != "default" else None
+    )
     if scaling is not None:
         scaling = dict(scaling)
         scaling.setdefault("rope_type", scaling.get("type", "default"))

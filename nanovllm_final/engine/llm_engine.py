@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import EngineConfig, check_tensor_parallel
-from ..model_config import ModelConfig
 from ..log import log_once
+from ..model_config import ModelConfig
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..speculative_config import check_draft

@@ -5,13 +5,13 @@ import logging
 import torch
 
 from ..config import EngineConfig
-from ..dtypes import kv_cache_torch_dtype
-from ..model_config import ModelConfig
 from ..distributed import broadcast_from_first, destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
+from ..dtypes import kv_cache_torch_dtype
 from ..layers.attention import Attention, make_backend
 from ..layers.context import Context, set_context
 from ..layers.sampler import Path, Sampler
 from ..log import log_once
+from ..model_config import ModelConfig
 from ..models import build_model
 from ..models.loader import load_weights
 from ..sampling_params import SamplingParams
