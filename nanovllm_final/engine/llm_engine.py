@@ -18,7 +18,8 @@ from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .prompt_logprobs import collect_scores
 from .prompt_scoring import mark_launched
-from .request import Request, validate_request
+from .front_end import token_ids, validate_request
+from .request import Request
 from .sampling import PendingSample, SampledTokens, SamplingColumns, build_sampling_batch
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -114,6 +115,7 @@ class LLMEngine:
         the field, see validate.py), and nothing is queued."""
         if self.model_runner is None:
             raise RuntimeError("the engine was shut down; create a new LLM")
+        prompt_token_ids = token_ids(prompt_token_ids)  # numpy's integers as ints
         problem = validate_request(prompt_token_ids, params, self.config, self.model_config)
         if problem:
             raise problem

@@ -20,6 +20,10 @@ from .sequence import Sequence
 from .step_input import to_device, upload
 from .structured import apply_bitmask
 
+# below 1 / vocabulary every top_p keeps the most likely token alone; flooring it there keeps
+# top_p x mass a normal float32 (a top_p of 1e-300 is 0 in float32, and would keep no token)
+TOP_P_FLOOR = 1e-8
+
 
 @dataclass
 class SamplingBatch:
@@ -72,7 +76,7 @@ def param_columns(seqs: list[Sequence]) -> dict:
     return {
         "temperatures": np.array([p.temperature for p in params], np.float32),
         "top_k": column("top_k", np.int64, 0),
-        "top_p": column("top_p", np.float32, 1.0),
+        "top_p": None if (top_p := column("top_p", np.float32, 1.0)) is None else np.maximum(top_p, TOP_P_FLOOR),
         "min_p": column("min_p", np.float32, 0.0),
         "seeds": np.array([-1 if p.seed is None else completion_seed(p.seed, s.index) for s, p in zip(seqs, params)], np.int64)
         if any(p.seed is not None for p in params) else None,
