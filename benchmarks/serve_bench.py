@@ -122,7 +122,8 @@ def model_for_shape(shape: str, device: str | None) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def start_server(model: Path, args: argparse.Namespace, max_pending: int, log) -> tuple[subprocess.Popen, str]:
+def start_server(model: Path, args: argparse.Namespace, max_pending: int, log, cwd: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """`nanovllm_final.server` as found from `cwd` (another copy of the engine: a directory holding its package)."""
     port = free_port()
     cmd = [sys.executable, "-m", "nanovllm_final.server", str(model), "--port", str(port),
            "--max-pending-requests", str(max_pending), "--log-level", "warning", *args.server_arg]
@@ -131,7 +132,7 @@ def start_server(model: Path, args: argparse.Namespace, max_pending: int, log) -
     if args.device:
         cmd += ["--device", args.device]
     print("server:", shlex.join(cmd), file=sys.stderr)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline:
