@@ -33,9 +33,7 @@ NEVER = ["\u2603never\u2603", "\u2603\u2603"]  # two stop strings no generated t
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serve_stop_strings", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--model", help="a Hugging Face model directory to serve")
-    where.add_argument("--shape", help="a random-weight shape built by tools.tiny_model (tiny-qwen3, qwen3-0.6b, ...)")
+    serve_bench.model_arguments(p)
     p.add_argument("--baseline", type=Path, help="a directory holding another copy of nanovllm_final, measured too")
     p.add_argument("--device", default=None, help="engine option device (default: cuda if available)")
     p.add_argument("--workload", default="nanovllm", choices=tuple(workloads.WORKLOADS))
