@@ -128,8 +128,9 @@ def model_for_shape(shape: str, device: str | None) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def start_server(model: Path, args: argparse.Namespace, max_pending: int, log, cwd: Path = ROOT) -> tuple[subprocess.Popen, str]:
-    """`nanovllm_final.server` as found from `cwd` (another copy of the engine: a directory holding its package)."""
+def start_server(model: Path, args: argparse.Namespace, max_pending: int, log,
+                 cwd: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """`nanovllm_final.server` as found from `cwd` (another copy: a directory holding its package)."""
     port = free_port()
     cmd = [sys.executable, "-m", "nanovllm_final.server", str(model), "--port", str(port),
            "--max-pending-requests", str(max_pending), "--log-level", "warning", *args.server_arg]

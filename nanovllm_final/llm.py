@@ -67,10 +67,11 @@ class LLM:
         """The token ids of a conversation in the model's chat template, ending with the
         assistant's generation prompt (`chat_template_kwargs`, e.g. {"enable_thinking": False},
         go to the template). A message's content is a string or a list of text parts
-        ([{"type": "text", "text": ...}], as OpenAI's API sends it). engine/front_end.py says what is refused."""
+        ([{"type": "text", "text": ...}], as OpenAI's API sends it); engine/front_end.py says
+        what is refused."""
         with self._lock:
-            return front_end.encode(self.tokenizer, front_end.render_chat(self.tokenizer, messages, chat_template_kwargs),
-                                    "messages")
+            text = front_end.render_chat(self.tokenizer, messages, chat_template_kwargs)
+            return front_end.encode(self.tokenizer, text, "messages")
 
     def encode(self, text: str) -> list[int]:
         """The token ids of a text prompt, as generate sees them (no special tokens added)."""

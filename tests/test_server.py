@@ -144,7 +144,8 @@ def test_n_logprobs_and_stop(server, reference):
 
 def first_stop(text: str) -> str:
     """A 2-character stop string from the middle of `text`, where it first occurs."""
-    return next(text[i : i + 2] for i in range(3, len(text) - 2) if text[i : i + 2].strip() and text.find(text[i : i + 2]) == i)
+    pairs = ((i, text[i : i + 2]) for i in range(3, len(text) - 2))
+    return next(pair for i, pair in pairs if pair.strip() and text.find(pair) == i)
 
 
 def test_stop_strings_cut_streamed_and_whole_alike(server, reference):
@@ -157,15 +158,17 @@ def test_stop_strings_cut_streamed_and_whole_alike(server, reference):
     args = dict(model=NAME, prompt="The keeper", max_tokens=24, temperature=0, stop=[stop], logprobs=1)
     whole = client.completions.create(**args).choices[0]
     assert (whole.text, whole.finish_reason) == (want["text"], "stop")
-    assert len(whole.logprobs.tokens) == len(want["token_ids"]) and "".join(whole.logprobs.tokens).startswith(want["text"])
+    assert len(whole.logprobs.tokens) == len(want["token_ids"])
+    assert "".join(whole.logprobs.tokens).startswith(want["text"])
     assert client.completions.create(echo=True, **args).choices[0].text == "The keeper" + want["text"]
     chunks = [c.choices[0] for c in client.completions.create(stream=True, **args) if c.choices]
-    assert "".join(c.text for c in chunks) == want["text"] and [c.finish_reason for c in chunks][-1] == "stop"
+    assert "".join(c.text for c in chunks) == want["text"] and chunks[-1].finish_reason == "stop"
     assert sum(len(c.logprobs.tokens) for c in chunks) == len(want["token_ids"])
 
     messages = [{"role": "user", "content": "Tell me about the market."}]
-    stop = first_stop(generate(reference, reference.encode_chat(messages), temperature=0, max_tokens=24)["text"])
-    want = generate(reference, reference.encode_chat(messages), temperature=0, max_tokens=24, stop=[stop])["text"]
+    prompt = reference.encode_chat(messages)
+    stop = first_stop(generate(reference, prompt, temperature=0, max_tokens=24)["text"])
+    want = generate(reference, prompt, temperature=0, max_tokens=24, stop=[stop])["text"]
     args = dict(model=NAME, messages=messages, max_tokens=24, temperature=0, stop=stop)
     assert client.chat.completions.create(**args).choices[0].message.content == want
     streamed = [c.choices[0] for c in client.chat.completions.create(stream=True, **args) if c.choices]

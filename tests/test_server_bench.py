@@ -125,12 +125,14 @@ def test_serve_stop_strings_measures_both_runs_on_the_same_tokens(model_dir, tmp
     from benchmarks import serve_stop_strings
 
     out = tmp_path / "stop.json"
-    code = serve_stop_strings.main(["--model", str(model_dir("qwen3")), "--device", "cpu", "--workload", "tiny-cpu",
-                                    "--num-seqs", "4", "--concurrency", "2", "--max-output-len", "6", "--out", str(out)])
+    code = serve_stop_strings.main(["--model", str(model_dir("qwen3")), "--device", "cpu", "--workload",
+                                    "tiny-cpu", "--num-seqs", "4", "--concurrency", "2", "--max-output-len", "6",
+                                    "--out", str(out)])
     assert code == 0
     runs = json.loads(out.read_text())["runs"]
     assert list(runs) == ["this"] and list(runs["this"]) == ["no stop strings", "stop strings"]
     plain, stopped = runs["this"].values()
-    assert plain["completed"] == stopped["completed"] == 4 and plain["output_tokens"] == stopped["output_tokens"] > 4
+    assert plain["completed"] == stopped["completed"] == 4
+    assert plain["output_tokens"] == stopped["output_tokens"] > 4
     assert stopped["stopped"] == 0 and stopped["tpot_s"]["p50"] > 0
     assert "TPOT p50 ms" in capsys.readouterr().out

@@ -2,8 +2,8 @@
 as server-sent events), /v1/models, /health and /metrics, on FastAPI.
 
 Both endpoints take one path (`Server.respond`): read the body (bounded in size and time),
-parse it, tokenize and check it on a worker thread (engine/front_end.py, as the LLM does), submit to the engine
-core, then answer from the handle's updates; an `Endpoint` says only how the two differ
+parse it, tokenize and check it on a worker thread (engine/front_end.py, as the LLM does),
+submit to the engine core, then answer from the handle's updates; an `Endpoint` says only how the two differ
 (prompt building and the shapes of a choice). A client that goes away mid-request has its
 request aborted in the engine, which frees its KV blocks at once."""
 
@@ -144,7 +144,8 @@ class Endpoint:
         the front end the LLM uses (engine/front_end.py)."""
         tokenizer = self.server.client.tokenizer
         if self.chat:
-            text = front_end.render_chat(tokenizer, [m.template_dict() for m in req.messages], req.chat_template_kwargs)
+            messages = [m.template_dict() for m in req.messages]
+            text = front_end.render_chat(tokenizer, messages, req.chat_template_kwargs)
             return [front_end.encode(tokenizer, text, "messages")]
         return [front_end.tokenize(tokenizer, p) for p in req.prompts()]
 

@@ -50,7 +50,7 @@ class Choice:
         self.finish_reason: str | None = None
 
     def apply(self, ids: list[int], text: str | None, logprobs: list | None, reason: str | None) -> tuple:
-        """New tokens (and, decoded by the engine, their text) -> (text, token ids, logprobs, finish reason)."""
+        """New tokens (and their text, if the engine decoded it) -> (text, ids, logprobs, finish reason)."""
         if self.detok is not None:
             for token_id in ids:
                 self.detok.push(token_id)

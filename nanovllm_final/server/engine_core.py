@@ -125,8 +125,8 @@ class EngineCore:
             if out.request_id not in self.live:
                 continue  # aborted by the API side: it has answered already
             decoded = out.request_id in self.decoded
-            news = [(c.index, c.delta_token_ids, c.delta_text if decoded else None, c.delta_logprobs, c.finish_reason)
-                    for c in out.outputs if c.delta_token_ids or c.finish_reason]
+            news = [(c.index, c.delta_token_ids, c.delta_text if decoded else None, c.delta_logprobs,
+                     c.finish_reason) for c in out.outputs if c.delta_token_ids or c.finish_reason]
             scores = out.prompt_logprobs if out.request_id not in self.scored else None  # sent once
             if scores is not None:
                 self.scored.add(out.request_id)

@@ -49,7 +49,8 @@ class StreamOptions(BaseModel):
 # OpenAI's fields (structured_outputs: response_format.py).
 OPENAI_SHAPED = {"max_tokens", "logprobs", "prompt_logprobs", "structured_outputs"}
 _Sampled = create_model("_Sampled", __config__=STRICT, **{
-    o.name: (o.annotation | None, Field(None, description=o.help)) for o in options(SamplingParams) if o.name not in OPENAI_SHAPED})
+    o.name: (o.annotation | None, Field(None, description=o.help))
+    for o in options(SamplingParams) if o.name not in OPENAI_SHAPED})
 
 
 class _Common(_Sampled):
@@ -75,7 +76,7 @@ class _Common(_Sampled):
             raise RequestError(f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters", "stop")
 
     def sampling_kwargs(self) -> dict[str, Any]:
-        """The SamplingParams fields the body set ("" and [""] as stop are refused by SamplingParams, as in Python)."""
+        """The SamplingParams fields the body set ("" and [""] as stop: refused by SamplingParams)."""
         kwargs = {name: getattr(self, name) for name in _Sampled.model_fields if getattr(self, name) is not None}
         from .response_format import structured_from  # it imports this module
 
