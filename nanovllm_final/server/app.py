@@ -3,8 +3,8 @@ as server-sent events), /v1/models, /health and /metrics, on FastAPI.
 
 Both endpoints take one path (`Server.respond`): read the body (bounded in size and time),
 parse it, tokenize and check it on a worker thread (engine/front_end.py, as the LLM does),
-submit to the engine core, then answer from the handle's updates; an `Endpoint` says only how the two differ
-(prompt building and the shapes of a choice). A client that goes away mid-request has its
+submit to the engine core, then answer from the handle's updates; an `Endpoint` says only how
+the two differ (prompt building and the shapes of a choice). A client that goes away mid-request has its
 request aborted in the engine, which frees its KV blocks at once."""
 
 import asyncio

@@ -10,7 +10,7 @@ writes one message per step to another: the step's deltas, a few ints per reques
     messages out: ("ready", info) | ("failed", why)     once, after building the engine
                   ("step", replies, deltas)             replies: [("added", key, None | (message, param, code)),
                                                                   ("gauges", key, dict)]
-                                                        deltas: [(request_id, [(index, token_ids, text, logprobs, finish_reason)],
+                                                        deltas: [(request_id, [(index, ids, text, logprobs, reason)],
                                                                   metrics dict once finished, else None,
                                                                   prompt_logprobs once scored, else None)]
                   ("dead", why)                         the engine failed; the process then exits
