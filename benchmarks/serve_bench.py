@@ -71,12 +71,18 @@ MIN_STEPS_AT_BATCH = 20  # fewer decode steps at exactly the server's batch: wid
 TARGETS = {"served_over_offline": (">=", 0.90), "tpot_p50_over_decode_step": ("<=", 1.25)}  # what the server must reach
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def model_arguments(p: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
+    """--model or --shape: what the server serves."""
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--model", help="a Hugging Face model directory to serve")
     where.add_argument("--shape", help="a random-weight shape built by tools.tiny_model (tiny-qwen3, qwen3-0.6b, ...)")
+    return where
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = model_arguments(p)
     where.add_argument("--url", help="benchmark this running server instead of starting one")
     p.add_argument("--model-name", help="the `model` field to send (default: what /v1/models lists)")
     p.add_argument("--vocab-size", type=int, help="with --url: the vocabulary for the token-id prompts")
@@ -122,7 +128,9 @@ def model_for_shape(shape: str, device: str | None) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def start_server(model: Path, args: argparse.Namespace, max_pending: int, log) -> tuple[subprocess.Popen, str]:
+def start_server(model: Path, args: argparse.Namespace, max_pending: int, log,
+                 cwd: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """`nanovllm_final.server` as found from `cwd` (another copy: a directory holding its package)."""
     port = free_port()
     cmd = [sys.executable, "-m", "nanovllm_final.server", str(model), "--port", str(port),
            "--max-pending-requests", str(max_pending), "--log-level", "warning", *args.server_arg]
@@ -131,7 +139,7 @@ def start_server(model: Path, args: argparse.Namespace, max_pending: int, log) -
     if args.device:
         cmd += ["--device", args.device]
     print("server:", shlex.join(cmd), file=sys.stderr)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline:

@@ -10,20 +10,18 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 
-import jinja2
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from .config import EngineConfig, ModelConfig
+from .engine import front_end
 from .engine.llm_engine import LLMEngine
 from .hub import resolve_model
 from .models import check_architecture
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
-from .engine.request import validate_request
-from .validate import Problem
 
-Prompt = str | list[int]
+Prompt = str | list[int]  # token ids may be numpy integers (an array, or a list of them)
 Messages = list[dict]
 
 
@@ -68,32 +66,17 @@ class LLM:
     def encode_chat(self, messages: Messages, chat_template_kwargs: dict | None = None) -> list[int]:
         """The token ids of a conversation in the model's chat template, ending with the
         assistant's generation prompt (`chat_template_kwargs`, e.g. {"enable_thinking": False},
-        go to the template)."""
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
-            raise ValueError('a conversation must be a non-empty list of {"role": ..., "content": ...} dicts')
-        for i, m in enumerate(messages):
-            for key in ("role", "content"):
-                if not isinstance(m[key], str):
-                    raise Problem(f"messages[{i}]['{key}'] must be a string, got {m[key]!r}", "messages")
-        kwargs = chat_template_kwargs or {}
-        if not isinstance(kwargs, dict) or {"chat_template", "tokenize", "add_generation_prompt", "conversation"} & kwargs.keys():
-            raise Problem("chat_template_kwargs must be a dict of the template's own variables (the model's template is used: "
-                          "set llm.tokenizer.chat_template to change it)", "chat_template_kwargs")
-        if self.tokenizer.chat_template is None:
-            raise ValueError(f"the tokenizer of {self.model_name} has no chat template")
+        go to the template). A message's content is a string or a list of text parts
+        ([{"type": "text", "text": ...}], as OpenAI's API sends it); engine/front_end.py says
+        what is refused."""
         with self._lock:
-            try:
-                text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
-            except jinja2.TemplateError as err:
-                raise Problem(f"the chat template refused the conversation: {err}", "messages") from None
-            return self.encode(text)
+            text = front_end.render_chat(self.tokenizer, messages, chat_template_kwargs)
+            return front_end.encode(self.tokenizer, text, "messages")
 
     def encode(self, text: str) -> list[int]:
-        """The token ids of a text prompt, as generate sees them (no special tokens added).
-        verbose=False: no transformers warning about the tokenizer's own length limit;
-        max_model_len is what bounds a prompt, and generate checks it."""
+        """The token ids of a text prompt, as generate sees them (no special tokens added)."""
         with self._lock:
-            return self.tokenizer.encode(text, add_special_tokens=False, verbose=False)
+            return front_end.encode(self.tokenizer, text)
 
     # ---- generation ----
 
@@ -200,19 +183,15 @@ class LLM:
     # ---- input checks: every problem is reported before any work starts ----
 
     def _submit(self, prompts: list[Prompt], sampling_params, stream: bool = False) -> tuple[list[str], deque[RequestOutput]]:
-        """Check every prompt with its params (validate.py), then queue them all; returns their
-        request ids and the box their outputs will be routed to."""
+        """Tokenize and check every prompt with its params (engine/front_end.py), then queue
+        them all; returns their request ids and the box their outputs will be routed to."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
             raise ValueError("prompts must be a list of strings or a list of token-id lists")
         params = self._params_per_prompt(sampling_params, len(prompts))
         with self._lock:
             engine = self._engine()
-            token_lists = [self.encode(p) if isinstance(p, str) else p for p in prompts]
-            for i, (ids, p) in enumerate(zip(token_lists, params)):
-                problem = validate_request(ids, p, self.config, self.model_config)
-                if problem:  # "the prompt is empty" -> "prompt 3 is empty"
-                    message = problem.message.replace("the prompt", f"prompt {i}", 1) if problem.param == "prompt" else problem.message
-                    raise Problem(message, problem.param, problem.code)
+            token_lists = [front_end.tokenize(self.tokenizer, p) for p in prompts]
+            front_end.check_requests(token_lists, params, self.config, self.model_config)
             request_ids, box = [engine.enqueue(ids, p) for ids, p in zip(token_lists, params)], deque()
             self._routes |= dict.fromkeys(request_ids, box)
             self._streams += stream

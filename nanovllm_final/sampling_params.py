@@ -5,8 +5,9 @@ admits the request (`resolve`), else the neutral value. Every value is checked w
 set (at construction or later), against what its field says (validate.py): a bad one is a
 `Problem`, a ValueError naming the field. The rules beyond vLLM's, so that no value can
 break a step: integers fit int64, floats are finite, a bool is not a number; n is at most
-MAX_N; temperature stays in [0, 1e6], top_p in [1e-6, 1] and repetition_penalty in
-[1e-6, 1e6], where float32 probabilities and logits keep their meaning; an empty stop
+MAX_N; temperature stays in [0, 1e6] and repetition_penalty in [1e-6, 1e6], where float32
+probabilities and logits keep their meaning; top_p takes (0, 1], as vLLM does (the sampler
+floors it where float32 needs it: engine/sampling.py); an empty stop
 string is refused (as vLLM does; [] or None: no stop strings); top_k beyond the
 vocabulary keeps every token (like 0). Token ids and logprobs are checked against the
 model's vocabulary when the request is queued (`validate_request`)."""
@@ -35,7 +36,8 @@ def _ids(value):
 class SamplingParams(Checked):
     n: int = option(1, f"completions per prompt, at most {MAX_N} (they share the prompt's KV blocks)", low=1, high=MAX_N)
     temperature: float | None = option(None, "0 is greedy; unset: generation_config.json's, else 1.0", float, low=0, high=1e6)
-    top_p: float | None = option(None, "nucleus: keep the most likely tokens up to this probability mass", float, low=1e-6, high=1)
+    top_p: float | None = option(None, "nucleus: keep the most likely tokens up to this probability mass (a tiny one: "
+                                 "the most likely token only)", float, low=0, low_open=True, high=1)
     top_k: int | None = option(None, "keep the k most likely tokens (0, -1, or more than the vocabulary: all)", int, low=-1, high=INT64_MAX)
     min_p: float | None = option(None, "drop tokens below min_p times the most likely token's probability", float, low=0, high=1)
     seed: int | None = option(None, "this request's random seed (the same tokens whatever else runs)", int, low=INT64_MIN, high=INT64_MAX)

@@ -11,6 +11,7 @@ import json
 import pathlib
 from dataclasses import dataclass
 
+from .model_config import ModelConfig
 from .validate import Problem, is_int, show
 
 FIELD = "speculative_config"
@@ -102,8 +103,6 @@ def check_draft(spec: SpeculativeConfig | None, vocab_size: int, tokenizer) -> N
     if spec is None or spec.method != "draft_model":
         return
     from transformers import AutoTokenizer
-
-    from .config import ModelConfig
 
     draft = ModelConfig.from_dir(spec.model)
     if draft.vocab_size != vocab_size:

@@ -5,7 +5,7 @@ dataclass checks every assignment against them, so EngineConfig and SamplingPara
 a bad value when it is set, the command-line flags are generated from the same fields
 (engine_flags.py), and `options(cls)` lists them for the server's schema. What depends on
 the model (the vocabulary, max_model_len) is checked per request by `validate_request`
-(engine/request.py), which the LLM, the engine's request API and the server all ask; the
+(engine/front_end.py), which the LLM, the engine's request API and the server all ask; the
 server maps a `Problem` to an OpenAI error (HTTP 400 with `param` and `code`)."""
 
 import functools

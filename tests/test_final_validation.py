@@ -14,7 +14,7 @@ from common import ROOT, random_prompts
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.config import EngineConfig, ModelConfig
 from nanovllm_final.sampling_params import MAX_N
-from nanovllm_final.engine.request import validate_request
+from nanovllm_final.engine.front_end import validate_request
 from nanovllm_final.validate import Problem, options
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -59,7 +59,7 @@ NAN, INF = math.nan, math.inf
     [
         ("top_k", 2**63), ("seed", 2**63), ("seed", -(2**63) - 1), ("stop_token_ids", [2**63]), ("max_tokens", 2**63),
         ("min_tokens", 2**64), ("logprobs", 2**63), ("n", MAX_N + 1), ("n", 10**6),
-        ("temperature", NAN), ("temperature", INF), ("temperature", 1e300), ("top_p", NAN), ("top_p", 1e-300), ("min_p", NAN),
+        ("temperature", NAN), ("temperature", INF), ("temperature", 1e300), ("top_p", NAN), ("top_p", 0.0), ("min_p", NAN),
         ("repetition_penalty", NAN), ("repetition_penalty", INF), ("repetition_penalty", 1e-300),
         ("presence_penalty", NAN), ("frequency_penalty", -INF),
         ("n", True), ("max_tokens", True), ("top_k", False), ("logprobs", True), ("stop_token_ids", [True]),
@@ -239,7 +239,7 @@ def test_abort_then_re_add_never_hands_out_the_stale_abort(llm):
 # ---- the LLM face ----
 
 def test_chat_refuses_what_a_template_cannot_take(llm):
-    for messages, match in (([{"role": "user", "content": None}], r"messages\[0\]\['content'\]"),
+    for messages, match in (([{"role": "user", "content": 5}], r"messages\[0\]\['content'\]"),
                             ([{"role": 1, "content": "hi"}], r"messages\[0\]\['role'\]")):
         with pytest.raises(ValueError, match=match):
             llm.chat(messages, use_tqdm=False)

@@ -142,6 +142,39 @@ def test_n_logprobs_and_stop(server, reference):
     assert all(len(item.top_logprobs) == 3 and item.logprob <= 0 for item in content)
 
 
+def first_stop(text: str) -> str:
+    """A 2-character stop string from the middle of `text`, where it first occurs."""
+    pairs = ((i, text[i : i + 2]) for i in range(3, len(text) - 2))
+    return next(pair for i, pair in pairs if pair.strip() and text.find(pair) == i)
+
+
+def test_stop_strings_cut_streamed_and_whole_alike(server, reference):
+    """The text of a request with stop strings is decoded once, in the engine process; streamed
+    or not, with echo or logprobs, the completion ends before the stop string, as offline."""
+    client = server.client()
+    stop = first_stop(generate(reference, "The keeper", temperature=0, max_tokens=24)["text"])
+    want = generate(reference, "The keeper", temperature=0, max_tokens=24, stop=[stop])
+    assert want["finish_reason"] == "stop"
+    args = dict(model=NAME, prompt="The keeper", max_tokens=24, temperature=0, stop=[stop], logprobs=1)
+    whole = client.completions.create(**args).choices[0]
+    assert (whole.text, whole.finish_reason) == (want["text"], "stop")
+    assert len(whole.logprobs.tokens) == len(want["token_ids"])
+    assert "".join(whole.logprobs.tokens).startswith(want["text"])
+    assert client.completions.create(echo=True, **args).choices[0].text == "The keeper" + want["text"]
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **args) if c.choices]
+    assert "".join(c.text for c in chunks) == want["text"] and chunks[-1].finish_reason == "stop"
+    assert sum(len(c.logprobs.tokens) for c in chunks) == len(want["token_ids"])
+
+    messages = [{"role": "user", "content": "Tell me about the market."}]
+    prompt = reference.encode_chat(messages)
+    stop = first_stop(generate(reference, prompt, temperature=0, max_tokens=24)["text"])
+    want = generate(reference, prompt, temperature=0, max_tokens=24, stop=[stop])["text"]
+    args = dict(model=NAME, messages=messages, max_tokens=24, temperature=0, stop=stop)
+    assert client.chat.completions.create(**args).choices[0].message.content == want
+    streamed = [c.choices[0] for c in client.chat.completions.create(stream=True, **args) if c.choices]
+    assert "".join(c.delta.content or "" for c in streamed) == want and streamed[-1].finish_reason == "stop"
+
+
 def test_200_concurrent_streams_match_offline_greedy_and_leave_nothing_behind(server, reference):
     """200 streams at once (one event loop of raw sockets), each the same text and token count as
     offline greedy; afterwards the engine holds no request and no KV block."""

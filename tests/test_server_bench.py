@@ -117,3 +117,22 @@ def test_serve_table_shows_a_dash_for_a_field_a_record_lacks(tmp_path, monkeypat
     assert no_offline[4:6] == ["—", "—"] and no_offline[8] == "—" and no_offline[10:12] == ["—", "—"]
     points = [p for _, p in tables.serve_points(directory=tmp_path)]
     assert [p["tpot_p50_over_decode_step"] for p in points] == [None, 1.2, None]
+
+
+def test_serve_stop_strings_measures_both_runs_on_the_same_tokens(model_dir, tmp_path, capsys):
+    """benchmarks/serve_stop_strings.py on the tiny model: the workload without and with stop
+    strings that never occur generates the same tokens (no timing is asserted)."""
+    from benchmarks import serve_stop_strings
+
+    out = tmp_path / "stop.json"
+    code = serve_stop_strings.main(["--model", str(model_dir("qwen3")), "--device", "cpu", "--workload",
+                                    "tiny-cpu", "--num-seqs", "4", "--concurrency", "2", "--max-output-len", "6",
+                                    "--out", str(out)])
+    assert code == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert list(runs) == ["this"] and list(runs["this"]) == ["no stop strings", "stop strings"]
+    plain, stopped = runs["this"].values()
+    assert plain["completed"] == stopped["completed"] == 4
+    assert plain["output_tokens"] == stopped["output_tokens"] > 4
+    assert stopped["stopped"] == 0 and stopped["tpot_s"]["p50"] > 0
+    assert "TPOT p50 ms" in capsys.readouterr().out

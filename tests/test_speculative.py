@@ -387,9 +387,9 @@ def test_warmup_step_verifies(spec_model, monkeypatch):
 
     rows = []
 
-    def spy(sampler, logits, seqs, eos):
+    def spy(sampler, logits, batch):
         rows.append(len(logits))
-        return verify_step(sampler, logits, seqs, eos)
+        return verify_step(sampler, logits, batch)
 
     verify_step = model_runner.verify_step
     monkeypatch.setattr(model_runner, "verify_step", spy)

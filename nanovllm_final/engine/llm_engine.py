@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import EngineConfig, ModelConfig, check_tensor_parallel
+from ..config import EngineConfig, check_tensor_parallel
 from ..log import log_once
+from ..model_config import ModelConfig
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..speculative_config import check_draft
@@ -17,11 +18,13 @@ from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .prompt_logprobs import collect_scores
 from .prompt_scoring import mark_launched
-from .request import Request, validate_request
-from .sampling import PendingSample, SampledTokens, SamplingColumns, build_sampling_batch, sample
+from .front_end import token_ids, validate_request
+from .request import Request
+from .sampling import PendingSample, SampledTokens, SamplingColumns, build_sampling_batch
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .speculator import Speculator, Verified
+from .spec_verify import Verified, verify_batch
+from .speculator import Speculator
 from .step_input import BlockTables, StepInput, build_step_input
 from .structured import Grammars
 from .workers import WorkerError, WorkerGroup
@@ -112,6 +115,7 @@ class LLMEngine:
         the field, see validate.py), and nothing is queued."""
         if self.model_runner is None:
             raise RuntimeError("the engine was shut down; create a new LLM")
+        prompt_token_ids = token_ids(prompt_token_ids)  # numpy's integers as ints
         problem = validate_request(prompt_token_ids, params, self.config, self.model_config)
         if problem:
             raise problem
@@ -233,14 +237,15 @@ class LLMEngine:
             sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
             batch = pending = None
             if self.speculator is not None and self.speculator.drafted(sampling):
-                pending = self.speculator.verify(self.model_runner.sampler, logits, sampling, self.eos_token_ids)
+                batch = verify_batch(sampling, self.eos_token_ids)
             elif sampling:
                 batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns)
                 if self.grammars.used:  # filled on the host while the device runs the forward
                     if prev is not None and prev.constrained:  # the step before's tokens, into the matchers first
                         self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
                     batch.grammar = self.grammars.bitmask(sampling)
-                pending = sample(self.model_runner.sampler, logits, batch)
+            if batch is not None:
+                pending = self.model_runner.sample(logits, batch)
         except Exception as err:
             self._fail(seqs, err)
             return None

@@ -4,21 +4,23 @@ import logging
 
 import torch
 
-from ..config import EngineConfig, ModelConfig, kv_cache_torch_dtype
+from ..config import EngineConfig
 from ..distributed import broadcast_from_first, destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
+from ..dtypes import kv_cache_torch_dtype
 from ..layers.attention import Attention, make_backend
 from ..layers.context import Context, set_context
-from ..layers.sampler import Sampler
+from ..layers.sampler import Path, Sampler
 from ..log import log_once
+from ..model_config import ModelConfig
 from ..models import build_model
 from ..models.loader import load_weights
 from ..sampling_params import SamplingParams
 from .block_manager import blocks_needed
 from .cuda_graphs import CUDAGraphs
 from .prompt_logprobs import score_rows
-from .sampling import build_sampling_batch, sample
+from .sampling import PendingSample, SamplingBatch, batch_path, build_sampling_batch, sample
 from .sequence import Sequence
-from .spec_verify import verify_step, warmup_proposals
+from .spec_verify import PendingVerify, verify_batch, verify_step, warmup_proposals
 from .step_input import StepInput, build_step_input, upload
 
 logger = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ class ModelRunner:
 
     One runner per tensor-parallel rank, each holding its shard of the weights and of the
     KV cache; every rank runs `execute` on the same StepInput (engine/workers.py delivers
-    it). Only rank 0 gets logits, which the engine samples with the runner's `sampler`
+    it). Only rank 0 gets logits, which the engine turns into tokens with `sample`
     (engine/sampling.py). The runner knows nothing of schedules or worker processes;
     sequences appear only in the throwaway warm-up step."""
 
@@ -179,10 +181,9 @@ class ModelRunner:
             warmup_proposals(seqs, spec.num_speculative_tokens)
         logits = self.execute(build_step_input(seqs, self.block_size))
         if logits is not None:  # rank 0 samples
+            pending = self.sample(logits, build_sampling_batch(seqs, []) if spec is None else verify_batch(seqs, []))
             if spec is not None:
-                verify_step(self.sampler, logits, seqs, []).result()
-            else:
-                sample(self.sampler, logits, build_sampling_batch(seqs, []))
+                pending.result()
         nbytes = scratch.numel() * scratch.element_size()
         del scratch
         torch.cuda.empty_cache()
@@ -242,6 +243,15 @@ class ModelRunner:
             return None
         rows = hidden if num_rows == len(hidden) else hidden[t["sample_rows"]]  # every token samples: each decode row
         return self.model.compute_logits(rows)  # (rows, vocab) on rank 0
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> PendingSample | PendingVerify:
+        """Rank 0: the tokens of `execute`'s logits (rows, vocab), a row per row of `batch`,
+        queued on the device. `batch_path` picks the draw: a verify step's rejection sampler, or
+        one of the sampler's (engine/sampling.py)."""
+        path = batch_path(batch, logits)
+        if path is Path.VERIFY:
+            return verify_step(self.sampler, logits, batch)
+        return sample(self.sampler, logits, batch, path)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
         """A step with prompt tokens replays the graph captured for the next token count up when

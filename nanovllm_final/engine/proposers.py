@@ -52,8 +52,10 @@ class ReplayProposer:
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         out = []
-        for ids, k in ((seq.token_ids, k) for seq, k in zip(seqs, ks)):
-            run = next((r for r in self.runs if len(r) > len(ids) and r[: len(ids)] == ids), [])
+        for seq, k in zip(seqs, ks):
+            ids = seq.token_ids
+            n = seq.num_prompt_tokens  # the run of this prompt, at this position, even past a divergence
+            run = next((r for r in self.runs if len(r) > len(ids) and r[:n] == ids[:n]), [])
             guess = run[len(ids) : len(ids) + k]
             wrong = self.rng.random(len(guess)) >= self.accept_rate
             out.append(

@@ -9,10 +9,9 @@ import time
 
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
-from ..validate import Problem, is_int, show
 from .detokenizer import IncrementalDetokenizer
 from .sequence import Sequence
-from .structured import accepts, check_available
+from .structured import accepts
 
 
 class Completion:
@@ -104,37 +103,3 @@ class Request:
         tpot = (self.last_token_time - self.first_token_time) / (generated - 1) if generated > 1 else None
         return RequestMetrics(ttft, tpot, len(self.prompt_token_ids), max(seq.num_prompt_hit_tokens for seq in self.seqs))
 
-
-def validate_request(token_ids, params, config, model_config) -> Problem | None:
-    """The problem with queueing `token_ids` under `params` on an engine of `config` and
-    `model_config`, or None. SamplingParams checked its own fields when they were set; this
-    checks what depends on the model. Nothing here needs the model's weights: the server's
-    API side asks it too."""
-    if not isinstance(params, SamplingParams):
-        return Problem(f"sampling params must be a SamplingParams, got {type(params).__name__}", "sampling_params")
-    if not isinstance(token_ids, (list, tuple)):
-        return Problem(f"the prompt must be a string or a list of ints, got {type(token_ids).__name__}", "prompt")
-    wrong = next((i for i, t in enumerate(token_ids) if not is_int(t)), None)
-    if wrong is not None:
-        return Problem(f"the prompt must be a string or a list of ints, but its item {wrong} is {show(token_ids[wrong])}", "prompt")
-    if not token_ids:
-        return Problem("the prompt is empty", "prompt")
-    vocab = model_config.vocab_size
-    bad = [t for t in token_ids if not 0 <= t < vocab]
-    if bad:
-        return Problem(f"the prompt has token ids {bad[:5]} outside the vocabulary [0, {vocab})", "prompt")
-    if len(token_ids) >= config.max_model_len:
-        return Problem(f"the prompt has {len(token_ids)} tokens; max_model_len is {config.max_model_len}, "
-                       "which must leave room for at least one generated token", "prompt", "context_length_exceeded")
-    bad = [t for t in params.stop_token_ids if t >= vocab]
-    if bad:
-        return Problem(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})", "stop_token_ids")
-    for name in ("logprobs", "prompt_logprobs"):
-        if getattr(params, name) is not None and getattr(params, name) > vocab:
-            return Problem(f"{name}={getattr(params, name)} is more than the vocabulary's {vocab} tokens", name)
-    if params.structured_outputs is not None and config.speculative_config is not None:  # verify rows take no bitmask
-        return Problem("structured_outputs cannot be combined with speculative decoding (this engine has a "
-                       "speculative_config)", "structured_outputs")
-    if params.structured_outputs is not None:
-        return check_available()  # xgrammar is imported only when a request asks for a format
-    return None

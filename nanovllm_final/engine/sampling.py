@@ -1,22 +1,28 @@
 """Sampling a step, from its sequences to token ids on the host (rank 0 only):
 
     batch = build_sampling_batch(seqs, eos_token_ids)  # host: each row's parameters as arrays
-    pending = sample(sampler, logits, batch)           # queued on the device
+    pending = runner.sample(logits, batch)             # queued on the device (sample() below)
     pending.token_ids                                  # (rows,) on the device: overlap feeds them to the next step
     pending.result()                                   # waits for the copies: SampledTokens
 
-The math (penalties, masks, Gumbel-max, logprobs) is layers/sampler.py's; this module turns
-sequences into its inputs and its outputs into what the engine reads."""
+The math (penalties, masks, Gumbel-max, logprobs) is layers/sampler.py's, and so is the choice of
+the draw (`pick_path`, given the batch's host facts by `batch_path`); this module turns sequences
+into its inputs and its outputs into what the engine reads."""
 
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ..layers.sampler import Sampler, apply_penalties, logprobs_of
+from ..kernels import dispatch
+from ..layers.sampler import Path, Sampler, apply_penalties, logprobs_of, pick_path
 from .sequence import Sequence
 from .step_input import to_device, upload
 from .structured import apply_bitmask
+
+# below 1 / vocabulary every top_p keeps the most likely token alone; flooring it there keeps
+# top_p x mass a normal float32 (a top_p of 1e-300 is 0 in float32, and would keep no token)
+TOP_P_FLOOR = 1e-8
 
 
 @dataclass
@@ -32,11 +38,24 @@ class SamplingBatch:
     num_logprobs: int | None  # the largest `logprobs` of the rows; None: no row asks
     on_device: dict = field(default_factory=dict)  # the columns' device copies, kept with the columns (SamplingColumns)
     grammar: tuple | None = None  # structured output: the constrained rows (c,) and their bitmask (c, words) (structured.py)
+    drafts: tuple | None = None  # speculative: the verifying sequences and each row's proposal (spec_verify.py)
 
     @property
     def all_greedy(self) -> bool:
         """Every row takes the argmax: no masks, no noise to compute."""
         return not self.temperatures.any()
+
+    @property
+    def max_k(self) -> int | None:
+        """Every row keeps at most its top_k: a partial sort of max(top_k) columns is enough."""
+        return int(self.top_k.max()) if self.top_k is not None and (self.top_k > 0).all() else None
+
+
+def batch_path(batch: SamplingBatch, logits: torch.Tensor) -> Path:
+    """The draw the batch takes (layers/sampler.py's pick_path), from what the host knows of it."""
+    masks = batch.top_k is not None or batch.top_p is not None or batch.min_p is not None
+    return pick_path(logits.shape[-1], dispatch.use_kernel(logits), verify=batch.drafts is not None,
+                     all_greedy=batch.all_greedy, max_k=batch.max_k, masks=masks)
 
 
 def completion_seed(seed: int, index: int) -> int:
@@ -57,7 +76,7 @@ def param_columns(seqs: list[Sequence]) -> dict:
     return {
         "temperatures": np.array([p.temperature for p in params], np.float32),
         "top_k": column("top_k", np.int64, 0),
-        "top_p": column("top_p", np.float32, 1.0),
+        "top_p": None if (top_p := column("top_p", np.float32, 1.0)) is None else np.maximum(top_p, TOP_P_FLOOR),
         "min_p": column("min_p", np.float32, 0.0),
         "seeds": np.array([-1 if p.seed is None else completion_seed(p.seed, s.index) for s, p in zip(seqs, params)], np.int64)
         if any(p.seed is not None for p in params) else None,
@@ -149,16 +168,18 @@ class PendingSample:
 
 
 @torch.inference_mode()
-def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> PendingSample:
-    """Penalties, masks and Gumbel-max; logprobs from the raw logits. Queued on the device."""
+def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch, path: Path | None = None) -> PendingSample:
+    """Penalties, the grammar's mask, then the draw `path` (batch_path's when None); logprobs from
+    the raw logits. Queued on the device."""
     device = logits.device
+    path = batch_path(batch, logits) if path is None else path
     raw = logits  # (rows, vocab) in the model's dtype
     logits = penalized(logits, batch)
     if batch.grammar is not None:  # before every draw below: each picks among the allowed tokens
         rows, bitmask = batch.grammar
         inplace = logits is not raw or batch.num_logprobs is None  # the logprobs read the raw logits
         logits = apply_bitmask(logits, *upload([rows, bitmask], device), inplace=inplace)
-    if batch.all_greedy:
+    if path is Path.GREEDY:
         token_ids = logits.argmax(dim=-1)  # (rows,)
     else:
         # the rows' columns on the device, in one copy while the rows stay; positions change every step
@@ -169,9 +190,8 @@ def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> Pend
         optional = dict(zip(names, columns))
         if batch.seeds is not None:  # the seeded noise's input
             optional["positions"] = to_device(batch.positions, device)
-        # every row keeps at most its top_k: a partial sort of max(top_k) columns is enough (known on the host)
-        max_k = int(batch.top_k.max()) if batch.top_k is not None and (batch.top_k > 0).all() else None
-        token_ids = sampler(logits, temperatures, max_k=max_k, greedy_rows=bool((batch.temperatures == 0).any()), **optional)
+        greedy_rows = bool((batch.temperatures == 0).any())
+        token_ids = sampler(logits, temperatures, max_k=batch.max_k, greedy_rows=greedy_rows, path=path, **optional)
     if batch.num_logprobs is None:
         return PendingSample(token_ids)
     return PendingSample(token_ids, logprobs_of(raw, token_ids, batch.num_logprobs))

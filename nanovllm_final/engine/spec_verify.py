@@ -10,7 +10,7 @@ import torch
 
 from ..layers.sampler import Sampler, logprobs_of
 from .rejection_sampler import verify
-from .sampling import PendingSample, SampledTokens, build_sampling_batch
+from .sampling import PendingSample, SampledTokens, SamplingBatch, build_sampling_batch
 from .sequence import Sequence
 from .step_input import to_device
 
@@ -66,14 +66,20 @@ class PendingVerify:
         return out
 
 
-@torch.inference_mode()
-def verify_step(
-    sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]
-) -> PendingVerify:
-    """`logits`: (rows, vocab), 1 + k rows per sequence in `seqs` (k: its proposals)."""
+def verify_batch(seqs: list[Sequence], eos_token_ids: list[int]) -> SamplingBatch:
+    """The rows of a verify step, 1 + k per sequence in `seqs` (k: its proposals), with `drafts`:
+    the sequences and each row's proposal (-1: the bonus row)."""
     rows = [DraftRow(seq, i) for seq in seqs for i in range(len(seq.spec_token_ids) + 1)]
     batch = build_sampling_batch(rows, eos_token_ids)
     draft_ids = np.fromiter((x for seq in seqs for x in (*seq.spec_token_ids, -1)), np.int64, len(rows))
+    batch.drafts = (seqs, draft_ids)
+    return batch
+
+
+@torch.inference_mode()
+def verify_step(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> PendingVerify:
+    """`logits`: (rows, vocab), a row per row of `batch` (verify_batch's)."""
+    seqs, draft_ids = batch.drafts
     draft_ids = to_device(draft_ids, logits.device)  # (rows,)
     accepted, drawn = verify(sampler.generator, logits, batch, draft_ids)
     chosen = torch.where(accepted, draft_ids, drawn)  # (rows,)

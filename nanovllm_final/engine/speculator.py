@@ -5,7 +5,7 @@ proposers.py the proposals). A step's life with speculation:
                            (seq.spec_token_ids); fit(): cut to the step's token budget; the
                            sequence feeds its last token and its proposals, with slots for all
     runner.execute()       the logits of all 1 + k rows of each verifying sequence
-    verify()               accept or reject each proposal on the device (PendingVerify)
+    runner.sample()        accept or reject each proposal on the device (PendingVerify)
     accept()               after the step: the sequence takes its accepted proposals and the
                            token drawn after them as pending tokens (the engine resolves them one
                            by one, checking stops, max_tokens and min_tokens at each), and hands
@@ -24,7 +24,7 @@ from .block_manager import BlockManager
 from .draft_model import DraftModelProposer
 from .proposers import NgramProposer
 from .sequence import Sequence
-from .spec_verify import Verified, verify_step
+from .spec_verify import Verified
 
 
 class Speculator:
@@ -85,8 +85,6 @@ class Speculator:
     @staticmethod
     def drafted(seqs: list[Sequence]) -> bool:
         return any(seq.spec_token_ids for seq in seqs)
-
-    verify = staticmethod(verify_step)
 
     def accept(self, verified: Verified, seqs: list[Sequence], block_manager: BlockManager) -> bool:
         """The step is done: each sequence's accepted proposals and drawn token become its pending

@@ -11,6 +11,8 @@ the other rows draw from the engine's generator: on CUDA one random key per row,
 Triton draw hashes the same way, in registers (no noise tensor is written or read); on the
 CPU, torch's exponential noise."""
 
+import enum
+
 import torch
 from torch import nn
 
@@ -142,6 +144,49 @@ def mask_probs(
     return probs.masked_fill(~keep, 0.0)
 
 
+class Path(enum.Enum):
+    """How a step's tokens are drawn. `pick_path` is the one place that chooses."""
+
+    VERIFY = "verify"  # speculative rows: accept or reject proposals (engine/rejection_sampler.py)
+    GREEDY = "greedy"  # every row at temperature 0: the argmax, no noise
+    FUSED_TEMPERATURE = "fused_temperature"  # no masks, a kernel: Gumbel-max over the vocabulary, in one pass
+    FUSED_CANDIDATES = "fused_candidates"  # every row has top_k, a kernel: masks and the draw among the candidates
+    CANDIDATES = "candidates"  # every row has top_k: softmax, masks and noise over the top-k candidates
+    MASKED = "masked"  # masks, some row without top_k: softmax and masks over the vocabulary
+    TEMPERATURE = "temperature"  # no masks: argmax(logits / T - log E), no softmax
+
+
+def pick_path(vocab: int, fused: bool, *, verify: bool = False, all_greedy: bool = False, max_k: int | None = None,
+              masks: bool = False) -> Path:
+    """The draw of a batch, from what the host knows of it: `fused` (dispatch.use_kernel of its
+    logits), rows that verify proposals, every row greedy, every row's top_k in 1..`max_k`, any
+    top-k / top-p / min-p mask. Candidates only pay when max_k is below the vocabulary."""
+    if verify:
+        return Path.VERIFY
+    if all_greedy:
+        return Path.GREEDY
+    if max_k is not None and max_k < vocab:
+        return Path.FUSED_CANDIDATES if fused else Path.CANDIDATES
+    if masks:
+        return Path.MASKED
+    return Path.FUSED_TEMPERATURE if fused else Path.TEMPERATURE
+
+
+def candidate_probs(
+    values: torch.Tensor,  # (rows, k) each row's k largest logits, largest first
+    temperatures: torch.Tensor,  # (rows,) float32
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+) -> torch.Tensor:  # (rows, k)
+    """softmax(values / T) renormalised over the candidates, the masks' tokens zeroed."""
+    probs = torch.softmax(by_temperature(values, temperatures), dim=-1)
+    keep = keep_sorted(probs, top_k, top_p)
+    if min_p is not None:
+        keep &= probs >= min_p.unsqueeze(1) * probs[:, :1]
+    return probs.masked_fill(~keep, 0.0)
+
+
 class Sampler(nn.Module):
     """Greedy for temperature 0, masked Gumbel-max sampling otherwise."""
 
@@ -161,6 +206,7 @@ class Sampler(nn.Module):
         positions: torch.Tensor | None = None,  # (rows,) int64: the output index each row samples (with seeds)
         max_k: int | None = None,  # every row's top_k is in 1..max_k (known on the host)
         greedy_rows: bool = True,  # False: no row has temperature 0 (known on the host)
+        path: Path | None = None,  # pick_path's choice (None: chosen here, from the arguments)
     ) -> torch.Tensor:  # (rows,) int64
         """With `max_k`, only the max_k largest logits of each row can be drawn, so the masks and
         the noise work on those candidates (a partial sort), not on the whole vocabulary. A seeded
@@ -169,38 +215,52 @@ class Sampler(nn.Module):
         masks, over the vocabulary (gumbel_argmax), hashing each token's noise from
         its row's key: for seeded rows the tokens the PyTorch code below draws."""
         vocab = logits.shape[-1]
-        fused = dispatch.use_kernel(logits)
-        candidates = probs = None  # probs None: the draw needs no probabilities (temperature only, or fused)
-        if max_k is not None and max_k < vocab:
-            values, candidates = top_candidates(logits, max_k)  # (rows, max_k), largest first
-            if not fused:
-                probs = torch.softmax(by_temperature(values, temperatures), dim=-1)  # renormalised over the candidates
-                keep = keep_sorted(probs, top_k, top_p)
-                if min_p is not None:
-                    keep &= probs >= min_p.unsqueeze(1) * probs[:, :1]
-                probs = probs.masked_fill(~keep, 0.0)
-        elif top_k is not None or top_p is not None or min_p is not None:
-            probs = mask_probs(torch.softmax(by_temperature(logits, temperatures), dim=-1), top_k, top_p, min_p)  # (rows, vocab)
-        if probs is None and fused:  # one launch, the noise hashed in registers from each row's key
+        if path is None:
+            masks = top_k is not None or top_p is not None or min_p is not None
+            path = pick_path(vocab, dispatch.use_kernel(logits), max_k=max_k, masks=masks)
+        if path is Path.GREEDY:
+            return logits.argmax(dim=-1)  # (rows,)
+        if path is Path.FUSED_TEMPERATURE:  # one launch, the noise hashed in registers from each row's key
             keys = self.row_keys(seeds, positions, logits.shape[0], logits.device)
-            if candidates is None:
-                return dispatch.sampling.gumbel_argmax(logits, keys, temperatures)  # the greedy rows' argmax too
+            return dispatch.sampling.gumbel_argmax(logits, keys, temperatures)  # the greedy rows' argmax too
+        candidates = probs = None  # probs None: the draw needs no probabilities (temperature only)
+        if path in (Path.CANDIDATES, Path.FUSED_CANDIDATES):
+            values, candidates = top_candidates(logits, max_k)  # (rows, max_k), largest first
+        if path is Path.FUSED_CANDIDATES:
+            keys = self.row_keys(seeds, positions, logits.shape[0], logits.device)
             sampled = dispatch.sampling.candidates_draw(values, candidates, keys, temperatures, top_k, top_p, min_p)
         else:
-            shape = logits.shape if candidates is None else candidates.shape
-            noise = torch.empty(shape, device=logits.device).exponential_(generator=self.generator)  # Exp(1)
-            if seeds is not None:
-                seeded = seeds >= 0  # (rows,)
-                ids = candidates if candidates is not None else torch.arange(vocab, device=logits.device)
-                noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, ids), noise)
-            if probs is None:  # argmax(p_i / E_i) = argmax(logit_i / T - log E_i): softmax's normaliser drops out
-                choice = (by_temperature(logits, temperatures) - noise.log_()).argmax(dim=-1)  # (rows,)
-            else:
-                choice = (probs / noise).argmax(dim=-1)  # (rows,)
-            sampled = choice if candidates is None else candidates.gather(1, choice.unsqueeze(1)).squeeze(1)
+            if path is Path.CANDIDATES:
+                probs = candidate_probs(values, temperatures, top_k, top_p, min_p)
+            elif path is Path.MASKED:
+                probs = mask_probs(torch.softmax(by_temperature(logits, temperatures), dim=-1), top_k, top_p, min_p)
+            sampled = self.draw(logits, temperatures, probs, candidates, seeds, positions)
         if not greedy_rows:
             return sampled
         return torch.where(temperatures == 0, logits.argmax(dim=-1), sampled)
+
+    def draw(
+        self,
+        logits: torch.Tensor,  # (rows, vocab)
+        temperatures: torch.Tensor,  # (rows,)
+        probs: torch.Tensor | None,  # (rows, vocab) or (rows, k) masked probabilities; None: temperature only
+        candidates: torch.Tensor | None,  # (rows, k) the token ids of probs' columns; None: the vocabulary
+        seeds: torch.Tensor | None,
+        positions: torch.Tensor | None,
+    ) -> torch.Tensor:  # (rows,) int64
+        """Gumbel-max in PyTorch: Exp(1) noise from the generator, seeded rows' from their keys."""
+        vocab = logits.shape[-1]
+        shape = logits.shape if candidates is None else candidates.shape
+        noise = torch.empty(shape, device=logits.device).exponential_(generator=self.generator)  # Exp(1)
+        if seeds is not None:
+            seeded = seeds >= 0  # (rows,)
+            ids = candidates if candidates is not None else torch.arange(vocab, device=logits.device)
+            noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, ids), noise)
+        if probs is None:  # argmax(p_i / E_i) = argmax(logit_i / T - log E_i): softmax's normaliser drops out
+            choice = (by_temperature(logits, temperatures) - noise.log_()).argmax(dim=-1)  # (rows,)
+        else:
+            choice = (probs / noise).argmax(dim=-1)  # (rows,)
+        return choice if candidates is None else candidates.gather(1, choice.unsqueeze(1)).squeeze(1)
 
     def row_keys(self, seeds: torch.Tensor | None, positions: torch.Tensor | None, rows: int,
                  device: torch.device) -> torch.Tensor:

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ModelConfig
+from ..model_config import ModelConfig
 from .transformer import CausalLM
 
 

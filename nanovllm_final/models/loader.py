@@ -7,7 +7,7 @@ import re
 from safetensors import safe_open
 from torch import nn
 
-from ..config import read_json
+from ..model_config import read_json
 
 # checkpoint name fragment -> (fused parameter fragment, shard id)
 PACKED_MODULES = {

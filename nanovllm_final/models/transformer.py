@@ -10,7 +10,7 @@ says how many heads that is."""
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..model_config import ModelConfig
 from ..kernels import dispatch
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention

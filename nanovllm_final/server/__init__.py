@@ -2,7 +2,9 @@
 `python -m nanovllm_final.server MODEL` (needs the `serve` extra: FastAPI and uvicorn).
 
 Two processes: the engine core steps the engine and never waits for HTTP; the API process
-tokenizes, detokenizes and speaks HTTP. One small message per step goes between them.
+tokenizes, detokenizes and speaks HTTP. One small message per step goes between them. A
+request with stop strings is decoded in the engine core, where they are matched, and its text
+comes with its tokens: no text is decoded twice.
 
     cli.py           the command line, start-up and shutdown
     engine_core.py   the engine process: commands in, one message of deltas per step out

@@ -2,9 +2,9 @@
 as server-sent events), /v1/models, /health and /metrics, on FastAPI.
 
 Both endpoints take one path (`Server.respond`): read the body (bounded in size and time),
-parse it, tokenize on a worker thread, check with `validate_request`, submit to the engine
-core, then answer from the handle's updates; an `Endpoint` says only how the two differ
-(prompt building and the shapes of a choice). A client that goes away mid-request has its
+parse it, tokenize and check it on a worker thread (engine/front_end.py, as the LLM does),
+submit to the engine core, then answer from the handle's updates; an `Endpoint` says only how
+the two differ (prompt building and the shapes of a choice). A client that goes away mid-request has its
 request aborted in the engine, which frees its KV blocks at once."""
 
 import asyncio
@@ -19,7 +19,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.request import validate_request
+from ..engine import front_end
+from ..sampling_params import SamplingParams
+from ..validate import Problem
 from .echo import echo_choices, wants_scores
 from .engine_client import EngineClient, Handle
 from .limits import Limits, Workers, check_shape, decode
@@ -138,18 +140,14 @@ class Endpoint:
         self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
 
     def prompts(self, req) -> list[list[int]]:
-        """On a worker thread: the token ids of each prompt (chat: the model's template)."""
+        """On a worker thread: the token ids of each prompt (chat: the model's template), through
+        the front end the LLM uses (engine/front_end.py)."""
         tokenizer = self.server.client.tokenizer
         if self.chat:
-            if tokenizer.chat_template is None:
-                raise RequestError("this model has no chat template; use /v1/completions", "messages")
-            messages = [m.as_template_dict() for m in req.messages]
-            try:
-                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **(req.chat_template_kwargs or {}))
-            except Exception as err:  # noqa: BLE001 - a template that cannot render these messages
-                raise RequestError(f"the chat template failed on these messages: {err}", "messages") from None
-            return [self.server.encode(text, "messages")]
-        return [self.server.encode(p, "prompt") if isinstance(p, str) else p for p in req.prompts()]
+            messages = [m.template_dict() for m in req.messages]
+            text = front_end.render_chat(tokenizer, messages, req.chat_template_kwargs)
+            return [front_end.encode(tokenizer, text, "messages")]
+        return [front_end.tokenize(tokenizer, p) for p in req.prompts()]
 
     def max_tokens(self, req) -> int | None:
         return req.requested_max_tokens if self.chat else 1 if req.score_only else req.max_tokens
@@ -235,8 +233,11 @@ class Server:
             raise RequestError(f"the model {req.model!r} does not exist here; this server serves {self.names[0]!r}",
                                "model", status=404, code="model_not_found")
         req.check_supported()
-        prompts = endpoint.prompts(req)
-        return req, prompts, self.sampling_params(req, prompts, endpoint) if generate else None
+        try:
+            prompts = endpoint.prompts(req)
+            return req, prompts, self.sampling_params(req, prompts, endpoint) if generate else None
+        except Problem as problem:
+            raise RequestError.of(problem) from None
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.limits.max_body_bytes
@@ -259,30 +260,12 @@ class Server:
         except asyncio.TimeoutError:
             raise RequestError(f"the request body did not arrive within {self.limits.body_timeout_s:g} s", status=408, code="timeout") from None
 
-    def encode(self, text: str, param: str) -> list[int]:
-        try:
-            return self.client.tokenizer.encode(text, add_special_tokens=False, verbose=False)
-        except Exception as err:  # noqa: BLE001 - text the tokenizer cannot take
-            raise RequestError(f"the {param} cannot be tokenized: {err}", param) from None
-
-    def sampling_params(self, req, prompts: list[list[int]], endpoint: Endpoint):
-        longest = max(len(p) for p in prompts)
-        max_tokens = endpoint.max_tokens(req)
-        if max_tokens is None:
-            max_tokens = max(1, self.max_model_len - longest)
-        params = make_sampling_params({**req.sampling_kwargs(), "max_tokens": max_tokens})
-        if params.n > self.client.config.max_num_seqs:  # more could never run together, and would starve the rest
-            raise RequestError(f"n={params.n} is more than the {self.client.config.max_num_seqs} sequences this engine "
-                               "runs at once (max_num_seqs)", "n")
-        for ids in prompts:
-            if problem := validate_request(ids, params, self.client.config, self.client.model_config):
-                raise RequestError.of(problem) if problem.param != "prompt" else \
-                    RequestError(problem.message, endpoint.prompt_param, code=problem.code)
-        if longest + max_tokens > self.max_model_len:
-            raise RequestError(
-                f"this model's maximum context length is {self.max_model_len} tokens, but {longest + max_tokens} "
-                f"were asked for ({longest} in the prompt, {max_tokens} for the completion)", "max_tokens",
-                code="context_length_exceeded")
+    def sampling_params(self, req, prompts: list[list[int]], endpoint: Endpoint) -> SamplingParams:
+        """The request's SamplingParams, checked with each prompt as the LLM checks them (max_tokens
+        unset: until max_model_len)."""
+        params = make_sampling_params({**req.sampling_kwargs(), "max_tokens": endpoint.max_tokens(req)})
+        front_end.check_requests(prompts, [params] * len(prompts), self.client.config, self.client.model_config,
+                                 endpoint.prompt_param, numbered=len(prompts) > 1, strict_length=True)
         return params
 
     def timeout_error(self) -> RequestError:

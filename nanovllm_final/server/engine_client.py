@@ -3,8 +3,8 @@
 `submit` registers an HTTP request's handle first and then queues its "add" command, so
 whatever happens to the engine afterwards, the handle gets an answer. A sender thread
 writes the commands (the event loop never blocks on a pipe); a reader thread reads the
-engine's one message per step, decodes the new tokens (one incremental detokenizer per
-completion, stop strings included) and hands each step's updates to the event loop with
+engine's one message per step, decodes the new tokens the engine process did not (those of
+requests without stop strings: Choice) and hands each step's updates to the event loop with
 one call. If the engine process dies or fails, the reader answers every request still
 waiting with a 503 naming the cause, at once, and `on_dead` tells the server to exit (code 1);
 so does the watchdog (watchdog.py) when the engine hangs with requests waiting.
@@ -39,22 +39,24 @@ PIPE_BYTES = 1 << 20  # the pipes' kernel buffers: the engine's send returns at 
 
 
 class Choice:
-    """One completion as the API side decodes it."""
+    """One completion as the API side hands it out. Its text is decoded once: by the engine
+    process where stop strings must be matched (the text comes with the tokens), else here,
+    from the token ids, off the engine's critical path."""
 
     __slots__ = ("detok", "finish_reason")
 
     def __init__(self, tokenizer, prompt: list[int], params):
-        self.detok = IncrementalDetokenizer(tokenizer, prompt, params.stop, params.min_tokens)
+        self.detok = None if params.stop else IncrementalDetokenizer(tokenizer, prompt)
         self.finish_reason: str | None = None
 
-    def apply(self, ids: list[int], logprobs: list | None, reason: str | None) -> tuple:
-        """New tokens from the engine -> (text, token ids, logprobs, finish reason) to hand out."""
-        for j, token_id in enumerate(ids):
-            if self.detok.add(token_id, final=reason is not None and j == len(ids) - 1):
-                ids, logprobs, reason = ids[: j + 1], logprobs and logprobs[: j + 1], "stop"
-                break
+    def apply(self, ids: list[int], text: str | None, logprobs: list | None, reason: str | None) -> tuple:
+        """New tokens (and their text, if the engine decoded it) -> (text, ids, logprobs, finish reason)."""
+        if self.detok is not None:
+            for token_id in ids:
+                self.detok.push(token_id)
+            text = self.detok.delta(reason is not None)
         self.finish_reason = reason
-        return self.detok.delta(reason is not None), ids, logprobs or [], reason
+        return text or "", ids, logprobs or [], reason
 
 
 class Handle:
@@ -285,10 +287,10 @@ class EngineClient:
                 handle.prompt_logprobs[handle.slot[rid]] = prompt_logprobs
             updates = news.setdefault(handle, [])
             base = handle.slot[rid] * handle.n
-            for index, ids, logprobs, reason in items:
+            for index, ids, text, logprobs, reason in items:
                 choice = handle.choices[base + index]
                 if choice.finish_reason is None:
-                    update = choice.apply(ids, logprobs, reason)
+                    update = choice.apply(ids, text, logprobs, reason)
                     updates.append((base + index, *update))
                     self.metrics.generated(len(update[1]))
             if metrics is not None:

@@ -10,10 +10,14 @@ writes one message per step to another: the step's deltas, a few ints per reques
     messages out: ("ready", info) | ("failed", why)     once, after building the engine
                   ("step", replies, deltas)             replies: [("added", key, None | (message, param, code)),
                                                                   ("gauges", key, dict)]
-                                                        deltas: [(request_id, [(index, token_ids, logprobs, finish_reason)],
+                                                        deltas: [(request_id, [(index, ids, text, logprobs, reason)],
                                                                   metrics dict once finished, else None,
                                                                   prompt_logprobs once scored, else None)]
                   ("dead", why)                         the engine failed; the process then exits
+
+Text is decoded once, where stop strings are matched: a request with stop strings is decoded
+here (the engine must, to stop it) and its deltas carry the text; one without carries None,
+and the API process decodes its token ids, off this process's critical path.
 
 Each step is timed on a shared `Heartbeat` that a thread of this process also beats
 (watchdog.py), so that the API process sees a hung engine.
@@ -66,6 +70,7 @@ class EngineCore:
         self.commands, self.messages = commands, messages
         self.live: set[str] = set()  # request ids added and not finished
         self.scored: set[str] = set()  # live requests whose prompt_logprobs were sent
+        self.decoded: set[str] = set()  # live requests with stop strings: their text is sent
 
     def run(self) -> None:
         engine = self.engine
@@ -94,6 +99,7 @@ class EngineCore:
             for rid in list(self.live) if command[1] is None else command[1]:
                 if rid in self.live:
                     self.live.discard(rid)
+                    self.decoded.discard(rid)
                     self.engine.abort_request(rid)
         elif kind == "gauges":
             replies.append(("gauges", command[1], engine_gauges(self.llm)))
@@ -110,6 +116,7 @@ class EngineCore:
                 self.engine.abort_request(rid)
             return (err.message, err.param, err.code) if isinstance(err, Problem) else (str(err), None, "invalid_value")
         self.live.update(added)
+        self.decoded.update(rid for rid, _, params in items if params.stop)
         return None
 
     def deltas(self, outputs: list) -> list[tuple]:
@@ -117,13 +124,15 @@ class EngineCore:
         for out in outputs:
             if out.request_id not in self.live:
                 continue  # aborted by the API side: it has answered already
-            news = [(c.index, c.delta_token_ids, c.delta_logprobs, c.finish_reason)
-                    for c in out.outputs if c.delta_token_ids or c.finish_reason]
+            decoded = out.request_id in self.decoded
+            news = [(c.index, c.delta_token_ids, c.delta_text if decoded else None, c.delta_logprobs,
+                     c.finish_reason) for c in out.outputs if c.delta_token_ids or c.finish_reason]
             scores = out.prompt_logprobs if out.request_id not in self.scored else None  # sent once
             if scores is not None:
                 self.scored.add(out.request_id)
             if out.finished:
                 self.live.discard(out.request_id)
                 self.scored.discard(out.request_id)
+                self.decoded.discard(out.request_id)
             deltas.append((out.request_id, news, out.metrics.as_dict() if out.finished else None, scores))
         return deltas

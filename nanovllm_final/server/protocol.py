@@ -9,10 +9,10 @@ the server renders only the model's own."""
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..sampling_params import SamplingParams
-from ..validate import Problem
+from ..validate import Problem, options
 
 
 class RequestError(Exception):
@@ -34,10 +34,6 @@ class RequestError(Exception):
     def of(cls, problem: Problem) -> "RequestError":
         return cls(problem.message, problem.param, code=problem.code)
 
-# apply_chat_template's own arguments: a client may not set them through chat_template_kwargs
-RESERVED_TEMPLATE_KWARGS = {"chat_template", "conversation", "tools", "documents", "tokenize", "add_generation_prompt",
-                            "continue_final_message", "return_dict", "return_tensors", "return_assistant_tokens_mask",
-                            "padding", "truncation", "max_length", "tokenizer_kwargs"}
 STRICT = ConfigDict(extra="ignore", strict=True)
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 512  # each generated token is checked against every stop string
 
@@ -47,30 +43,27 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+# SamplingParams' fields that a body sets as they are, generated from their metadata (validate.py):
+# unset (None), each takes SamplingParams' default. The others have OpenAI's own shapes and
+# defaults, declared by each endpoint (max_tokens, logprobs, prompt_logprobs), or are mapped from
+# OpenAI's fields (structured_outputs: response_format.py).
+OPENAI_SHAPED = {"max_tokens", "logprobs", "prompt_logprobs", "structured_outputs"}
+_Sampled = create_model("_Sampled", __config__=STRICT, **{
+    o.name: (o.annotation | None, Field(None, description=o.help))
+    for o in options(SamplingParams) if o.name not in OPENAI_SHAPED})
+
+
+class _Common(_Sampled):
+    """Fields shared by /v1/completions and /v1/chat/completions: SamplingParams' (vLLM's extras
+    among them: pass those with the openai client's extra_body=) and OpenAI's own."""
 
     model_config = STRICT
 
     model: str | None = None
-    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    # vLLM's extras (pass them with the openai client's extra_body=)
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
     # structured output (response_format.py): OpenAI's, or vLLM's extra field
     response_format: dict | None = None
     structured_outputs: dict | None = None
@@ -83,11 +76,8 @@ class _Common(BaseModel):
             raise RequestError(f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters", "stop")
 
     def sampling_kwargs(self) -> dict[str, Any]:
-        names = ("n", "seed", "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-                 "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids")
-        kwargs = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
-        if self.stop is not None:
-            kwargs["stop"] = self.stop  # "" and [""] are refused by SamplingParams, as in Python
+        """The SamplingParams fields the body set ("" and [""] as stop: refused by SamplingParams)."""
+        kwargs = {name: getattr(self, name) for name in _Sampled.model_fields if getattr(self, name) is not None}
         from .response_format import structured_from  # it imports this module
 
         if (structured := structured_from(self.response_format, self.structured_outputs)) is not None:
@@ -114,7 +104,7 @@ class CompletionRequest(_Common):
                                "max_tokens")
         if self.suffix:
             raise RequestError("suffix is not supported by this server", "suffix")
-        if self.best_of is not None and self.best_of != self.n:
+        if self.best_of is not None and self.best_of != (self.n or 1):
             raise RequestError("best_of is not supported by this server (leave it unset or equal to n)", "best_of")
 
     def prompts(self) -> list[str | list[int]]:
@@ -153,16 +143,9 @@ class ChatMessage(BaseModel):
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
-    def as_template_dict(self) -> dict:
-        content = self.content
-        if isinstance(content, list):
-            if any(part.type != "text" for part in content):
-                raise RequestError("only text content parts are supported", "messages")
-            content = "".join(part.text or "" for part in content)
-        message = {"role": self.role, "content": content or ""}
-        if self.name:
-            message["name"] = self.name
-        return message
+    def template_dict(self) -> dict:
+        """The message as the front end takes it (engine/front_end.py joins text parts)."""
+        return self.model_dump(exclude_none=True)
 
 
 class ChatCompletionRequest(_Common):
@@ -182,10 +165,6 @@ class ChatCompletionRequest(_Common):
         super().check_supported()
         if self.chat_template is not None:
             raise RequestError("chat_template is not accepted: this server renders the model's own template", "chat_template")
-        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or {}))
-        if reserved:
-            raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)}: this server renders the model's "
-                               "own template, for generation", "chat_template_kwargs")
         if self.tools:
             raise RequestError("tools are not supported by this server", "tools")
         if self.functions or self.function_call is not None:
