@@ -5,7 +5,8 @@ are slow on AMD CPUs: on the course machine's EPYC (one thread, course model's s
 took 2.5 to 3 times one row, so a verify step of speculative decoding (1 + k rows a sequence), a
 small decode batch or a short prompt chunk cost far more than their weights' reads. oneDNN on a
 weight reordered once takes 1.1 to 2.2 times less there from two rows up to 256 (and the same
-results within float32 rounding); one row keeps MKL's matrix-vector path, as fast. The packed copy
+results within float32 rounding) for a weight of 2^17 elements or more; a smaller one, and one
+row, keep MKL (oneDNN's call costs about 15 us more, which a small product does not win back). The packed copy
 lives beside the weight (a CPU engine holds its float32 matrices twice) and is packed again when
 the weight changes. Elsewhere (CUDA, other dtypes, a torch without oneDNN) this is F.linear."""
 
@@ -18,11 +19,12 @@ AVAILABLE = (
     and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 )
 ROWS_HINT = 8  # the row count oneDNN reorders the weight for (any count runs on it)
+MIN_WEIGHT = 1 << 17  # elements: from here on oneDNN is the faster for two rows or more
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x (rows, in), weight (out, in): (rows, out)."""
-    if not (AVAILABLE and x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > 1
+    if not (AVAILABLE and x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > 1 and weight.numel() >= MIN_WEIGHT
             and x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)):
         return F.linear(x, weight, bias)
     packed = getattr(weight, "onednn_packed", None)
