@@ -17,13 +17,15 @@ of speculation that cannot win); "ngram" is real prompt lookup on the same promp
 
 Each row: output tokens/s of greedy requests (ignore_eos) with speculation, against the same
 requests without it (overlap scheduling on, the engine's default; and off, as speculation runs),
-the speedup against the faster of those two, the mean tokens a verification emits, and the median
+timed in turns with it (--repeat rounds of one run each, the median kept: a shared machine's
+drift hits all three alike), the speedup against the faster of those two, the mean tokens a verification emits, and the median
 step times (a verify step of batch x (k+1) tokens against a decode step of batch tokens).
 `same_tokens` compares with plain decoding: in float32 it holds; in bf16 on random weights a
 verify step's differently rounded logits can flip a near-tie, so replay rows use the speculative
 engine's own greedy output (`fixed_point`) and may read False."""
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -58,24 +60,29 @@ def repeat_prompts(count: int, words: int = 60) -> list[str]:
 WORKLOADS = {"stories": story_prompts, "repeat": repeat_prompts}
 
 
-def timed_run(llm: LLM, prompts, params: SamplingParams, repeat: int = 1) -> dict:
-    """Generate 1 + repeat times (the first warms up); the median timed run's seconds, the step
-    times and metrics of all timed runs."""
-    llm.generate(prompts, params, use_tqdm=False)
-    llm.engine.reset_metrics()
-    times = []
+def timed_runs(llms: dict[str, LLM], prompts, params: SamplingParams, repeat: int, cold=()) -> dict[str, dict]:
+    """The engines named in `cold` warm up; then `repeat` rounds in which every engine generates
+    once, in turn, so that a drift of a shared machine's speed hits them alike. Per engine: the
+    median round's seconds, its outputs, the steps and metrics of its timed runs."""
+    for name in cold:
+        llms[name].generate(prompts, params, use_tqdm=False)
+    for llm in llms.values():
+        llm.engine.reset_metrics()
+    times, outs = {name: [] for name in llms}, {}
     for _ in range(repeat):
-        start = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
+        for name, llm in llms.items():
+            start = time.perf_counter()
+            outs[name] = llm.generate(prompts, params, use_tqdm=False)
+            times[name].append(time.perf_counter() - start)
     return {
-        "outs": outs,
-        "seconds": seconds,
-        "tokens": sum(len(o["token_ids"]) for o in outs),
-        "repeat": repeat,
-        "steps": list(llm.stats),
-        "metrics": llm.metrics(),
+        name: {
+            "outs": outs[name],
+            "seconds": statistics.median(times[name]),
+            "tokens": sum(len(o["token_ids"]) for o in outs[name]),
+            "steps": list(llm.stats),
+            "metrics": llm.metrics(),
+        }
+        for name, llm in llms.items()
     }
 
 
@@ -87,17 +94,6 @@ def repeats(options: dict) -> int:
 def median_ms(steps: list[dict], num_tokens: int) -> float | None:
     times = [s["seconds"] for s in steps if s["num_tokens"] == num_tokens]
     return statistics.median(times) * 1e3 if times else None
-
-
-def plain(path, prompts, params, options: dict) -> dict:
-    rows = {}
-    for overlap in (True, False):
-        with LLM(path, overlap_scheduling=overlap, **engine_options(options)) as llm:
-            rows[overlap] = timed_run(llm, prompts, params, repeats(options))
-    base = rows[True]
-    base["tok_s_no_overlap"] = rows[False]["tokens"] / rows[False]["seconds"]
-    base["decode_ms"] = median_ms(rows[False]["steps"], len(prompts))
-    return base
 
 
 def engine_options(options: dict) -> dict:
@@ -118,8 +114,9 @@ def fixed_point(llm: LLM, prompts, params, runs: list[list[int]], vocab: int, tr
     return runs
 
 
-def speculative_runs(path, prompts, params, options: dict, spec: dict, proposals: list) -> list[dict]:
-    """One engine for this k; each (name, replay, acceptance) in proposals swaps its proposer.
+def speculative_runs(path, prompts, params, options: dict, spec: dict, proposals: list, plains: dict) -> list:
+    """One engine for this k; each (name, replay, acceptance) in proposals swaps its proposer and is
+    timed in turns with the plain engines (`plains`).
 
     replay None keeps the engine's own proposer; a list of runs is the benchmark-only replay."""
     runs = []
@@ -131,35 +128,38 @@ def speculative_runs(path, prompts, params, options: dict, spec: dict, proposals
             proposals = [(name, replay if r else r, a) for name, r, a in proposals]
         for name, replay, accept in proposals:
             llm.engine.speculator.proposer = own if replay is None else ReplayProposer(replay, accept, vocab, seed=0)
-            runs.append((name, accept if name == "replay" else None, timed_run(llm, prompts, params, repeats(options))))
+            timed = timed_runs({**plains, "spec": llm}, prompts, params, repeats(options), cold=["spec"])
+            runs.append((name, accept if name == "replay" else None, timed))
     return runs
 
 
-def row(base: dict, run: dict, batch: int, k: int, method: str, accept: float | None) -> dict:
-    # against the faster of plain decoding with and without overlap scheduling
+def row(timed: dict, batch: int, k: int, method: str, accept: float | None) -> dict:
+    """A row from one set of turns: the speculative engine against the faster of plain decoding with
+    and without overlap scheduling, timed in the same turns."""
+    run, fast, slow = timed["spec"], timed["plain"], timed["plain_no_overlap"]
     m, tok_s = run["metrics"], run["tokens"] / run["seconds"]
-    base_tok_s = max(base["tokens"] / base["seconds"], base["tok_s_no_overlap"])
-    verify_ms = median_ms(run["steps"], batch * (k + 1))
-    same = [o["token_ids"] for o in run["outs"]] == [o["token_ids"] for o in base["outs"]]
+    plain_tok_s, no_overlap_tok_s = fast["tokens"] / fast["seconds"], slow["tokens"] / slow["seconds"]
+    verify_ms, decode_ms = median_ms(run["steps"], batch * (k + 1)), median_ms(slow["steps"], batch)
+    same = [o["token_ids"] for o in run["outs"]] == [o["token_ids"] for o in fast["outs"]]
     out = {
         "batch": batch,
         "k": k,
         "method": method,
         "replay_accept": accept,
         "tok_s": tok_s,
-        "plain_tok_s": base["tokens"] / base["seconds"],
-        "plain_tok_s_no_overlap": base["tok_s_no_overlap"],
-        "speedup": tok_s / base_tok_s,
+        "plain_tok_s": plain_tok_s,
+        "plain_tok_s_no_overlap": no_overlap_tok_s,
+        "speedup": tok_s / max(plain_tok_s, no_overlap_tok_s),
         "acceptance_rate": m.get("spec_decode_acceptance_rate"),
         "mean_acceptance_length": m.get("spec_decode_mean_acceptance_length"),
         "verify_ms": verify_ms,
-        "decode_ms": base["decode_ms"],
-        "verify_over_decode": verify_ms / base["decode_ms"] if verify_ms and base["decode_ms"] else None,
+        "decode_ms": decode_ms,
+        "verify_over_decode": verify_ms / decode_ms if verify_ms and decode_ms else None,
         "same_tokens": same,
     }
     print(
         f"batch {batch:3d} k {k} {method:>11} {'' if accept is None else accept:>4}: {tok_s:9.1f} tok/s "
-        f"(plain {base_tok_s:8.1f}, x{out['speedup']:.2f}), accepted {out['acceptance_rate'] or 0:.2f}, "
+        f"(plain {max(plain_tok_s, no_overlap_tok_s):8.1f}, x{out['speedup']:.2f}), accepted {out['acceptance_rate'] or 0:.2f}, "
         f"mean length {out['mean_acceptance_length'] or 0:.2f}, verify/decode "
         f"{out['verify_over_decode'] or float('nan'):.2f}, same tokens {same}",
         flush=True,
@@ -177,17 +177,22 @@ def run_batch(path, args, batch: int, options: dict) -> list[dict]:
         )
         prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    base = plain(path, prompts, params, options)
-    runs = [o["prompt_token_ids"] + o["token_ids"] for o in base["outs"]]
     rows = []
-    for k in args.ks:
-        ngram = {"method": "ngram", "num_speculative_tokens": k}
-        proposals = [("ngram", None, 0), ("none", [], 0)] + [("replay", runs, a) for a in args.accept]
-        measured = speculative_runs(path, prompts, params, options, ngram, proposals)
-        if args.draft:
-            draft = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": k}
-            measured += speculative_runs(path, prompts, params, options, draft, [("draft_model", None, 0)])
-        rows += [row(base, run, batch, k, name, accept) for name, accept, run in measured]
+    with contextlib.ExitStack() as stack:
+        plains = {
+            name: stack.enter_context(LLM(path, overlap_scheduling=overlap, **engine_options(options)))
+            for name, overlap in (("plain", True), ("plain_no_overlap", False))
+        }
+        base = timed_runs(plains, prompts, params, 1, cold=list(plains))["plain"]
+        runs = [o["prompt_token_ids"] + o["token_ids"] for o in base["outs"]]
+        for k in args.ks:
+            ngram = {"method": "ngram", "num_speculative_tokens": k}
+            proposals = [("ngram", None, 0), ("none", [], 0)] + [("replay", runs, a) for a in args.accept]
+            measured = speculative_runs(path, prompts, params, options, ngram, proposals, plains)
+            if args.draft:
+                draft = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": k}
+                measured += speculative_runs(path, prompts, params, options, draft, [("draft_model", None, 0)], plains)
+            rows += [row(timed, batch, k, name, accept) for name, accept, timed in measured]
     return rows
 
 

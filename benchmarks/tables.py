@@ -360,11 +360,11 @@ FILES = [
      "story prompts, CPU, float32): per-token agreement a, and tokens per verify step for k = 1..8, from (1 - a^(k+1)) / (1 - a) "
      "and replayed on the match vector"),
     ("spec_decode_course-llama_cpu.json", "python -m benchmarks.spec_decode --model models/course-llama --draft "
-     "models/course-llama-draft --device cpu --workload stories --batches 1 8 64 --ks 2 4 6 --accept --repeat 5 "
+     "models/course-llama-draft --device cpu --workload stories --batches 1 8 64 --ks 2 4 6 --accept --repeat 9 "
      "--max-tokens 128 --out benchmarks/results/spec_decode_course-llama_cpu.json",
      SPEC_DECODE + "; the course model with its draft and with n-gram lookup, on openings of held-out stories"),
     ("spec_decode_repeat_course-llama_cpu.json", "python -m benchmarks.spec_decode --model models/course-llama --draft "
-     "models/course-llama-draft --device cpu --workload repeat --batches 1 8 64 --ks 2 4 6 --accept --repeat 5 "
+     "models/course-llama-draft --device cpu --workload repeat --batches 1 8 64 --ks 2 4 6 --accept --repeat 9 "
      "--max-tokens 128 --out benchmarks/results/spec_decode_repeat_course-llama_cpu.json",
      SPEC_DECODE + "; the course model with its draft and with n-gram lookup, on requests to repeat a quoted passage"),
     ("spec_decode_*.json", "python -m benchmarks.spec_decode --shape S --batches 1 8 --ks 1 2 3 4 5 6 7 8 "
