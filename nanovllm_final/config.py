@@ -118,7 +118,7 @@ class EngineConfig(Checked):
             raise Problem(
                 "num_kvcache_blocks must be -1 (automatic) or positive, got 0", "num_kvcache_blocks"
             )
-        check_options(self.speculative_config, self.max_model_len, self.tensor_parallel_size)
+        check_options(self.speculative_config, self.max_model_len)
         self.device = resolve_device(self.device)
         check_ranks_fit(self.tensor_parallel_size, self.device)
 

@@ -80,15 +80,8 @@ def parse_speculative_config(value) -> SpeculativeConfig | None:
     return SpeculativeConfig(method, k, model=model)
 
 
-def check_options(spec: SpeculativeConfig | None, max_model_len: int, tensor_parallel_size: int) -> None:
-    """A verify step holds the last token, k proposals and room for the token it samples; a
-    draft model runs on one device."""
-    if spec is not None and spec.method == "draft_model" and tensor_parallel_size > 1:
-        raise Problem(
-            f"{FIELD} method 'draft_model' runs the draft on one device and is not supported with "
-            "tensor_parallel_size > 1; use method 'ngram' (it needs no model)",
-            f"{FIELD}.method",
-        )
+def check_options(spec: SpeculativeConfig | None, max_model_len: int) -> None:
+    """A verify step holds the last token, k proposals and room for the token it samples."""
     if spec is not None and spec.num_speculative_tokens + 2 > max_model_len:
         raise Problem(
             f"{FIELD}.num_speculative_tokens={spec.num_speculative_tokens} does not fit in max_model_len="

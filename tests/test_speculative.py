@@ -325,18 +325,19 @@ def test_draft_model(spec_model):
 
 
 def test_tensor_parallel(spec_model):
-    """TP=2 (gloo): proposals and verification on rank 0, the verify step on both ranks."""
+    """TP=2 (gloo): proposals and verification on rank 0, the verify step on both ranks; a draft
+    model runs whole on rank 0 (the target as its own draft: every proposal accepted)."""
     path = spec_model("qwen3")
     prompts = random_prompts([9, 14], seed=10)
     params = SamplingParams(temperature=0.0, max_tokens=24)
     plain, _, _ = run(path, prompts, params, None, max_model_len=48, kvcache_block_size=4)
-    spec, metrics, all_free = run(
-        path, prompts, params, NGRAM, plain, max_model_len=48, kvcache_block_size=4, tensor_parallel_size=2
-    )
-    assert token_ids(spec) == token_ids(plain) and all_free and metrics["spec_decode_num_accepted_tokens"] > 0
     draft = {"method": "draft_model", "model": str(path), "num_speculative_tokens": 2}
-    with pytest.raises(ValueError, match="tensor_parallel_size"):
-        LLM(path, device="cpu", max_model_len=48, speculative_config=draft, tensor_parallel_size=2)
+    for spec_config, replay in ((NGRAM, plain), (draft, None)):
+        spec, metrics, all_free = run(
+            path, prompts, params, spec_config, replay, max_model_len=48, kvcache_block_size=4, tensor_parallel_size=2
+        )
+        assert token_ids(spec) == token_ids(plain) and all_free and metrics["spec_decode_num_accepted_tokens"] > 0
+    assert metrics["spec_decode_acceptance_rate"] == 1.0
 
 
 def test_metrics_exposition(spec_model):

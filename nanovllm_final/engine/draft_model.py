@@ -11,7 +11,11 @@ tokens accepted since), then k - 1 single-token steps. The draft ignores prefix-
 computes a sequence's prompt itself (a shared block gets the same draft K/V again). After a
 verify step it keeps the K/V of the accepted proposals; a preempted sequence starts over.
 
-It runs on rank 0 only, one device, eager or from the draft runner's own decode CUDA graphs."""
+It runs whole on rank 0's device, eager or from the draft runner's own decode CUDA graphs, also
+under tensor parallelism: a draft is small (a few percent of the target), so split over the ranks
+its k steps would each pay a collective per layer, more than their arithmetic; the other ranks
+wait for the verify step in any case, and only rank 0 (which schedules and samples) needs the
+proposals. Rank 0's device holds the draft's weights and cache on top of its shard."""
 
 import dataclasses
 
@@ -19,6 +23,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
+from ..distributed import get_tp_rank, get_tp_size, set_tp_rank
 from .model_runner import ModelRunner
 from .sequence import Sequence
 from .step_input import StepInput, build_step_input
@@ -51,7 +56,9 @@ class DraftModelProposer:
             tensor_parallel_size=1,
             speculative_config=None,
         )
-        self.runner = ModelRunner(draft_config, ModelConfig.from_dir(draft_dir), rank=0)
+        rank, size = get_tp_rank(), get_tp_size()  # the target's place in its tensor-parallel group
+        self.runner = ModelRunner(draft_config, ModelConfig.from_dir(draft_dir), rank=0)  # whole, on this device
+        set_tp_rank(rank, size)
         self.block_size = config.kvcache_block_size
 
     @torch.inference_mode()

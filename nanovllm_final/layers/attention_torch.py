@@ -159,8 +159,9 @@ def batched_attention(
     if seqs > 1:  # past a shorter context, the slots may hold anything (NaN): zeros, which the mask hides
         real = visible[:, -1, :, None, None]  # (seqs, ctx, 1, 1)
         k, v = k.where(real, 0), v.where(real, 0)
+    q32, k, v = (x if x.dtype == torch.float32 else x.float() for x in (q, k, v))
     out = F.scaled_dot_product_attention(  # query head h reads kv head h // (heads // kv_heads) (enable_gqa)
-        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
+        q32.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
         None if visible is None else visible[:, None], scale=scale, enable_gqa=True,
     )  # (seqs, heads, q_len, head_dim)
     return out.transpose(1, 2).to(q.dtype)

@@ -49,9 +49,13 @@ class RotaryEmbedding(nn.Module):
             return dispatch.norm_rope.rotary(positions, q, k, self.cos, self.sin, (q_norm.weight, k_norm.weight), q_norm.eps)
         if q_norm is not None:
             q, k = q_norm(q), k_norm(k)
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # (tokens, 1, head_dim)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        # q and k rotated together: a CPU step pays per operation
+        qk = torch.cat([q, k], dim=1)  # (tokens, heads + kv_heads, head_dim)
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # (tokens, 1, head_dim)
+        if cos.dtype != q.dtype:
+            cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        qk = _rotate(qk, cos, sin)
+        return qk[:, : q.shape[1]], qk[:, q.shape[1] :]
 
     def kernel_args(self, positions: torch.Tensor, q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> tuple:
         """What a kernel that rotates q and k itself needs (attention.py's `rope`): positions,
