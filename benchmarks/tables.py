@@ -283,11 +283,36 @@ def decode_batches_table(prefix: str) -> str:
     return markdown(["decode steps of", *[f"batch {lo}–{hi}" for lo, hi in DECODE_BATCHES], "record"], rows)
 
 
+SPEC_CPU = [("stories", "spec_decode_course-llama_cpu.json"), ("repeat", "spec_decode_repeat_course-llama_cpu.json")]
+
+
+def spec_decode_cpu_table(prefix: str) -> str:
+    """benchmarks/spec_decode.py on the course model: per workload, batch and proposer, the speedup
+    over plain decoding and the tokens per verification at each k; plain decoding's tok/s."""
+    rows = []
+    for workload, rel in SPEC_CPU:
+        record = load(rel)
+        record = record[0] if isinstance(record, list) else record
+        ks = sorted({r["k"] for r in record["rows"]})
+        for batch in sorted({r["batch"] for r in record["rows"]}):
+            at = [r for r in record["rows"] if r["batch"] == batch]
+            plain = max(max(r["plain_tok_s"], r["plain_tok_s_no_overlap"]) for r in at)
+            for method in ("draft_model", "ngram", "none"):
+                cells = {r["k"]: r for r in at if r["method"] == method}
+                rows.append([workload, str(batch), method, f"{plain:,.0f}"] + [
+                    f"{cells[k]['speedup']:.2f}× ({cells[k]['mean_acceptance_length'] or 0:.2f})" if k in cells else "—"
+                    for k in ks
+                ] + [link(rel, prefix)])
+    header = ["prompts", "batch", "proposer", "plain tok/s (best row)"] + [f"k = {k}: speedup (tokens / verify)" for k in ks]
+    return markdown(header + ["record"], rows)
+
+
 DEVICES = ("h200", "h100")  # the single-GPU machines whose records have a final table: final-h200, final-h100
 TABLES: dict[str, Callable[[str], str]] = {"ladder": ladder_table, "small": small_table,
                                            **{f"final-{tag}": functools.partial(final_table, tag=tag) for tag in DEVICES},
                                            "decode-batches": decode_batches_table, "tp": tp_table,
-                                           "serve": serve_table, "kv-quality": kv_quality_table}
+                                           "serve": serve_table, "kv-quality": kv_quality_table,
+                                           "spec-decode-cpu": spec_decode_cpu_table}
 
 
 def fill(text: str, prefix: str = "") -> str:
