@@ -447,3 +447,21 @@ def test_structured_outputs_are_refused_while_speculating(model_dir):
         params = SamplingParams(max_tokens=4, temperature=0, structured_outputs={"choice": ["yes", "no"]})
         with pytest.raises(ValueError, match="structured_outputs"):
             llm.generate([[1, 2, 3]], params, use_tqdm=False)
+
+
+def test_spec_decode_benchmark_runs(spec_model, tmp_path, monkeypatch):
+    """benchmarks/spec_decode.py on a tiny model and its own draft, the repeat workload: each row
+    timed in turns with plain decoding, the same greedy tokens, a record with its command."""
+    from benchmarks import spec_decode
+
+    path, out = str(spec_model("qwen3")), tmp_path / "spec.json"
+    argv = ["spec_decode", "--model", path, "--draft", path, "--device", "cpu", "--workload", "repeat",
+            "--batches", "2", "--ks", "2", "--accept", "1.0", "--repeat", "2", "--max-tokens", "6", "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    spec_decode.main()
+    record = json.loads(out.read_text())
+    record = record[0] if isinstance(record, list) else record
+    assert record["workload"] == "repeat" and "--workload repeat" in record["command"]
+    assert {r["method"] for r in record["rows"]} == {"ngram", "none", "replay", "draft_model"}
+    assert all(r["same_tokens"] and r["plain_tok_s"] > 0 for r in record["rows"])
+    assert next(r for r in record["rows"] if r["method"] == "draft_model")["acceptance_rate"] == 1.0
