@@ -13,13 +13,16 @@ of speculation that cannot win); "ngram" is real prompt lookup on the same promp
         --out benchmarks/results/spec_decode_qwen3-8b_h200.json
     # a trained model and its draft, on the course stories (CPU or GPU):
     python -m benchmarks.spec_decode --model models/course-llama --draft models/course-llama-draft --device cpu \\
-        --batches 1 8 --ks 2 4 --out benchmarks/results/spec_decode_course-llama_cpu.json
+        --workload stories --batches 1 8 64 --ks 2 4 6 --accept --repeat 9 --max-tokens 128 \\
+        --out benchmarks/results/spec_decode_course-llama_cpu.json
+    # the same with --workload repeat (prompts that quote a held-out passage and ask for it again):
+    #   --out benchmarks/results/spec_decode_repeat_course-llama_cpu.json
 
 Each row: output tokens/s of greedy requests (ignore_eos) with speculation, against the same
 requests without it (overlap scheduling on, the engine's default; and off, as speculation runs),
 timed in turns with it (--repeat rounds of one run each, the median kept: a shared machine's
-drift hits all three alike), the speedup against the faster of those two, the mean tokens a verification emits, and the median
-step times (a verify step of batch x (k+1) tokens against a decode step of batch tokens).
+drift hits all three alike), the speedup against the faster of those two, the mean tokens a
+verification emits, and the median step times (a verify step of batch x (k+1) tokens against a decode step of batch tokens).
 `same_tokens` compares with plain decoding: in float32 it holds; in bf16 on random weights a
 verify step's differently rounded logits can flip a near-tie, so replay rows use the speculative
 engine's own greedy output (`fixed_point`) and may read False."""
@@ -159,7 +162,8 @@ def row(timed: dict, batch: int, k: int, method: str, accept: float | None) -> d
     }
     print(
         f"batch {batch:3d} k {k} {method:>11} {'' if accept is None else accept:>4}: {tok_s:9.1f} tok/s "
-        f"(plain {max(plain_tok_s, no_overlap_tok_s):8.1f}, x{out['speedup']:.2f}), accepted {out['acceptance_rate'] or 0:.2f}, "
+        f"(plain {max(plain_tok_s, no_overlap_tok_s):8.1f}, x{out['speedup']:.2f}), "
+        f"accepted {out['acceptance_rate'] or 0:.2f}, "
         f"mean length {out['mean_acceptance_length'] or 0:.2f}, verify/decode "
         f"{out['verify_over_decode'] or float('nan'):.2f}, same tokens {same}",
         flush=True,
@@ -214,10 +218,12 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument(
-        "--accept", type=float, nargs="*", default=[1.0, 0.5, 0.0], help="replay acceptance rates (none: no replay rows)"
+        "--accept", type=float, nargs="*", default=[1.0, 0.5, 0.0],
+        help="replay acceptance rates (none: no replay rows)",
     )
     parser.add_argument(
-        "--repeat", type=int, default=1, help="timed runs per row at batch 1 (the median is kept); batch b: ceil(repeat / b)"
+        "--repeat", type=int, default=1,
+        help="timed runs per row at batch 1 (the median is kept); batch b: ceil(repeat / b)",
     )
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -225,13 +231,14 @@ def main() -> None:
     args = parser.parse_args()
     path = args.model or str(model_for_shape(args.shape, args.device))
     rows = []
+    prompt_len = max(args.prompt_len, 128 if args.workload == "repeat" else 0)  # a quoted passage: about 100
     for batch in args.batches:
         options = dict(
             device=args.device,
             dtype=args.dtype,
             max_num_seqs=batch,
             repeat=args.repeat,
-            max_model_len=max(args.prompt_len, 128 if args.workload == "repeat" else 0) + args.max_tokens + max(args.ks) + 64,
+            max_model_len=prompt_len + args.max_tokens + max(args.ks) + 64,
         )
         rows += run_batch(path, args, batch, options)
         record = {

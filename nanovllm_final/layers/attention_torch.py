@@ -147,7 +147,8 @@ def batched_attention(
     seqs, q_len = q.shape[:2]
     lens = context_lens.to(device=q.device, dtype=torch.long)  # (seqs,)
     ctx = int(lens.max())
-    blocks = block_tables[:, : -(-ctx // k_cache.shape[1])].to(device=k_cache.device, dtype=torch.long)  # (seqs, blocks)
+    width = -(-ctx // k_cache.shape[1])  # blocks of the longest context
+    blocks = block_tables[:, :width].to(device=k_cache.device, dtype=torch.long)  # (seqs, width)
     # (seqs, ctx, kv_heads, head_dim); a padding entry (-1) of a table reads a block of another sequence
     k, v = (cache[blocks].flatten(1, 2)[:, :ctx] for cache in (k_cache, v_cache))
     if k_cache.dtype == FP8:
@@ -181,7 +182,8 @@ def _chunked(q, k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_
     ])
 
 
-def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q, k_scale=None, v_scale=None):
+def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q,
+                            k_scale=None, v_scale=None):
     seqs = len(context_lens)
     if seqs and len(q) == seqs * max_seqlen_q:  # every sequence feeds max_seqlen_q tokens (a verify step)
         q = q.view(seqs, max_seqlen_q, *q.shape[1:])
@@ -191,13 +193,13 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     for i, ctx in enumerate(context_lens.tolist()):
         if cu[i + 1] > cu[i] and ctx:
             qi = q[None, cu[i] : cu[i + 1]]  # (1, q_len, heads, head_dim)
-            out[cu[i] : cu[i + 1]] = batched_attention(qi, k_cache, v_cache, context_lens[i : i + 1], block_tables[i : i + 1],
-                                                       scale, k_scale, v_scale)[0]
+            lens, tables = context_lens[i : i + 1], block_tables[i : i + 1]
+            out[cu[i] : cu[i + 1]] = batched_attention(qi, k_cache, v_cache, lens, tables, scale, k_scale, v_scale)[0]
     return out
 
 
-def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None, k_scale=None, v_scale=None,
-                           new_kv=None):
+def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None, k_scale=None,
+                           v_scale=None, new_kv=None):
     # `order` is a launch order for GPU kernels: nothing to schedule here
     if new_kv is not None:
         k, v, slot_mapping = new_kv
