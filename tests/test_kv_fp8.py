@@ -353,6 +353,24 @@ def test_fp8_dot_only_where_the_device_multiplies_e4m3(monkeypatch):
         assert check(torch.device("cuda", 0)) == want, (capability, env)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the script times every variant (minutes)")
+def test_fp8_attention_bench_checks_correctness_on_a_cpu_then_exits_2():
+    """benchmarks/fp8_attention_bench.py without CUDA: its correctness part in the interpreter,
+    every variant within its bound, then a clear exit 2 (the timings need a GPU)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "benchmarks/fp8_attention_bench.py"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "timings need a CUDA GPU" in done.stderr
+    for variant in ("widen", "p-fp8 q-head", "p-fp8 q-tensor", "v-fp16 q-head", "v-fp16 q-tensor"):
+        assert done.stdout.count(f"{variant} 0.0") == 2, done.stdout  # decode and prefill, relative errors < 0.1
+    assert "FAIL" not in done.stdout and "ERROR" not in done.stdout
+
+
 # ---- the engine ----
 
 

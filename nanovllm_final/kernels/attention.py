@@ -61,9 +61,9 @@ LOG2E = 1.4426950408889634
 
 
 FP8_MAX = tl.constexpr(448.0)  # the largest float8 e4m3 value
-# With fp8 tensor-core products (dispatch.fp8_dot): P·V as e4m3 P (times 448) by the cache's e4m3
-# V (True), or V widened to fp16 by fp16 P (False). A launch's `pv_fp8` overrides it.
-PV_FP8 = True
+# With fp8 tensor-core products (dispatch.fp8_dot), per kernel: P·V as e4m3 P (times 448) by the
+# cache's e4m3 V (True), or V widened to fp16 by fp16 P (False). A launch's `pv_fp8` overrides it.
+PV_FP8 = {"decode": True, "prefill": True}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter's fp8 cast needs help (_e4m3)
 
 
@@ -75,16 +75,16 @@ def _fp8_args(k_cache: torch.Tensor, k_scale, v_scale) -> tuple:
     return (k_scale, v_scale, True) if fp8 else (k_cache, k_cache, False)
 
 
-def _fp8_launch(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_scale, fp8_dot: bool | None, pv_fp8: bool | None,
-                q_scale: torch.Tensor | None) -> tuple[tuple, dict]:
-    """((k_scale, v_scale, q_scale) pointers, the FP8 constexprs) of an attention launch. FP8_DOT:
-    the scores are e4m3 q by the fp8 cache's e4m3 K on tensor cores (fp8_dot; None: where
-    dispatch.fp8_dot says); PV_FP8: so is P·V (pv_fp8; None: PV_FP8); Q_DYNAMIC: q's scale is each
-    row's own (q_scale None), else the static per-tensor q_scale, (1,) float32."""
+def _fp8_launch(kernel: str, q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_scale, fp8_dot: bool | None,
+                pv_fp8: bool | None, q_scale: torch.Tensor | None) -> tuple[tuple, dict]:
+    """((k_scale, v_scale, q_scale) pointers, the FP8 constexprs) of a launch of `kernel` ("decode"
+    or "prefill"). FP8_DOT: the scores are e4m3 q by the fp8 cache's e4m3 K on tensor cores (fp8_dot;
+    None: where dispatch.fp8_dot says); PV_FP8: so is P·V (pv_fp8; None: PV_FP8[kernel]); Q_DYNAMIC:
+    q's scale is each row's own (q_scale None), else the static per-tensor q_scale, (1,) float32."""
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
     dot = fp8 and (dispatch.fp8_dot(q) if fp8_dot is None else fp8_dot)
     assert q_scale is None or (q_scale.numel() == 1 and q_scale.dtype == torch.float32), "q_scale: (1,) float32"
-    flags = {"FP8": fp8, "FP8_DOT": dot, "PV_FP8": dot and (PV_FP8 if pv_fp8 is None else pv_fp8),
+    flags = {"FP8": fp8, "FP8_DOT": dot, "PV_FP8": dot and (PV_FP8[kernel] if pv_fp8 is None else pv_fp8),
              "Q_DYNAMIC": q_scale is None, "ROUND": _INTERPRETED}
     return (k_scale, v_scale, k_scale if q_scale is None else q_scale), flags
 
@@ -454,7 +454,7 @@ def paged_prefill_attention(
     num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
     max_tiles = triton.cdiv(num_tokens, BLOCK_M) + num_seqs  # >= the tiles of any split of num_tokens into num_seqs
     grid = (num_heads, max_tiles)
-    scales, flags = _fp8_launch(q, k_cache, k_scale, v_scale, fp8_dot, pv_fp8, q_scale)
+    scales, flags = _fp8_launch("prefill", q, k_cache, k_scale, v_scale, fp8_dot, pv_fp8, q_scale)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, out,
         cu_seqlens_q, context_lens, block_tables,
@@ -808,7 +808,7 @@ def paged_decode_attention(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_seqs == 0:
         return out
-    scales, flags = _fp8_launch(q, k_cache, k_scale, v_scale, fp8_dot, pv_fp8, q_scale)
+    scales, flags = _fp8_launch("decode", q, k_cache, k_scale, v_scale, fp8_dot, pv_fp8, q_scale)
     tiles = tuning.for_device(q.device).decode(flags["FP8"], head_dim)
     BLOCK_N = BLOCK_N or tiles["BLOCK_N"]
     num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
