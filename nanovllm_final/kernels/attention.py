@@ -89,9 +89,11 @@ def _fp8_launch(kernel: str, q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_
     return (k_scale, v_scale, k_scale if q_scale is None else q_scale), flags
 
 
-def _block_d(head_dim: int) -> int:
-    # tl.dot needs every dimension >= 16; pad head_dim to a power of two (masked).
-    return max(16, triton.next_power_of_2(head_dim))
+def _block_d(head_dim: int, flags: dict, block_n: int) -> int:
+    """head_dim padded to a power of two (masked), at least tl.dot's least K: 16, and 32 for e4m3
+    operands (an fp8 tensor-core product takes 32 of K at a time), so does BLOCK_N, P·V's K, there."""
+    assert not flags["PV_FP8"] or block_n >= 32, f"P·V in e4m3 needs BLOCK_N >= 32, got {block_n}"
+    return max(32 if flags["FP8_DOT"] else 16, triton.next_power_of_2(head_dim))
 
 
 # ---------------------------------------------------------------------------------------
@@ -465,7 +467,8 @@ def paged_prefill_attention(
         block_tables.stride(0),
         num_seqs,
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), BLOCK_S=max(16, triton.next_power_of_2(num_seqs)),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N),
+        BLOCK_S=max(16, triton.next_power_of_2(num_seqs)),
         **flags, num_warps=num_warps, num_stages=num_stages,
     )
     return out
@@ -833,7 +836,7 @@ def paged_decode_attention(
         SPLIT=num_splits > 1, STORE=new_kv is not None, ROPE=rope is not None, HAS_NORM=q_w is not None,
         ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
         BLOCK_G=triton.next_power_of_2(group), BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), **flags,
+        BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N), **flags,
         num_warps=num_warps, num_stages=num_stages, **pdl_args(q.device),
     )
     return out
