@@ -179,10 +179,14 @@ def test_kernels_under_bfloat16_match_the_reference_on_fp8(tri, decode):
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("fp8_dot", [False, pytest.param(True, marks=pytest.mark.skipif(
+    HAS_CUDA and torch.cuda.get_device_capability() < (8, 9), reason="fp8 tl.dot needs compute capability 8.9+"))],
+    ids=["widen", "fp8-dot"])
 @pytest.mark.parametrize("num_splits", [1, 2])
-def test_decode_kernel_stores_its_new_tokens_like_store_kvcache(tri, num_splits):
+def test_decode_kernel_stores_its_new_tokens_like_store_kvcache(tri, num_splits, fp8_dot):
     """The decode kernel writing each sequence's new (last) K/V itself quantizes them into the
-    same bytes as the store kernel, and attends to them."""
+    same bytes as the store kernel, and attends to them: as the reference does (widening), or
+    as the same kernel does when the cache already holds them (fp8 products)."""
     case = fp8_case(tri.store_kvcache, outliers=False)
     k_full, v_full = case["k_cache"].clone(), case["v_cache"].clone()
     ends = torch.tensor([sum(c for c, _ in SEQS[: i + 1]) - 1 for i in range(len(SEQS))])  # each sequence's last token
@@ -190,10 +194,12 @@ def test_decode_kernel_stores_its_new_tokens_like_store_kvcache(tri, num_splits)
     case["k_cache"].view(-1, KV_HEADS, HEAD_DIM)[slots] = 0  # not stored yet
     case["v_cache"].view(-1, KV_HEADS, HEAD_DIM)[slots] = 0
     new_kv = (case["k"][ends].to(DEVICE), case["v"][ends].to(DEVICE), slots)
-    got = _attention(tri, case, True, num_splits=num_splits, BLOCK_N=16, new_kv=new_kv, fp8_dot=False)
+    kwargs = dict(num_splits=num_splits, BLOCK_N=32 if fp8_dot else 16, fp8_dot=fp8_dot)
+    got = _attention(tri, case, True, new_kv=new_kv, **kwargs)
     assert torch.equal(case["k_cache"].view(torch.uint8), k_full.view(torch.uint8))
     assert torch.equal(case["v_cache"].view(torch.uint8), v_full.view(torch.uint8))
-    torch.testing.assert_close(got, _attention(ref, case, True), atol=1e-5, rtol=1e-5)
+    want = _attention(tri, case, True, **kwargs) if fp8_dot else _attention(ref, case, True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_fp8_reference_is_attention_on_rounded_values_and_close_to_full_precision():
@@ -293,8 +299,11 @@ def test_fp8_dot_kernels_quantize_like_the_reference(tri, decode, pv_fp8, q_scal
     case = fp8_case(ref.store_kvcache, outliers=False)
     kwargs = dict(num_splits=1, BLOCK_N=32) if decode else dict(BLOCK_M=16, BLOCK_N=32)  # e4m3 products: K >= 32
     got, q_s = _fp8_dot(tri, case, decode, pv_fp8, q_scale, **kwargs)
-    want, _, exact_bound = fp8_dot_reference(case, decode, pv_fp8, q_s, 0.3)
-    torch.testing.assert_close(got, want, atol=1e-5 if pv_fp8 else 1e-3, rtol=1e-4 if pv_fp8 else 2e-3)
+    want, bound, exact_bound = fp8_dot_reference(case, decode, pv_fp8, q_s, 0.3)
+    close = (got - want).abs() <= (1e-5 if pv_fp8 else 1e-3) + (1e-4 if pv_fp8 else 2e-3) * want.abs()
+    # A GPU's exp2 (and its fp8 products' accumulation) may round a score a few ulps apart, moving
+    # the rare P that lies that close to a rounding boundary one e4m3 step: still within `bound`.
+    assert close.all() if not HAS_CUDA else close.float().mean() >= 0.98 and ((got - want).abs() <= bound).all()
     error = (got - _attention(ref, case, decode).float().cpu()).abs().amax(-1)  # (rows, heads)
     assert (error <= exact_bound).all() and error.max() > 0
 
@@ -398,3 +407,23 @@ def test_engine_fp8_greedy_agrees_with_auto():
     agree = [next((j for j, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(tokens["auto"], tokens["fp8"])]
     share = sum(agree) / sum(map(len, tokens["auto"]))
     assert share >= 0.9, f"fp8 agrees with auto on {share:.0%} of the positions before the first difference: {agree}"
+
+
+@pytest.mark.skipif(not HAS_CUDA or not CAN_FP8_DOT, reason="needs a CUDA GPU of compute capability 8.9+")
+def test_engine_fp8_dot_agrees_with_widening(monkeypatch):
+    """The bf16 engine on an fp8 cache, CUDA graphs and the fused decode launch (K stored, RoPE
+    applied): with fp8 tensor-core products, as the device's default, against the same engine
+    widening its tiles. Both round K/V to e4m3; the products also round q and P, which moves
+    near-ties, so the bar is the share of greedy positions before the first difference."""
+    from nanovllm_final.kernels import dispatch
+
+    options = dict(device="cuda", dtype="bfloat16", kv_cache_dtype="fp8", max_model_len=96, kvcache_block_size=16)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    prompts = ["Once upon a time, there lived " + p for p in STORY_PROMPTS]
+    tokens = {}
+    for dot in (True, False):
+        monkeypatch.setattr(dispatch, "fp8_dot", lambda q, dot=dot: dot)
+        with LLM(str(COURSE_MODEL), **options) as llm:
+            tokens[dot] = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    agree = [next((j for j, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(tokens[True], tokens[False])]
+    assert sum(agree) / sum(map(len, tokens[False])) >= 0.5, agree
