@@ -50,7 +50,7 @@ from nanovllm_final.workloads import nanovllm  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 STEPS = (1, 300, 600, 750, 900, 1000)  # decode snapshots: steps into the workload's run
-TILES = [(64, 2, 2), (64, 4, 2), (64, 4, 3), (32, 2, 3), (128, 4, 2), (128, 8, 2)]  # BLOCK_N, num_warps, num_stages
+TILES = [(64, 2, 2), (64, 4, 2), (128, 4, 2), (128, 2, 2), (32, 2, 3)]  # BLOCK_N, num_warps, num_stages (and the device's)
 PREFILL_TOKENS = 16384  # a prefill step's token budget (the engine's max_num_batched_tokens)
 
 
@@ -144,13 +144,15 @@ def decode_timing(device: torch.device, reps: int) -> list[dict]:
         contexts = snapshot(step)
         case = cache_case(contexts, [1] * len(contexts), device)
         order = torch.argsort(case["context_lens"], descending=True, stable=True).to(torch.int32)
+        counters = tri.SplitCounters()  # split-K's, as each layer keeps them
         kv_bytes = sum(contexts) * KV_HEADS * HEAD_DIM * 2  # K and V, one byte a value
         row = {"step": step, "batch": len(contexts), "mean_context": sum(contexts) / len(contexts),
                "max_context": max(contexts), "kv_bytes": kv_bytes, "variants": {}}
         for variant, kwargs in variants(device).items():
             timed = {}
             for bn, w, st in (tiles if step == STEPS[0] else [best[variant]] if variant in best else []):
-                fn = lambda: attend(case, True, order=order, BLOCK_N=bn, num_warps=w, num_stages=st, **kwargs)  # noqa: B023,E731
+                fn = lambda: attend(case, True, order=order, BLOCK_N=bn, num_warps=w, num_stages=st,  # noqa: B023,E731
+                                    counters=counters, **kwargs)  # noqa: B023
                 try:
                     ms = graph_time_ms(fn, reps)
                 except Exception as exc:  # e.g. out of shared memory, or no such fp8 product here
