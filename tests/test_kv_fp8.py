@@ -291,13 +291,15 @@ def _fp8_dot(tri, case, decode: bool, pv_fp8: bool, q_scale: str, scale: float =
 
 @needs_fp8_dot
 @pytest.mark.parametrize("pv_fp8,q_scale", VARIANTS, ids=VARIANT_IDS)
-@pytest.mark.parametrize("decode", [False, True], ids=["prefill", "decode"])
-def test_fp8_dot_kernels_quantize_like_the_reference(tri, decode, pv_fp8, q_scale):
+@pytest.mark.parametrize("decode,rows", [(False, None), (True, None), (True, 64)], ids=["prefill", "decode", "decode-64-rows"])
+def test_fp8_dot_kernels_quantize_like_the_reference(tri, decode, rows, pv_fp8, q_scale):
     """Every context of this batch fits one key tile, so the kernels round P at the row's true
     max, as the reference does: the same roundings, only the summation order differs (and P's
-    fp16 rounding, with V widened). Also within the bound of the exact reference."""
+    fp16 rounding, with V widened). Also within the bound of the exact reference. Decode also with
+    its query heads padded to the 64 rows of Hopper's warpgroup products (_group_rows)."""
     case = fp8_case(ref.store_kvcache, outliers=False)
-    kwargs = dict(num_splits=1, BLOCK_N=32) if decode else dict(BLOCK_M=16, BLOCK_N=32)  # e4m3 products: K >= 32
+    # e4m3 products take K >= 32
+    kwargs = dict(num_splits=1, BLOCK_N=32, BLOCK_H=rows) if decode else dict(BLOCK_M=16, BLOCK_N=32)
     got, q_s = _fp8_dot(tri, case, decode, pv_fp8, q_scale, **kwargs)
     want, bound, exact_bound = fp8_dot_reference(case, decode, pv_fp8, q_s, 0.3)
     close = (got - want).abs() <= (1e-5 if pv_fp8 else 1e-3) + (1e-4 if pv_fp8 else 2e-3) * want.abs()
@@ -378,6 +380,19 @@ def test_fp8_attention_bench_checks_correctness_on_a_cpu_then_exits_2():
     for variant in ("widen", "p-fp8 q-head", "p-fp8 q-tensor", "v-fp16 q-head", "v-fp16 q-tensor"):
         assert done.stdout.count(f"{variant} 0.0") == 2, done.stdout  # decode and prefill, relative errors < 0.1
     assert "FAIL" not in done.stdout and "ERROR" not in done.stdout
+
+
+def test_decode_rows_are_a_warpgroups_for_e4m3_products_on_hopper(tri, monkeypatch):
+    """The decode kernel's products take the GQA group padded to 16 rows, or to 64 for e4m3
+    products on Hopper with a multiple of 4 warps (warpgroup MMA, the only one there for e4m3)."""
+    from nanovllm_final.kernels import tuning
+
+    cuda = torch.device("cuda", 0)
+    for capability, dot, warps, want in (((9, 0), True, 4, 64), ((9, 0), True, 8, 64), ((9, 0), True, 2, 16),
+                                         ((8, 9), True, 4, 16), ((9, 0), False, 4, 16)):
+        monkeypatch.setattr(tuning, "describe", lambda device, c=capability: tuning.Device("gpu", 132, 1 << 17, c, 0))
+        assert tri._group_rows(2, {"FP8_DOT": dot}, warps, cuda) == want, (capability, dot, warps)
+    assert tri._group_rows(32, {"FP8_DOT": True}, 4, cuda) == 64 and tri._group_rows(128, {"FP8_DOT": False}, 4, cuda) == 128
 
 
 # ---- the engine ----

@@ -35,7 +35,8 @@ e4m3 tiles in one of two ways (``_fp8_launch``; ``dispatch.fp8_dot`` picks):
   once per program (``_quantize_q``: by default each query head's amax / 448 at this step, or a
   static per-tensor ``q_scale``), the scores are e4m3 q by the e4m3 K tile as loaded, fp32
   accumulate, times q's and K's scales; P·V is e4m3 P (in [0, 1] after the max is subtracted,
-  times 448) by the e4m3 V tile (``PV_FP8``), or fp16 P by V widened to fp16.
+  times 448) by the e4m3 V tile (``PV_FP8``), or fp16 P by V widened to fp16. On Hopper the
+  decode kernel's GQA group is padded to a warpgroup's 64 rows (``_group_rows``).
 * widening (elsewhere, and the reference): each tile is widened in registers (to fp16 under
   bf16, ``_widen_to``), exactly, and multiplied in q's precision.
 """
@@ -637,7 +638,7 @@ def _paged_decode_kernel(
     HAS_NORM: tl.constexpr,
     ORDERED: tl.constexpr,                     # program i handles sequence order[i]
     BLOCK_G: tl.constexpr,                     # GROUP padded to a power of two
-    BLOCK_H: tl.constexpr,                     # and to at least 16 (tl.dot's least M)
+    BLOCK_H: tl.constexpr,                     # and to at least 16 (tl.dot's least M): _group_rows
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
     FP8_DOT: tl.constexpr, PV_FP8: tl.constexpr, Q_DYNAMIC: tl.constexpr, ROUND: tl.constexpr,  # see _fp8_launch
@@ -709,6 +710,17 @@ def _paged_decode_kernel(
     _write_output(out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_ptr, counts_ptr, seq, kv_head,
                   heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS, KVH, HEAD_DIM, SPLIT,
                   BLOCK_H, BLOCK_D)
+
+
+def _group_rows(group: int, flags: dict, num_warps: int, device: torch.device) -> int:
+    """BLOCK_H, the rows of the decode kernel's products: the GQA group padded to a power of two and
+    to at least 16 (tl.dot's least M); 64 for e4m3 products on Hopper with a multiple of 4 warps:
+    there only warpgroup MMA (64 rows a warpgroup) multiplies e4m3, and Triton widens the operands
+    of a smaller product to fp16 (Ada's mma.sync takes e4m3 at 16 rows). The padding rows cost
+    tensor-core time only, which a decode step has to spare."""
+    rows = max(16, triton.next_power_of_2(group))
+    hopper = device.type == "cuda" and tuning.describe(device).capability[0] == 9
+    return max(rows, 64) if flags["FP8_DOT"] and hopper and num_warps % 4 == 0 else rows
 
 
 class SplitCounters:
@@ -798,6 +810,7 @@ def paged_decode_attention(
     fp8_dot: bool | None = None,  # an fp8 cache's products on e4m3 tensor cores (_fp8_launch); None: the device's
     pv_fp8: bool | None = None,
     q_scale: torch.Tensor | None = None,
+    BLOCK_H: int | None = None,  # rows of the products (_group_rows); None: the least that suits the device
 ) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
     """Attention of each sequence's single query (position context_len - 1) over its cache: one
     program per (sequence, kv head[, split]) for all query heads of the GQA group. The launch
@@ -835,7 +848,7 @@ def paged_decode_attention(
         NUM_HEADS=num_heads, KVH=kv_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         SPLIT=num_splits > 1, STORE=new_kv is not None, ROPE=rope is not None, HAS_NORM=q_w is not None,
         ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
-        BLOCK_G=triton.next_power_of_2(group), BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_G=triton.next_power_of_2(group), BLOCK_H=BLOCK_H or _group_rows(group, flags, num_warps, q.device),
         BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N), **flags,
         num_warps=num_warps, num_stages=num_stages, **pdl_args(q.device),
     )
