@@ -64,7 +64,11 @@ LOG2E = 1.4426950408889634
 FP8_MAX = tl.constexpr(448.0)  # the largest float8 e4m3 value
 # With fp8 tensor-core products (dispatch.fp8_dot), per kernel: P·V as e4m3 P (times 448) by the
 # cache's e4m3 V (True), or V widened to fp16 by fp16 P (False). A launch's `pv_fp8` overrides it.
-PV_FP8 = {"decode": True, "prefill": True}
+# False until measured otherwise (benchmarks/fp8_attention_bench.py): P·V's second operand must be
+# K-major (keys contiguous) in e4m3 on Hopper, and V's rows are head_dim-contiguous, so Triton
+# transposes V in registers before its shared-memory store and gives up pipelining its load; an
+# fp16 operand the warpgroup MMA reads either way.
+PV_FP8 = {"decode": False, "prefill": False}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter's fp8 cast needs help (_e4m3)
 
 
