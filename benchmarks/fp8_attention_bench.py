@@ -115,6 +115,7 @@ def correctness(cases: dict[str, tuple[dict, bool]], device: torch.device, max_r
                 got = attend(case, decode, **kwargs)
             except Exception as exc:  # e.g. a Triton without this fp8 product for the device
                 out[name][variant] = {"error": repr(exc)[:300]}
+                print(f"  {name} {variant}: {repr(exc)[:300]}")
                 continue
             entry = {"vs_widen": errors(got, widen), "vs_exact": errors(got, exact)}
             entry["ok"] = bool(torch.isfinite(got).all()) and entry["vs_exact"]["rel_l2"] <= max_rel
@@ -164,6 +165,8 @@ def decode_timing(device: torch.device, reps: int) -> list[dict]:
                     timed[key] = {"error": repr(exc)[:300]}
                     continue
                 timed[key] = {"ms": ms, "TB_per_s": kv_bytes / ms / 1e9, "tile": [bn, w, st, bh]}
+            for key, entry in timed.items():
+                print(f"  {variant} {key}: " + (f"{entry['ms']:.4f} ms" if "ms" in entry else entry["error"][:200]))
             ok = {k: v for k, v in timed.items() if "ms" in v}
             if ok and step == STEPS[0]:
                 best[variant] = tuple(min(ok.values(), key=lambda v: v["ms"])["tile"])
@@ -198,6 +201,8 @@ def prefill_timing(device: torch.device, reps: int) -> dict:
             out["variants"][variant] = {"error": repr(exc)[:300]}
             continue
         out["variants"][variant] = {"ms": ms, "TFLOP_per_s": flops / ms / 1e9}
+    print(f"prefill of {len(lens)} prompts, {sum(lens)} tokens: " + ", ".join(
+        f"{v} {e['ms']:.3f} ms" if "ms" in e else f"{v} ERROR {e['error'][:200]}" for v, e in out["variants"].items()))
     return out
 
 
@@ -266,12 +271,13 @@ def main() -> None:
                                  "pv_fp8": tri.PV_FP8, "q_scale": "per head"},
               "command": " ".join(["python", *sys.argv]), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "device_peaks": measure_peaks(), "correctness": results}
-    record["decode"] = decode_timing(device, args.reps)
-    record["prefill"] = prefill_timing(device, args.reps)
+    out = Path(args.out or Path(__file__).parent / "results" / f"fp8_attention_{device_tag(device)}.json")
+    for part, measure in (("decode", decode_timing), ("prefill", prefill_timing)):
+        record[part] = measure(device, args.reps)
+        out.write_text(json.dumps(record, indent=1) + "\n")  # each part kept, should a later one fail
     record["summary"] = summary(record)
     record["seconds"] = time.perf_counter() - start
     print_summary(record["summary"])
-    out = Path(args.out or Path(__file__).parent / "results" / f"fp8_attention_{device_tag(device)}.json")
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out} ({record['seconds']:.0f} s)")
 
