@@ -348,6 +348,10 @@ FILES = [
      "of its prefill and decode steps"),
     ("decode_attention_*.json", f"{SUITE} decode-attention", "the final engine's paged decode attention on a real run's context mix "
      "(bf16 cache, or fp8 where the name says so): tiles, launch order (batch order, longest first) and split-K factors, with the bandwidth reached"),
+    ("fp8_attention_*.json", f"{SUITE} fp8-attention", "attention over an fp8 KV cache on Qwen3-0.6B's heads: e4m3 "
+     "tensor-core products (P·V in e4m3 or with V widened; q's scale per head or per tensor) against widening the tiles: "
+     "errors against the widening kernel and the exact reference, decode time and bandwidth on a real run's context mix, "
+     "prefill TFLOP/s"),
     ("decode_tiles_*.json", f"{SUITE} decode-attention", "the final engine's decode kernel as a decode step calls it (the new "
      "K/V stored, q/k norms and RoPE applied) on a real run's context mix, per tile choice, checked against the PyTorch path: "
      "what the decode_attention choices of kernels/configs/ were picked by (bf16 cache, or fp8 where the name says so; Qwen3-0.6B's or Llama-3.2-1B's heads; "
