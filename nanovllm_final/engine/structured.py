@@ -9,10 +9,17 @@
 
 A request waits here, outside the scheduler, until its grammar is ready; the others run on.
 Each sequence's matcher accepts its tokens as they resolve (Request.on_token): EOS is allowed
-only where the grammar can end. Overlap scheduling: step N+1's mask needs step N's tokens, so
-the engine launches N+1's forward pass (fed N's tokens on the device), then waits for N's tokens
-on the host, advances the matchers with them (`advance`) and fills N+1's mask while the device
-runs the forward pass; N's tokens resolve later, and the matchers do not take them twice."""
+only where the grammar can end.
+
+Overlap scheduling: step N+1's mask needs step N's tokens, and at a large batch its fill is the
+longest piece of the host's step. So the engine queues N+1's forward pass (fed N's tokens on the
+device), waits for N's tokens, advances the matchers with them (`advance`; N's tokens resolve
+later, and the matchers do not take them twice), and hands N+1's fill to the mask worker
+(`fill_later`), one long-lived thread: xgrammar fills without the GIL, while the engine's thread
+completes step N and schedules and builds step N+2. N+1's draw waits: it is queued (the fill
+joined) only when N+2's inputs are built, just before N+2's forward pass that its tokens feed,
+or when step N+1 is completed if no step follows. The worker fills while only this thread reads
+the matchers (`accepts` takes the verdicts of `advance`), and no two fills run at once."""
 
 import atexit
 import copy
@@ -25,7 +32,7 @@ from collections import OrderedDict
 import queue
 import threading
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -115,6 +122,7 @@ class Grammars:
         self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
         self.waiting: list[tuple] = []  # (Request, Job)
         self.used = False  # no structured request yet: steps skip the bitmask entirely
+        self.mask_worker: ThreadPoolExecutor | None = None  # overlap: fills a step's mask off the engine's thread
 
     def _compiler(self):
         if self.compiler is None:
@@ -214,6 +222,12 @@ class Grammars:
             bitmask[:, -1] &= np.int32((1 << self.grammar_vocab % 32) - 1)
         return np.array(rows, np.int64), bitmask
 
+    def fill_later(self, seqs: list) -> Future:
+        """`bitmask(seqs)` on the mask worker (started on first use): the Future of its result."""
+        if self.mask_worker is None:
+            self.mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
+        return self.mask_worker.submit(self.bitmask, list(seqs))
+
     @staticmethod
     def advance(seqs: list, token_ids: list[int]) -> None:
         """Overlap: the step before's tokens, accepted by the matchers before they resolve, so that
@@ -231,6 +245,9 @@ class Grammars:
                 job.future.set_exception(err)
 
     def shutdown(self) -> None:
+        if self.mask_worker is not None:
+            self.mask_worker.shutdown(wait=True)  # a fill lasts milliseconds
+            self.mask_worker = None
         for _ in self.workers:
             self.queue.put(None)  # each stops after its compile
         self.workers = [worker for worker in self.workers if worker.is_alive()]
