@@ -30,7 +30,7 @@ import torch
 from benchmarks.run import model_for_shape, versions
 from benchmarks.structured_schemas import SCHEMAS
 from nanovllm_final import LLM, SamplingParams
-from nanovllm_final.engine.step_input import upload
+from nanovllm_final.engine import structured
 from nanovllm_final.engine.structured import Grammars, Job, apply_bitmask, apply_bitmask_reference, xgrammar
 from nanovllm_final.structured_outputs import StructuredOutputsParams
 
@@ -83,12 +83,14 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
     (Grammars.advance), the bitmask's fill (Grammars.bitmask), its upload, and its application to
     (batch, vocab) logits by apply_bitmask (the kernel on CUDA) and by the PyTorch reference."""
     grammars = Grammars(tokenizer, vocab_size, eos_ids)
+    grammars.pin = device.startswith("cuda")
     compiled = grammars._compile(Job(), StructuredOutputsParams(json=LONG))
     seqs = [SimpleNamespace(grammar=xgrammar().GrammarMatcher(compiled), is_finished=False, grammar_early=None)
             for _ in range(batch)]
     logits = torch.randn(batch, vocab_size, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    times: dict[str, list[float]] = {k: [] for k in ("advance", "fill", "upload", "apply", "apply_reference")}
+    times: dict[str, list[float]] = {k: [] for k in ("advance", "fill", "fill_one_thread", "upload", "apply",
+                                                     "apply_reference")}
 
     def timed(name: str, fn):
         sync()
@@ -98,9 +100,13 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
         times[name].append((time.perf_counter() - start) * 1e3)
         return out
 
+    one = xgrammar().BatchGrammarMatcher(max_threads=1)
     for step in range(steps):
-        rows, bitmask = timed("fill", lambda: grammars.bitmask(seqs))
-        on_device = timed("upload", lambda: upload([rows, bitmask], torch.device(device)))
+        mask = timed("fill", lambda: grammars.bitmask(seqs))
+        spare = mask.filled.clone()  # the same rows filled by one thread: does the thread pool pay at this size?
+        timed("fill_one_thread", lambda: one.batch_fill_next_token_bitmask([s.grammar for s in seqs], spare))
+        bitmask = mask.bitmask
+        on_device = timed("upload", lambda: mask.to(torch.device(device)))
         work = logits.clone()
         timed("apply", lambda: apply_bitmask(work, *on_device, inplace=True))
         if step < 3 or device.startswith("cuda"):  # the reference takes ~1 s a step on a CPU at a full vocabulary
@@ -120,7 +126,7 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
 
 def print_pieces(p: dict, batch: int) -> None:
     print(f"pieces at batch {batch} (bitmask {p['bitmask_shape']}): advance {p['advance_ms']:.3f} ms  "
-          f"fill {p['fill_ms']:.3f} ms  upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
+          f"fill {p['fill_ms']:.3f} ms ({structured.FILL_THREADS} threads; one: {p['fill_one_thread_ms']:.3f} ms)  upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
           f"(PyTorch reference {p['apply_reference_ms']:.3f} ms)", flush=True)
 
 

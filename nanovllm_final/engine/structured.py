@@ -4,8 +4,8 @@
     grammars.add(request)                  # its grammar compiles on a worker thread (cached by schema)
     ready, failed = grammars.poll()        # each step: requests whose grammar is ready (their
                                            #   sequences get a matcher each), or failed / timed out
-    rows, bitmask = grammars.bitmask(seqs) # the step's constrained rows, their allowed tokens (host)
-    logits = apply_bitmask(logits, rows, bitmask)  # on the device: the other tokens at -inf
+    mask = grammars.bitmask(seqs)          # the step's constrained rows, their allowed tokens (host)
+    logits = apply_bitmask(logits, *mask.to(device))  # on the device: the other tokens at -inf
 
 A request waits here, outside the scheduler, until its grammar is ready; the others run on.
 Each sequence's matcher accepts its tokens as they resolve (Request.on_token): EOS is allowed
@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from ..kernels import dispatch
+from .step_input import unpack, upload
 from ..structured_outputs import StructuredOutputsParams, subschemas
 from ..validate import Problem
 
@@ -122,6 +123,7 @@ class Grammars:
         self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
         self.waiting: list[tuple] = []  # (Request, Job)
         self.used = False  # no structured request yet: steps skip the bitmask entirely
+        self.pin = False  # the masks in pinned memory (the device is a GPU)
         self.mask_worker: ThreadPoolExecutor | None = None  # overlap: fills a step's mask off the engine's thread
 
     def _compiler(self):
@@ -201,26 +203,25 @@ class Grammars:
         self.waiting = still
         return ready, failed
 
-    def bitmask(self, seqs: list) -> tuple[np.ndarray, np.ndarray] | None:
-        """The rows of `seqs` that have a matcher, (c,) int64, and their allowed tokens as an int32
-        bitmask (c, ceil(grammar_vocab / 32)) on the host; None if no row has one."""
+    def bitmask(self, seqs: list) -> "HostMask | None":
+        """The rows of `seqs` that have a matcher and their allowed tokens (HostMask), filled on the
+        host in one buffer (pinned where `pin`, for one copy to the device); None if no row has one."""
         # a matcher that has ended belongs to a sequence that ended last step: this step runs it in vain
         rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.grammar.is_terminated()]
         if not rows:
             return None
-        xgr = xgrammar()
-        bitmask = xgr.allocate_token_bitmask(len(rows), self.grammar_vocab)  # (c, words) int32
+        mask = HostMask.allocate(len(rows), -(-self.grammar_vocab // 32), self.pin)
+        mask.rows[:] = rows
         matchers = [seqs[i].grammar for i in rows]
         if len(matchers) == 1:
-            matchers[0].fill_next_token_bitmask(bitmask, 0)
+            matchers[0].fill_next_token_bitmask(mask.filled, 0)
         else:
             if self.filler is None:
-                self.filler = xgr.BatchGrammarMatcher(max_threads=FILL_THREADS)
-            self.filler.batch_fill_next_token_bitmask(matchers, bitmask)
-        bitmask = bitmask.numpy()
+                self.filler = xgrammar().BatchGrammarMatcher(max_threads=FILL_THREADS)
+            self.filler.batch_fill_next_token_bitmask(matchers, mask.filled)
         if self.grammar_vocab % 32:  # the last word's bits past grammar_vocab: no token of the grammar's
-            bitmask[:, -1] &= np.int32((1 << self.grammar_vocab % 32) - 1)
-        return np.array(rows, np.int64), bitmask
+            mask.bitmask[:, -1] &= np.int32((1 << self.grammar_vocab % 32) - 1)
+        return mask
 
     def fill_later(self, seqs: list) -> Future:
         """`bitmask(seqs)` on the mask worker (started on first use): the Future of its result."""
@@ -251,6 +252,30 @@ class Grammars:
         for _ in self.workers:
             self.queue.put(None)  # each stops after its compile
         self.workers = [worker for worker in self.workers if worker.is_alive()]
+
+
+class HostMask:
+    """A step's grammar mask on the host: the constrained rows (c,) int64 and their allowed tokens,
+    an int32 bitmask (c, words) (bit j of word w: token 32 w + j), in one buffer: pinned, it goes
+    to the device in one copy that the host does not wait for."""
+
+    def __init__(self, packed: torch.Tensor, num_rows: int, words: int, offset: int, pinned: bool):
+        self.packed, self.offset, self.pinned = packed, offset, pinned  # (bytes,) uint8: rows, then bitmask at offset
+        self.rows = packed[: 8 * num_rows].numpy().view(np.int64)  # (c,)
+        self.filled = packed[offset : offset + 4 * num_rows * words].view(torch.int32).view(num_rows, words)  # xgrammar's
+        self.bitmask = self.filled.numpy()  # (c, words), the same memory
+
+    @classmethod
+    def allocate(cls, num_rows: int, words: int, pin: bool) -> "HostMask":
+        offset = -(-8 * num_rows // 16) * 16  # the bitmask's, 16-byte aligned
+        packed = torch.empty(offset + 4 * num_rows * words, dtype=torch.uint8, pin_memory=pin)
+        return cls(packed, num_rows, words, offset, pin)
+
+    def to(self, device: torch.device) -> list[torch.Tensor]:
+        """[rows, bitmask] on the device."""
+        if not self.pinned or device.type != "cuda":
+            return upload([self.rows, self.bitmask], device)
+        return unpack(self.packed.to(device, non_blocking=True), [self.rows, self.bitmask], [0, self.offset])
 
 
 LIVE: weakref.WeakSet = weakref.WeakSet()  # every Grammars that started workers
