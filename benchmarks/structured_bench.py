@@ -6,15 +6,16 @@ schema compile time percentiles, on one device in one process.
     python -m benchmarks.structured_bench --shape tiny-qwen3 --batch 16 --device cpu   # a quick check
     python -m benchmarks.structured_bench --pieces-only 151936 --batch 256 --device cpu  # the pieces alone
 
-The constrained step's pieces (`pieces`: the matchers' advance, the bitmask's fill, its upload, the
-mask's application by the kernel and by the PyTorch reference) are timed alone at the same batch.
+The constrained step's pieces (`pieces`: the matchers' advance, the bitmask's fill as the engine does
+it and by a pool of FILL_THREADS threads, its upload, the mask's application by the kernel and by
+the PyTorch reference) are timed alone at the same batch.
 
 `batch` prompts of 32 random tokens generate `--max-tokens` tokens each (ignore_eos, greedy),
 either free or each under a JSON schema (an object holding an array of at least 1000 objects, so
 no row ends early); the step time is the median wall time of the decode steps of the full batch
 in llm.stats.
-Each mode runs with overlap scheduling on (a step with constrained rows is completed before the
-next is launched, see engine/structured.py) and off. Compile times: every schema of benchmarks/structured_schemas.py against the
+Each mode runs with overlap scheduling on (the masks filled on the mask worker while the host
+completes the step before, see engine/structured.py) and off. Compile times: every schema of benchmarks/structured_schemas.py against the
 model's tokenizer and vocabulary, uncached (random-weight models carry the factory's small
 tokenizer: a real checkpoint's 150k-token vocabulary takes the compiler longer)."""
 
@@ -85,11 +86,11 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
     grammars = Grammars(tokenizer, vocab_size, eos_ids)
     grammars.pin = device.startswith("cuda")
     compiled = grammars._compile(Job(), StructuredOutputsParams(json=LONG))
-    seqs = [SimpleNamespace(grammar=xgrammar().GrammarMatcher(compiled), is_finished=False, grammar_early=None)
-            for _ in range(batch)]
+    seqs = [SimpleNamespace(grammar=xgrammar().GrammarMatcher(compiled), is_finished=False, grammar_early=None, seq_id=i)
+            for i in range(batch)]
     logits = torch.randn(batch, vocab_size, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    times: dict[str, list[float]] = {k: [] for k in ("advance", "fill", "fill_one_thread", "upload", "apply",
+    times: dict[str, list[float]] = {k: [] for k in ("advance", "fill", "fill_pool", "upload", "apply",
                                                      "apply_reference")}
 
     def timed(name: str, fn):
@@ -100,11 +101,11 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
         times[name].append((time.perf_counter() - start) * 1e3)
         return out
 
-    one = xgrammar().BatchGrammarMatcher(max_threads=1)
+    pool = xgrammar().BatchGrammarMatcher(max_threads=structured.FILL_THREADS)
     for step in range(steps):
         mask = timed("fill", lambda: grammars.bitmask(seqs))
-        spare = mask.filled.clone()  # the same rows filled by one thread: does the thread pool pay at this size?
-        timed("fill_one_thread", lambda: one.batch_fill_next_token_bitmask([s.grammar for s in seqs], spare))
+        spare = mask.filled.clone()  # the same rows filled by FILL_THREADS threads: does a pool pay at this size?
+        timed("fill_pool", lambda: pool.batch_fill_next_token_bitmask([s.grammar for s in seqs], spare))
         bitmask = mask.bitmask
         on_device = timed("upload", lambda: mask.to(torch.device(device)))
         work = logits.clone()
@@ -113,7 +114,7 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
             timed("apply_reference", lambda: apply_bitmask_reference(logits, *on_device))
         bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")  # (batch, 32 words)
         tokens = [int(np.flatnonzero(b)[step * 7 % max(1, int(b.sum()))]) for b in bits]  # allowed tokens
-        timed("advance", lambda: Grammars.advance(seqs, tokens))
+        timed("advance", lambda: grammars.advance(seqs, tokens))
         for seq in seqs:
             assert seq.grammar_early
             seq.grammar_early = None
@@ -126,7 +127,7 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
 
 def print_pieces(p: dict, batch: int) -> None:
     print(f"pieces at batch {batch} (bitmask {p['bitmask_shape']}): advance {p['advance_ms']:.3f} ms  "
-          f"fill {p['fill_ms']:.3f} ms ({structured.FILL_THREADS} threads; one: {p['fill_one_thread_ms']:.3f} ms)  upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
+          f"fill {p['fill_ms']:.3f} ms (a pool of {structured.FILL_THREADS} threads: {p['fill_pool_ms']:.3f} ms)  upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
           f"(PyTorch reference {p['apply_reference_ms']:.3f} ms)", flush=True)
 
 

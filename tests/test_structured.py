@@ -211,8 +211,8 @@ def test_masks_filled_off_the_engine_thread_change_no_token(model_dir, monkeypat
                    for i, ((fmt, _), t) in enumerate(zip(cases, [0.0, 0.8] * len(cases)))]
     threads = []
     bitmask = structured.Grammars.bitmask
-    monkeypatch.setattr(structured.Grammars, "bitmask", lambda self, seqs: (
-        threads.append(threading.current_thread()), bitmask(self, seqs))[1])
+    monkeypatch.setattr(structured.Grammars, "bitmask", lambda self, *args: (
+        threads.append(threading.current_thread()), bitmask(self, *args))[1])
     runs = []
     for overlap in (True, False):
         with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap) as llm:
@@ -232,11 +232,11 @@ def test_a_fill_that_raises_ends_its_step_only(model_dir, monkeypatch):
     calls = []
     bitmask = structured.Grammars.bitmask
 
-    def flaky(self, seqs):
+    def flaky(self, *args):
         calls.append(threading.current_thread().name)
         if len(calls) == 3:
             raise RuntimeError("the matcher broke")
-        return bitmask(self, seqs)
+        return bitmask(self, *args)
 
     monkeypatch.setattr(structured.Grammars, "bitmask", flaky)
     params = SamplingParams(temperature=0, max_tokens=32, structured_outputs={"json": STORY})

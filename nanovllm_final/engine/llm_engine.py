@@ -268,9 +268,8 @@ class LLMEngine:
         if prev is None:
             batch.grammar = self.grammars.bitmask(sampling)
             return None
-        if prev.constrained:  # the step before's tokens, into the matchers first
-            self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
-        return logits, batch, self.grammars.fill_later(sampling)
+        ended = self.grammars.advance(prev.sampling, prev.sample.result().token_ids) if prev.constrained else frozenset()
+        return logits, batch, self.grammars.fill_later(sampling, ended)
 
     def _draw(self, flight: InFlight) -> None:
         """Queue the draw a step held back for its grammar mask, the fill joined (once: a fill that

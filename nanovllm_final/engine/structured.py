@@ -50,6 +50,7 @@ except ImportError:  # no Triton: the PyTorch code masks
 COMPILE_TIMEOUT_S = 10.0  # a grammar still compiling after this long ends its request with an error
 CACHE_SIZE = 256  # compiled grammars kept (by schema)
 FILL_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))  # the host threads that fill a step's bitmask rows
+POOL_VOCAB = 32768  # below this many grammar ids a row fills in about a microsecond: one thread, no pool hand-offs
 MISSING_EXTRA = "structured output needs the grammar engine xgrammar: pip install 'nanovllm-staged[structured]'"
 
 
@@ -115,6 +116,7 @@ class Grammars:
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int], timeout_s: float = COMPILE_TIMEOUT_S):
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
+        self.stop_ids = frozenset(eos_token_ids)  # the matchers' stop tokens
         self.timeout_s = timeout_s
         self.compiler = None
         self.filler = None  # xgrammar's BatchGrammarMatcher: its threads fill the rows of a step's bitmask
@@ -203,11 +205,12 @@ class Grammars:
         self.waiting = still
         return ready, failed
 
-    def bitmask(self, seqs: list) -> "HostMask | None":
+    def bitmask(self, seqs: list, ended: frozenset[int] = frozenset()) -> "HostMask | None":
         """The rows of `seqs` that have a matcher and their allowed tokens (HostMask), filled on the
-        host in one buffer (pinned where `pin`, for one copy to the device); None if no row has one."""
-        # a matcher that has ended belongs to a sequence that ended last step: this step runs it in vain
-        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.grammar.is_terminated()]
+        host in one buffer (pinned where `pin`, for one copy to the device); None if no row has one.
+        `ended`: the seq_ids whose matcher `advance` ended (none other is here: a sequence whose
+        grammar ends as its token resolves is finished), whose steps run in vain."""
+        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and seq.seq_id not in ended]
         if not rows:
             return None
         mask = HostMask.allocate(len(rows), -(-self.grammar_vocab // 32), self.pin)
@@ -217,25 +220,30 @@ class Grammars:
             matchers[0].fill_next_token_bitmask(mask.filled, 0)
         else:
             if self.filler is None:
-                self.filler = xgrammar().BatchGrammarMatcher(max_threads=FILL_THREADS)
+                threads = FILL_THREADS if self.grammar_vocab >= POOL_VOCAB else 1
+                self.filler = xgrammar().BatchGrammarMatcher(max_threads=threads)
             self.filler.batch_fill_next_token_bitmask(matchers, mask.filled)
         if self.grammar_vocab % 32:  # the last word's bits past grammar_vocab: no token of the grammar's
             mask.bitmask[:, -1] &= np.int32((1 << self.grammar_vocab % 32) - 1)
         return mask
 
-    def fill_later(self, seqs: list) -> Future:
-        """`bitmask(seqs)` on the mask worker (started on first use): the Future of its result."""
+    def fill_later(self, seqs: list, ended: frozenset[int] = frozenset()) -> Future:
+        """`bitmask(seqs, ended)` on the mask worker (started on first use): the Future of its result."""
         if self.mask_worker is None:
             self.mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
-        return self.mask_worker.submit(self.bitmask, list(seqs))
+        return self.mask_worker.submit(self.bitmask, list(seqs), ended)
 
-    @staticmethod
-    def advance(seqs: list, token_ids: list[int]) -> None:
+    def advance(self, seqs: list, token_ids: list[int]) -> frozenset[int]:
         """Overlap: the step before's tokens, accepted by the matchers before they resolve, so that
-        this step's mask can be filled while the device runs its forward pass."""
+        this step's mask can be filled while the device runs its forward pass. Returns the seq_ids
+        whose grammar ended (a matcher ends only by accepting a stop token: the EOS ids)."""
+        ended, stops = [], self.stop_ids
         for seq, token_id in zip(seqs, token_ids):
             if seq.grammar is not None and not seq.is_finished:
-                seq.grammar_early = seq.grammar.accept_token(token_id)
+                seq.grammar_early = ok = seq.grammar.accept_token(token_id)
+                if ok and token_id in stops and seq.grammar.is_terminated():
+                    ended.append(seq.seq_id)
+        return frozenset(ended)
 
     def _work(self) -> None:
         while (item := self.queue.get()) is not None:
@@ -294,12 +302,12 @@ def _finish_compiles() -> None:
         worker.join(max(0.0, deadline - time.perf_counter()))
 
 
-def accepts(seq, token_id: int) -> bool:
+def accepts(seq, token_id: int, stop_ids: set[int]) -> bool:
     """Advance the sequence's matcher by its token as it resolves (unless `advance` did already);
-    False: the grammar has ended (its EOS accepted) or refused the token."""
+    False: the grammar has ended (a stop token of `stop_ids` accepted) or refused the token."""
     ok = seq.grammar.accept_token(token_id) if seq.grammar_early is None else seq.grammar_early
     seq.grammar_early = None
-    return ok and not seq.grammar.is_terminated()
+    return ok and not (token_id in stop_ids and seq.grammar.is_terminated())
 
 
 def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor,
