@@ -15,7 +15,8 @@ either free or each under a JSON schema (an object holding an array of at least 
 no row ends early); the step time is the median wall time of the decode steps of the full batch
 in llm.stats.
 Each mode runs with overlap scheduling on (the masks filled on the mask worker while the host
-completes the step before, see engine/structured.py) and off. Compile times: every schema of benchmarks/structured_schemas.py against the
+completes the step before, see engine/structured.py) and off. Compile times: every schema of
+benchmarks/structured_schemas.py against the
 model's tokenizer and vocabulary, uncached (random-weight models carry the factory's small
 tokenizer: a real checkpoint's 150k-token vocabulary takes the compiler longer)."""
 
@@ -86,8 +87,8 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
     grammars = Grammars(tokenizer, vocab_size, eos_ids)
     grammars.pin = device.startswith("cuda")
     compiled = grammars._compile(Job(), StructuredOutputsParams(json=LONG))
-    seqs = [SimpleNamespace(grammar=xgrammar().GrammarMatcher(compiled), is_finished=False, grammar_early=None, seq_id=i)
-            for i in range(batch)]
+    seqs = [SimpleNamespace(grammar=xgrammar().GrammarMatcher(compiled), is_finished=False, grammar_early=None,
+                            seq_id=i) for i in range(batch)]
     logits = torch.randn(batch, vocab_size, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times: dict[str, list[float]] = {k: [] for k in ("advance", "fill", "fill_pool", "upload", "apply",
@@ -127,7 +128,8 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
 
 def print_pieces(p: dict, batch: int) -> None:
     print(f"pieces at batch {batch} (bitmask {p['bitmask_shape']}): advance {p['advance_ms']:.3f} ms  "
-          f"fill {p['fill_ms']:.3f} ms (a pool of {structured.FILL_THREADS} threads: {p['fill_pool_ms']:.3f} ms)  upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
+          f"fill {p['fill_ms']:.3f} ms (a pool of {structured.FILL_THREADS} threads: {p['fill_pool_ms']:.3f} ms)  "
+          f"upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
           f"(PyTorch reference {p['apply_reference_ms']:.3f} ms)", flush=True)
 
 

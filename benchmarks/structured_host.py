@@ -21,8 +21,8 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import queue
+import statistics
 import threading
 import time
 from concurrent.futures import Future

@@ -247,3 +247,21 @@ def test_a_fill_that_raises_ends_its_step_only(model_dir, monkeypatch):
         again = llm.generate(["A story"] * 2, [params, SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False)
         assert again[0]["finish_reason"] in ("stop", "length") and again[0]["text"].startswith("{")
         assert again[1]["finish_reason"] == "length"
+
+
+def test_a_host_mask_is_one_buffer():
+    """The rows and the bitmask in one buffer, viewed back whole (as the device copy is) for any
+    row and word counts: what the sampler applies is what was filled."""
+    import numpy as np
+    import torch
+
+    from nanovllm_final.engine.step_input import unpack
+
+    for num_rows, words in ((1, 1), (3, 5), (7, 16)):
+        mask = structured.HostMask.allocate(num_rows, words, pin=False)
+        mask.rows[:] = np.arange(num_rows)[::-1] * 2
+        mask.filled.copy_(torch.arange(num_rows * words, dtype=torch.int32).view(num_rows, words) - 7)
+        rows, bitmask = unpack(mask.packed.clone(), [mask.rows, mask.bitmask], [0, mask.offset])
+        assert rows.tolist() == [2 * i for i in range(num_rows)][::-1]
+        assert torch.equal(bitmask, mask.filled) and bitmask.dtype == torch.int32
+        assert [t.tolist() for t in mask.to(torch.device("cpu"))] == [rows.tolist(), bitmask.tolist()]

@@ -268,7 +268,9 @@ class LLMEngine:
         if prev is None:
             batch.grammar = self.grammars.bitmask(sampling)
             return None
-        ended = self.grammars.advance(prev.sampling, prev.sample.result().token_ids) if prev.constrained else frozenset()
+        ended = frozenset()  # the rows whose grammar ended on the step before's token
+        if prev.constrained:  # that token, into the matchers first
+            ended = self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
         return logits, batch, self.grammars.fill_later(sampling, ended)
 
     def _draw(self, flight: InFlight) -> None:

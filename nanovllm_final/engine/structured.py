@@ -26,21 +26,21 @@ import copy
 import functools
 import json
 import os
-import re
-import time
-from collections import OrderedDict
 import queue
+import re
 import threading
+import time
 import weakref
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from ..kernels import dispatch
-from .step_input import unpack, upload
 from ..structured_outputs import StructuredOutputsParams, subschemas
 from ..validate import Problem
+from .step_input import unpack, upload
 
 try:
     from ..kernels.grammar_mask import mask_logits_
@@ -270,13 +270,15 @@ class HostMask:
     def __init__(self, packed: torch.Tensor, num_rows: int, words: int, offset: int, pinned: bool):
         self.packed, self.offset, self.pinned = packed, offset, pinned  # (bytes,) uint8: rows, then bitmask at offset
         self.rows = packed[: 8 * num_rows].numpy().view(np.int64)  # (c,)
-        self.filled = packed[offset : offset + 4 * num_rows * words].view(torch.int32).view(num_rows, words)  # xgrammar's
+        # (c, words) int32, as xgrammar fills it
+        self.filled = packed[offset : offset + 4 * num_rows * words].view(torch.int32).view(num_rows, words)
         self.bitmask = self.filled.numpy()  # (c, words), the same memory
 
     @classmethod
     def allocate(cls, num_rows: int, words: int, pin: bool) -> "HostMask":
         offset = -(-8 * num_rows // 16) * 16  # the bitmask's, 16-byte aligned
-        packed = torch.empty(offset + 4 * num_rows * words, dtype=torch.uint8, pin_memory=pin)
+        size = offset + -(-4 * num_rows * words // 16) * 16  # viewed whole as int64 and int32 (unpack)
+        packed = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
         return cls(packed, num_rows, words, offset, pin)
 
     def to(self, device: torch.device) -> list[torch.Tensor]:
