@@ -85,7 +85,7 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
     (Grammars.advance), the bitmask's fill (Grammars.bitmask), its upload, and its application to
     (batch, vocab) logits by apply_bitmask (the kernel on CUDA) and by the PyTorch reference."""
     grammars = Grammars(tokenizer, vocab_size, eos_ids)
-    grammars.pin = device.startswith("cuda")
+    grammars.device = torch.device(device)
     compiled = grammars._compile(Job(), StructuredOutputsParams(json=LONG))
     seqs = [SimpleNamespace(grammar=xgrammar().GrammarMatcher(compiled), is_finished=False, grammar_early=None,
                             seq_id=i) for i in range(batch)]

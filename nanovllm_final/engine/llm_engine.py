@@ -104,7 +104,7 @@ class LLMEngine:
         self.block_tables = BlockTables()  # the steps' block-table arrays, each built from the one before
         self.sampling_columns = SamplingColumns()  # the sampling rows' parameter columns, kept while the rows stay
         self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids)  # structured output
-        self.grammars.pin = self.model_runner.device.type == "cuda"
+        self.grammars.device = self.model_runner.device
         self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
         self.error: str | None = None  # why the engine stopped, if it did
         self._ids = itertools.count()

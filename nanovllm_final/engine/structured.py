@@ -125,7 +125,7 @@ class Grammars:
         self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
         self.waiting: list[tuple] = []  # (Request, Job)
         self.used = False  # no structured request yet: steps skip the bitmask entirely
-        self.pin = False  # the masks in pinned memory (the device is a GPU)
+        self.device: torch.device | None = None  # a GPU: the masks go there, filled in pinned memory
         self.mask_worker: ThreadPoolExecutor | None = None  # overlap: fills a step's mask off the engine's thread
 
     def _compiler(self):
@@ -207,13 +207,14 @@ class Grammars:
 
     def bitmask(self, seqs: list, ended: frozenset[int] = frozenset()) -> "HostMask | None":
         """The rows of `seqs` that have a matcher and their allowed tokens (HostMask), filled on the
-        host in one buffer (pinned where `pin`, for one copy to the device); None if no row has one.
+        host in one buffer (pinned on a GPU, for one copy to the device); None if no row has one.
         `ended`: the seq_ids whose matcher `advance` ended (none other is here: a sequence whose
         grammar ends as its token resolves is finished), whose steps run in vain."""
         rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and seq.seq_id not in ended]
         if not rows:
             return None
-        mask = HostMask.allocate(len(rows), -(-self.grammar_vocab // 32), self.pin)
+        pin = self.device is not None and self.device.type == "cuda"
+        mask = HostMask.allocate(len(rows), -(-self.grammar_vocab // 32), pin)
         mask.rows[:] = rows
         matchers = [seqs[i].grammar for i in rows]
         if len(matchers) == 1:
@@ -229,8 +230,12 @@ class Grammars:
 
     def fill_later(self, seqs: list, ended: frozenset[int] = frozenset()) -> Future:
         """`bitmask(seqs, ended)` on the mask worker (started on first use): the Future of its result."""
-        if self.mask_worker is None:
-            self.mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
+        if self.mask_worker is None:  # on a GPU, the worker's CUDA calls (pinned memory) on the engine's device
+            gpu = self.device is not None and self.device.type == "cuda"
+            index = (self.device.index if self.device.index is not None else torch.cuda.current_device()) if gpu else None
+            self.mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask",
+                                                  initializer=torch.cuda.set_device if gpu else None,
+                                                  initargs=(index,) if gpu else ())
         return self.mask_worker.submit(self.bitmask, list(seqs), ended)
 
     def advance(self, seqs: list, token_ids: list[int]) -> frozenset[int]:
