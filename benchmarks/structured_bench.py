@@ -122,7 +122,7 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
     grammars.shutdown()
     out = {f"{name}_ms": round(statistics.median(t), 3) for name, t in times.items()}
     out["bitmask_shape"] = list(bitmask.shape)
-    out["host_ms"] = round(out["advance_ms"] + out["fill_ms"], 3)  # what overlap hides under the forward pass
+    out["host_ms"] = round(out["advance_ms"] + out["fill_ms"], 3)  # the grammar's host work a step
     return out
 
 
