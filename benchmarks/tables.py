@@ -253,7 +253,7 @@ def kv_quality_table(prefix: str) -> str:
             blocks = m["blocks_per_gib"]
             for name, v in m["variants"].items():
                 rows.append([record["device"], f"{m['model']}, {m['dtype']}", name.removeprefix("fp8, "), f"{v['prefix_agreement']:.0%}",
-                             f"{v['exact_match_share']:.0%}", f"{v['mean_abs_delta_logprob']:.4f}", f"{v['max_abs_delta_logprob']:.3f}",
+                             f"{v['exact_match_share']:.0%}", number(v['mean_abs_delta_logprob'], ".4f"), number(v['max_abs_delta_logprob'], ".3f"),
                              f"{blocks['bfloat16']:,} → {blocks['fp8']:,}", link(path.name, prefix)])
     return markdown(["device", "model, compute dtype", "fp8 scales", "greedy tokens equal before the first difference",
                      "completions equal", "mean abs Δ logprob", "max abs Δ logprob", "blocks per GiB, bf16 → fp8", "record"], rows)
@@ -386,6 +386,11 @@ FILES = [
      "decode step time at batch 256 with every row under a JSON schema against none, overlap scheduling on and off; "
      "schema compile percentiles (the factory's small tokenizer); in newer records the constrained step's pieces "
      "(advance, fill, upload, apply)"),
+    ("structured_host_cpu.json", "python -m benchmarks.structured_host --batch 256 --forward-ms 2.5 "
+     "--out benchmarks/results/structured_host_cpu.json",
+     "the engine's host side at batch 256 with the forward pass and draw replaced by a simulated device: step time and "
+     "the engine thread's CPU time per step, free against every row constrained, the mask filled on its worker or on "
+     "the engine thread"),
     ("structured_mask_pieces_full-vocab-matchers_*_cpu.json", "python -m benchmarks.structured_bench --pieces-only 151936 "
      "--batch 256 --device cpu --full-vocab-matchers --out benchmarks/results/"
      "structured_mask_pieces_full-vocab-matchers_qwen3-0.6b-vocab_cpu.json",
