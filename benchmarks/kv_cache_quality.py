@@ -76,8 +76,10 @@ def amax_scales(llm: LLM, prompts: list, max_tokens: int) -> list[tuple[torch.Te
     amax = [[torch.zeros(layer.num_kv_heads), torch.zeros(layer.num_kv_heads)] for layer in layers]
 
     def record(i):
-        def hook(module, args):  # Attention.forward(q, k, v); k, v: (tokens, kv_heads, head_dim)
-            for j, x in enumerate(args[1:]):
+        def hook(module, args):  # Attention.forward(positions, q, k, v, rotary, q_norm, k_norm)
+            positions, q, k, v, rotary, *norms = args  # k, v: (tokens, kv_heads, head_dim), k before RoPE
+            _, k = rotary(positions, q.clone(), k.clone(), *norms)  # the K the cache stores
+            for j, x in enumerate((k, v)):
                 amax[i][j] = torch.maximum(amax[i][j], x.detach().abs().float().amax(dim=(0, 2)).cpu())
         return hook
 

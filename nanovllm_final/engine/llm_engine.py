@@ -273,6 +273,9 @@ class LLMEngine:
         ended = frozenset()  # the rows whose grammar ended on the step before's token
         if prev.constrained:  # that token, into the matchers first
             ended = self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
+        if not self.grammars.fill_on_worker:  # filled here, drawn at once
+            batch.grammar = self.grammars.bitmask(sampling, ended)
+            return None
         return logits, batch, self.grammars.fill_later(sampling, ended)
 
     def _draw(self, flight: InFlight) -> None:
