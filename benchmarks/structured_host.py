@@ -137,6 +137,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.fill_threads is not None:
         structured.FILL_THREADS, structured.POOL_VOCAB = args.fill_threads, 0
+    structured.Grammars.fill_on_worker = True  # the placement whose fill this compares: draws held back
     path = model_for_shape("tiny-qwen3", "cpu")
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 500, (32,), generator=g).tolist() for _ in range(args.batch)]

@@ -252,7 +252,8 @@ def kv_quality_table(prefix: str) -> str:
         for m in record["models"]:
             blocks = m["blocks_per_gib"]
             for name, v in m["variants"].items():
-                rows.append([record["device"], f"{m['model']}, {m['dtype']}", name.removeprefix("fp8, "), f"{v['prefix_agreement']:.0%}",
+                device = record["device"] + (f", fp8 {record['fp8_products']}" if "fp8_products" in record else "")
+                rows.append([device, f"{m['model']}, {m['dtype']}", name.removeprefix("fp8, "), f"{v['prefix_agreement']:.0%}",
                              f"{v['exact_match_share']:.0%}", number(v['mean_abs_delta_logprob'], ".4f"), number(v['max_abs_delta_logprob'], ".3f"),
                              f"{blocks['bfloat16']:,} → {blocks['fp8']:,}", link(path.name, prefix)])
     return markdown(["device", "model, compute dtype", "fp8 scales", "greedy tokens equal before the first difference",
@@ -371,6 +372,10 @@ FILES = [
     ("kv_cache_quality_cpu.json", "python -m benchmarks.kv_cache_quality --out benchmarks/results/kv_cache_quality_cpu.json",
      "kv_cache_dtype='fp8' against 'auto': greedy agreement, teacher-forced mean abs Δ logprob, KV blocks per GiB "
      "(course model, the qwen3-0.6b shape with 4 layers)"),
+    ("kv_cache_quality_fp8-products_*.json", "NANOVLLM_FP8_DOT=1 python -m benchmarks.kv_cache_quality --device cuda "
+     "--random-layers 0 --out benchmarks/results/kv_cache_quality_fp8-products_DEVICE.json",
+     "kv_cache_dtype='fp8' against 'auto' on the GPU with attention's fp8 tensor-core products: greedy agreement, "
+     "teacher-forced mean abs Δ logprob (course model, the qwen3-0.6b shape)"),
     ("kv_cache_quality_*.json", f"{SUITE} kv-quality", "kv_cache_dtype='fp8' against 'auto' on the GPU: greedy agreement, "
      "teacher-forced mean abs Δ logprob, KV blocks per GiB (course model, the qwen3-0.6b shape)"),
     ("grammar_engines_compile_mask_cpu.json",

@@ -350,12 +350,14 @@ def test_fp8_dot_kernels_at_the_workloads_contexts(tri, decode, pv_fp8, q_scale)
 
 def test_fp8_dot_only_where_the_device_multiplies_e4m3(monkeypatch):
     """The dispatch takes fp8 products for fp16/bf16 q on CUDA devices of compute capability 8.9+
-    (NANOVLLM_FP8_DOT=0 turns them off); never on a CPU or for float32 q, which widen as before."""
+    where NANOVLLM_FP8_DOT=1 asks for them (widening is the default); never on a CPU or for
+    float32 q."""
     from nanovllm_final.kernels import dispatch
 
     assert not dispatch.fp8_dot(torch.zeros(1, dtype=torch.bfloat16)) and not dispatch.fp8_dot(torch.zeros(1))
     check = dispatch._fp8_dot_device.__wrapped__
-    for capability, env, want in (((9, 0), "1", True), ((8, 9), None, True), ((8, 6), "1", False), ((9, 0), "0", False)):
+    for capability, env, want in (((9, 0), "1", True), ((8, 9), "1", True), ((9, 0), None, False), ((8, 6), "1", False),
+                                    ((9, 0), "0", False)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
         if env is None:
             monkeypatch.delenv("NANOVLLM_FP8_DOT", raising=False)

@@ -199,10 +199,10 @@ def test_mask_kernel_equals_the_reference(dtype):
 
 
 def test_masks_filled_off_the_engine_thread_change_no_token(model_dir, monkeypatch):
-    """Overlap fills each step's mask on the mask worker and holds the draw back until the next
-    step is built: a batch mixing constrained rows (n=2 among them) and free ones (greedy, seeded,
-    top-k) gets the tokens of the engine without overlap;
-    the fills ran on the worker, one thread, joined at shutdown."""
+    """Overlap fills each step's mask on the engine's thread and draws at once, or (fill_on_worker)
+    on the mask worker, the draw held back until the next step is built: either way a batch mixing
+    constrained rows (n=2 among them) and free ones (greedy, seeded, top-k) gets the tokens of the
+    engine without overlap; the worker's fills ran on one thread, joined at shutdown."""
     cases = formats()[::4]
     prompts = random_prompts([5, 9, 7], seed=11)
     free = [SamplingParams(temperature=0, max_tokens=40), SamplingParams(temperature=0.9, seed=2, max_tokens=40),
@@ -214,20 +214,22 @@ def test_masks_filled_off_the_engine_thread_change_no_token(model_dir, monkeypat
     monkeypatch.setattr(structured.Grammars, "bitmask", lambda self, *args: (
         threads.append(threading.current_thread()), bitmask(self, *args))[1])
     runs = []
-    for overlap in (True, False):
+    for overlap, worker in ((True, True), (True, False), (False, False)):
+        monkeypatch.setattr(structured.Grammars, "fill_on_worker", worker)
         with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap) as llm:
             outs = llm.generate(prompts + ["Once"] * len(cases), free + constrained, use_tqdm=False)
             runs.append([[c["token_ids"] for c in o["outputs"]] for o in outs])
             check_all(outs[3:], cases)
         on_worker = {t for t in threads if t.name.startswith("grammar-mask")}
-        assert len(on_worker) == (1 if overlap else 0), {t.name for t in threads}
+        assert len(on_worker) == (1 if worker else 0), {t.name for t in threads}
         assert not any(t.is_alive() for t in on_worker)  # joined at shutdown
         threads.clear()
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
 
 
-def test_a_fill_that_raises_ends_its_step_only(model_dir, monkeypatch):
-    """A mask fill that raises on the mask worker ends the requests of its step with an error; the
+@pytest.mark.parametrize("worker", [False, True])
+def test_a_fill_that_raises_ends_its_step_only(model_dir, monkeypatch, worker):
+    """A mask fill that raises (on the engine thread or the mask worker) ends its step's requests with an error; the
     engine serves the next requests as usual."""
     calls = []
     bitmask = structured.Grammars.bitmask
@@ -239,11 +241,12 @@ def test_a_fill_that_raises_ends_its_step_only(model_dir, monkeypatch):
         return bitmask(self, *args)
 
     monkeypatch.setattr(structured.Grammars, "bitmask", flaky)
+    monkeypatch.setattr(structured.Grammars, "fill_on_worker", worker)
     params = SamplingParams(temperature=0, max_tokens=32, structured_outputs={"json": STORY})
     with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=True) as llm:
         out = llm.generate(["A story"], params, use_tqdm=False)[0]
         assert out["finish_reason"] == "error" and "the matcher broke" in out["error"], out
-        assert calls[2].startswith("grammar-mask")
+        assert calls[2].startswith("grammar-mask" if worker else "MainThread")
         again = llm.generate(["A story"] * 2, [params, SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False)
         assert again[0]["finish_reason"] in ("stop", "length") and again[0]["text"].startswith("{")
         assert again[1]["finish_reason"] == "length"

@@ -114,7 +114,8 @@ class Grammars:
     """The engine's structured-output state: grammars compiling or cached, requests waiting for
     theirs, and the step's token bitmask. xgrammar is loaded on the first request that needs it."""
 
-    fill_on_worker = True  # overlap: fill on the mask worker and hold the draw back (False: fill, then draw)
+    fill_on_worker = False  # overlap: fill on the engine's thread and draw at once (True: on the mask worker,
+    # the draw held back until the next forward; structured_bench times both)
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int], timeout_s: float = COMPILE_TIMEOUT_S):
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids

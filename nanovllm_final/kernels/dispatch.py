@@ -40,14 +40,16 @@ def fp8_dot(q: torch.Tensor) -> bool:
     """Whether attention over an fp8 KV cache multiplies e4m3 on tensor cores (q quantized, the
     cache's tiles as they are: kernels/attention.py) rather than widening every K/V tile to 16
     bits in registers: for fp16/bf16 q on CUDA devices of compute capability 8.9 and later (Ada,
-    Hopper: fp8 `tl.dot`), unless the environment sets NANOVLLM_FP8_DOT=0 (read once per device).
-    float32 q keeps the widening path: quantizing it to 8 bits would undo its precision."""
+    Hopper: fp8 `tl.dot`) where the environment sets NANOVLLM_FP8_DOT=1 (read once per device).
+    Widening is the default: on an H100 the decode kernel reads the cache as fast either way and
+    the widened products are the more exact (benchmarks/results/fp8_attention_h100.json,
+    kv_cache_quality_h100.json). float32 q always widens: 8 bits would undo its precision."""
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _fp8_dot_device(q.device)
 
 
 @functools.cache
 def _fp8_dot_device(device: torch.device) -> bool:
-    return os.environ.get("NANOVLLM_FP8_DOT", "1") != "0" and torch.cuda.get_device_capability(device) >= (8, 9)
+    return os.environ.get("NANOVLLM_FP8_DOT", "0") == "1" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 @contextlib.contextmanager
