@@ -74,7 +74,9 @@ def compile_ms(llm: LLM) -> dict:
         times.append((time.perf_counter() - start) * 1e3)
     grammars.shutdown()
     times.sort()
-    pick = lambda q: round(times[min(len(times) - 1, int(q * len(times)))], 3)
+    def pick(q: float) -> float:
+        return round(times[min(len(times) - 1, int(q * len(times)))], 3)
+
     return {"count": len(times), "p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99), "max_ms": round(times[-1], 3)}
 
 
