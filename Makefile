@@ -14,11 +14,12 @@ MODEL ?= $(COURSE)
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test install notebooks book stage clean
+.PHONY: help demo test lint install notebooks book stage clean
 
 help:
 	@echo "make demo       set up .venv, then the final engine tells a story with the course model (greedy; TEMPERATURE=0.8 samples)"
 	@echo "make test       the whole suite: stage-tool check, pytest, every notebook under nbval"
+	@echo "make lint       ruff: the lint rules and the formatter's check (pyproject.toml [tool.ruff])"
 	@echo "make stage      one stage on a model:  make stage STAGE=03 PROMPT='Hello' [MODEL=dir] [ARGS='--max-tokens 16']"
 	@echo "                (STAGE: 01..07, a name such as 03_paged or paged, or final (the default); MODEL: the course model,"
 	@echo "                $(TINY) for the tiny random one, or any checkpoint directory)"
@@ -57,6 +58,10 @@ WORKERS ?= auto
 test: install
 	$(PY) -m tools.stages check
 	$(PY) -m pytest -n $(WORKERS) tests notebooks --nbval
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # One stage, named any way `stages.load` accepts (03, 3, 03_paged, paged, final, ...).
 stage: install

@@ -65,7 +65,7 @@ def engine_block_tables(step: int, seed: int = 0) -> list[list[int]]:
 
 def paged_batch(contexts: list[int], dtype: torch.dtype, cache_dtype: torch.dtype,
                 heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM,
-                block_tables: list[list[int]] | None = None):
+                block_tables: list[list[int]] | None = None, device: str = "cuda"):
     """A random paged cache and one query per sequence; each sequence's blocks at the places
     `block_tables` gives (engine_block_tables), or by default at shuffled places."""
     blocks = [blocks_needed(c, BLOCK) for c in contexts]
@@ -77,11 +77,11 @@ def paged_batch(contexts: list[int], dtype: torch.dtype, cache_dtype: torch.dtyp
             start += n
     assert [len(t) for t in block_tables] == blocks
     total, width = 1 + max(max(t) for t in block_tables), max(blocks)
-    k_cache = torch.randn(total, BLOCK, kv_heads, head_dim, dtype=dtype, device="cuda").to(cache_dtype)
-    v_cache = torch.randn(total, BLOCK, kv_heads, head_dim, dtype=dtype, device="cuda").to(cache_dtype)
-    tables = torch.tensor([t + [-1] * (width - len(t)) for t in block_tables], dtype=torch.int32, device="cuda")
-    q = torch.randn(len(contexts), heads, head_dim, dtype=dtype, device="cuda")
-    lens = torch.tensor(contexts, dtype=torch.int32, device="cuda")
+    k_cache = torch.randn(total, BLOCK, kv_heads, head_dim, dtype=dtype, device=device).to(cache_dtype)
+    v_cache = torch.randn(total, BLOCK, kv_heads, head_dim, dtype=dtype, device=device).to(cache_dtype)
+    tables = torch.tensor([t + [-1] * (width - len(t)) for t in block_tables], dtype=torch.int32, device=device)
+    q = torch.randn(len(contexts), heads, head_dim, dtype=dtype, device=device)
+    lens = torch.tensor(contexts, dtype=torch.int32, device=device)
     return q, k_cache, v_cache, lens, tables
 
 

@@ -32,6 +32,9 @@
 #                  decode step calls it (new K/V stored, RoPE applied) per tile choice -> decode_tiles_qwen3-0.6b_TAG.json,
 #                  decode_tiles_fp8-kv_qwen3-0.6b_TAG.json, decode_tiles_llama-3.2-1b_TAG.json, and with every block
 #                  at a random place -> variants/decode_tiles_shuffled-blocks_llama-3.2-1b_TAG.json
+#   fp8-attention  attention over an fp8 cache: e4m3 tensor-core products (P·V in e4m3 or V widened, q's scale
+#                  per head or per tensor) against widening the tiles: errors, decode and prefill times
+#                  -> fp8_attention_TAG.json
 #   latency        decode-step latency with and without CUDA graphs, 06 and final
 #                  -> decode_latency_qwen3-0.6b_{06,final}_TAG.json; the final engine's graph steps with
 #                  the dense matrix-vector path up to 0, 2 and 4 rows -> dense_gemv_decode_latency_qwen3-0.6b_TAG.json
@@ -112,6 +115,8 @@ for part in "${parts[@]}"; do
       step "$PY" benchmarks/final_kernels_bench.py --out "$OUT/final_kernels_$TAG.json" ;;
     gemv)
       step "$PY" -m benchmarks.gemv_bench --out "$OUT/gemv_tiles_$TAG.json" ;;
+    fp8-attention)
+      step "$PY" benchmarks/fp8_attention_bench.py --out "$OUT/fp8_attention_$TAG.json" ;;
     decode-attention)
       step "$PY" benchmarks/decode_attention_bench.py --out "$OUT/decode_attention_qwen3-0.6b_$TAG.json"
       step "$PY" benchmarks/decode_attention_bench.py --kv-cache-dtype fp8 --out "$OUT/decode_attention_fp8-kv_qwen3-0.6b_$TAG.json"

@@ -135,7 +135,7 @@ def main():
                 else:
                     row["torch_ref_ms"] = None
                 rows.append(row)
-                del q, kc, vc, k_dense, v_dense
+                q = kc = vc = k_dense = v_dense = None  # freed before the next batch
                 torch.cuda.empty_cache()
 
     def fmt(x, spec=".3f"):

@@ -76,8 +76,10 @@ def amax_scales(llm: LLM, prompts: list, max_tokens: int) -> list[tuple[torch.Te
     amax = [[torch.zeros(layer.num_kv_heads), torch.zeros(layer.num_kv_heads)] for layer in layers]
 
     def record(i):
-        def hook(module, args):  # Attention.forward(q, k, v); k, v: (tokens, kv_heads, head_dim)
-            for j, x in enumerate(args[1:]):
+        def hook(module, args):  # Attention.forward(positions, q, k, v, rotary, q_norm, k_norm)
+            positions, q, k, v, rotary, *norms = args  # k, v: (tokens, kv_heads, head_dim), k before RoPE
+            _, k = rotary(positions, q.clone(), k.clone(), *norms)  # the K the cache stores
+            for j, x in enumerate((k, v)):
                 amax[i][j] = torch.maximum(amax[i][j], x.detach().abs().float().amax(dim=(0, 2)).cpu())
         return hook
 
@@ -160,7 +162,9 @@ def measure_model(name: str, path: Path, prompts: list, calibration: list, args)
         deltas = [abs(a - b) for ra, rb in zip(ref_lp, got_lp) for a, b in zip(ra, rb) if a is not None and b is not None]
         missing = sum(b is None for rb in got_lp for b in rb)
         record["variants"][variant] = agreement(ref, got) | {
-            "mean_abs_delta_logprob": statistics.mean(deltas), "max_abs_delta_logprob": max(deltas), "missing": missing,
+            # None where no reference token stayed in this variant's top logprobs (see missing)
+            "mean_abs_delta_logprob": statistics.mean(deltas) if deltas else None,
+            "max_abs_delta_logprob": max(deltas, default=None), "missing": missing,
             "positions": sum(map(len, ref))}
     record["kv_block_bytes"] = block_bytes
     record["blocks_per_gib"] = {k: (1 << 30) // v for k, v in block_bytes.items()}
@@ -205,7 +209,8 @@ def main() -> None:
         for variant, v in r["variants"].items():
             b = r["blocks_per_gib"]
             print(f"{r['model']:<32} {variant:<15} {v['prefix_agreement']:>10.3f} {v['exact_match_share']:>6.2f} "
-                  f"{v['mean_abs_delta_logprob']:>8.4f} {v['max_abs_delta_logprob']:>7.3f} {v['missing']:>5}  "
+                  f"{v['mean_abs_delta_logprob'] or float('nan'):>8.4f} {v['max_abs_delta_logprob'] or float('nan'):>7.3f} "
+                  f"{v['missing']:>5}  "
                   f"{b['auto']} ({r['dtype']}), {b['bfloat16']}, {b['fp8']}")
     print(f"wrote {args.out}")
 

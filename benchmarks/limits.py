@@ -44,7 +44,7 @@ def measure_peaks(device: str = "cuda", copy_bytes: int = 1 << 30, gemm_n: int =
     src = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     bandwidth = 2 * copy_bytes / seconds(lambda: dst.copy_(src))
-    del src, dst
+    src = dst = None  # freed before the GEMM's operands
     a = torch.randn(gemm_n, gemm_n, dtype=torch.bfloat16, device=device)
     b = torch.randn(gemm_n, gemm_n, dtype=torch.bfloat16, device=device)
     peak_flops = 2 * gemm_n**3 / seconds(lambda: a @ b)

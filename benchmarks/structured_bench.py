@@ -6,15 +6,17 @@ schema compile time percentiles, on one device in one process.
     python -m benchmarks.structured_bench --shape tiny-qwen3 --batch 16 --device cpu   # a quick check
     python -m benchmarks.structured_bench --pieces-only 151936 --batch 256 --device cpu  # the pieces alone
 
-The constrained step's pieces (`pieces`: the matchers' advance, the bitmask's fill, its upload, the
-mask's application by the kernel and by the PyTorch reference) are timed alone at the same batch.
+The constrained step's pieces (`pieces`: the matchers' advance, the bitmask's fill as the engine does
+it and by a pool of FILL_THREADS threads, its upload, the mask's application by the kernel and by
+the PyTorch reference) are timed alone at the same batch.
 
 `batch` prompts of 32 random tokens generate `--max-tokens` tokens each (ignore_eos, greedy),
 either free or each under a JSON schema (an object holding an array of at least 1000 objects, so
 no row ends early); the step time is the median wall time of the decode steps of the full batch
 in llm.stats.
-Each mode runs with overlap scheduling on (a step with constrained rows is completed before the
-next is launched, see engine/structured.py) and off. Compile times: every schema of benchmarks/structured_schemas.py against the
+Each mode runs with overlap scheduling on (the masks filled on the mask worker while the host
+completes the step before, see engine/structured.py) and off. Compile times: every schema of
+benchmarks/structured_schemas.py against the
 model's tokenizer and vocabulary, uncached (random-weight models carry the factory's small
 tokenizer: a real checkpoint's 150k-token vocabulary takes the compiler longer)."""
 
@@ -30,7 +32,7 @@ import torch
 from benchmarks.run import model_for_shape, versions
 from benchmarks.structured_schemas import SCHEMAS
 from nanovllm_final import LLM, SamplingParams
-from nanovllm_final.engine.step_input import upload
+from nanovllm_final.engine import structured
 from nanovllm_final.engine.structured import Grammars, Job, apply_bitmask, apply_bitmask_reference, xgrammar
 from nanovllm_final.structured_outputs import StructuredOutputsParams
 
@@ -72,7 +74,9 @@ def compile_ms(llm: LLM) -> dict:
         times.append((time.perf_counter() - start) * 1e3)
     grammars.shutdown()
     times.sort()
-    pick = lambda q: round(times[min(len(times) - 1, int(q * len(times)))], 3)
+    def pick(q: float) -> float:
+        return round(times[min(len(times) - 1, int(q * len(times)))], 3)
+
     return {"count": len(times), "p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99), "max_ms": round(times[-1], 3)}
 
 
@@ -83,12 +87,14 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
     (Grammars.advance), the bitmask's fill (Grammars.bitmask), its upload, and its application to
     (batch, vocab) logits by apply_bitmask (the kernel on CUDA) and by the PyTorch reference."""
     grammars = Grammars(tokenizer, vocab_size, eos_ids)
+    grammars.device = torch.device(device)
     compiled = grammars._compile(Job(), StructuredOutputsParams(json=LONG))
-    seqs = [SimpleNamespace(grammar=xgrammar().GrammarMatcher(compiled), is_finished=False, grammar_early=None)
-            for _ in range(batch)]
+    seqs = [SimpleNamespace(grammar=xgrammar().GrammarMatcher(compiled), is_finished=False, grammar_early=None,
+                            seq_id=i) for i in range(batch)]
     logits = torch.randn(batch, vocab_size, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    times: dict[str, list[float]] = {k: [] for k in ("advance", "fill", "upload", "apply", "apply_reference")}
+    times: dict[str, list[float]] = {k: [] for k in ("advance", "fill", "fill_pool", "upload", "apply",
+                                                     "apply_reference")}
 
     def timed(name: str, fn):
         sync()
@@ -98,29 +104,34 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
         times[name].append((time.perf_counter() - start) * 1e3)
         return out
 
+    pool = xgrammar().BatchGrammarMatcher(max_threads=structured.FILL_THREADS)
     for step in range(steps):
-        rows, bitmask = timed("fill", lambda: grammars.bitmask(seqs))
-        on_device = timed("upload", lambda: upload([rows, bitmask], torch.device(device)))
+        mask = timed("fill", lambda: grammars.bitmask(seqs))
+        spare = mask.filled.clone()  # the same rows filled by FILL_THREADS threads: does a pool pay at this size?
+        timed("fill_pool", lambda: pool.batch_fill_next_token_bitmask([s.grammar for s in seqs], spare))
+        bitmask = mask.bitmask
+        on_device = timed("upload", lambda: mask.to(torch.device(device)))
         work = logits.clone()
         timed("apply", lambda: apply_bitmask(work, *on_device, inplace=True))
         if step < 3 or device.startswith("cuda"):  # the reference takes ~1 s a step on a CPU at a full vocabulary
             timed("apply_reference", lambda: apply_bitmask_reference(logits, *on_device))
         bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")  # (batch, 32 words)
         tokens = [int(np.flatnonzero(b)[step * 7 % max(1, int(b.sum()))]) for b in bits]  # allowed tokens
-        timed("advance", lambda: Grammars.advance(seqs, tokens))
+        timed("advance", lambda: grammars.advance(seqs, tokens))
         for seq in seqs:
             assert seq.grammar_early
             seq.grammar_early = None
     grammars.shutdown()
     out = {f"{name}_ms": round(statistics.median(t), 3) for name, t in times.items()}
     out["bitmask_shape"] = list(bitmask.shape)
-    out["host_ms"] = round(out["advance_ms"] + out["fill_ms"], 3)  # what overlap hides under the forward pass
+    out["host_ms"] = round(out["advance_ms"] + out["fill_ms"], 3)  # the grammar's host work a step
     return out
 
 
 def print_pieces(p: dict, batch: int) -> None:
     print(f"pieces at batch {batch} (bitmask {p['bitmask_shape']}): advance {p['advance_ms']:.3f} ms  "
-          f"fill {p['fill_ms']:.3f} ms  upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
+          f"fill {p['fill_ms']:.3f} ms (a pool of {structured.FILL_THREADS} threads: {p['fill_pool_ms']:.3f} ms)  "
+          f"upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
           f"(PyTorch reference {p['apply_reference_ms']:.3f} ms)", flush=True)
 
 
@@ -153,13 +164,22 @@ def main() -> None:
         with LLM(path, device=args.device, dtype=dtype, max_num_seqs=args.batch, max_model_len=max(48 + args.max_tokens, 256),
                  overlap_scheduling=overlap) as llm:
             times = {mode: step_ms(llm, prompts, p) for mode, p in (("free", free), ("constrained", constrained))}
-            if overlap:
+            if overlap:  # the other placement of the fill: on the engine's thread, the draw queued at once
+                Grammars.fill_on_worker = not Grammars.fill_on_worker
+                times["constrained_other"] = step_ms(llm, prompts, constrained)
+                Grammars.fill_on_worker = not Grammars.fill_on_worker
                 compiles, checked = compile_ms(llm), valid_outputs(llm)
                 engine = llm.engine
                 parts = pieces(llm.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids, args.batch,
                                args.device, getattr(torch, dtype))
         row = {"overlap_scheduling": overlap, "free_ms": round(times["free"], 3),
                "constrained_ms": round(times["constrained"], 3), "ratio": round(times["constrained"] / times["free"], 3)}
+        if overlap:
+            other = "engine_thread" if Grammars.fill_on_worker else "worker"
+            row[f"constrained_fill_on_{other}_ms"] = round(times["constrained_other"], 3)
+            row[f"ratio_fill_on_{other}"] = round(times["constrained_other"] / times["free"], 3)
+            print(f"  fill on the {other.replace('_', ' ')}: constrained {times['constrained_other']:8.2f} ms   "
+                  f"x{times['constrained_other'] / times['free']:.3f}", flush=True)
         rows.append(row)
         print(f"overlap {row['overlap_scheduling']!s:5}  batch {args.batch}: free {row['free_ms']:8.2f} ms   "
               f"constrained {row['constrained_ms']:8.2f} ms   x{row['ratio']:.3f}", flush=True)

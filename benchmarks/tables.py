@@ -252,8 +252,9 @@ def kv_quality_table(prefix: str) -> str:
         for m in record["models"]:
             blocks = m["blocks_per_gib"]
             for name, v in m["variants"].items():
-                rows.append([record["device"], f"{m['model']}, {m['dtype']}", name.removeprefix("fp8, "), f"{v['prefix_agreement']:.0%}",
-                             f"{v['exact_match_share']:.0%}", f"{v['mean_abs_delta_logprob']:.4f}", f"{v['max_abs_delta_logprob']:.3f}",
+                device = record["device"] + (f", fp8 {record['fp8_products']}" if "fp8_products" in record else "")
+                rows.append([device, f"{m['model']}, {m['dtype']}", name.removeprefix("fp8, "), f"{v['prefix_agreement']:.0%}",
+                             f"{v['exact_match_share']:.0%}", number(v['mean_abs_delta_logprob'], ".4f"), number(v['max_abs_delta_logprob'], ".3f"),
                              f"{blocks['bfloat16']:,} → {blocks['fp8']:,}", link(path.name, prefix)])
     return markdown(["device", "model, compute dtype", "fp8 scales", "greedy tokens equal before the first difference",
                      "completions equal", "mean abs Δ logprob", "max abs Δ logprob", "blocks per GiB, bf16 → fp8", "record"], rows)
@@ -373,6 +374,10 @@ FILES = [
      "of its prefill and decode steps"),
     ("decode_attention_*.json", f"{SUITE} decode-attention", "the final engine's paged decode attention on a real run's context mix "
      "(bf16 cache, or fp8 where the name says so): tiles, launch order (batch order, longest first) and split-K factors, with the bandwidth reached"),
+    ("fp8_attention_*.json", f"{SUITE} fp8-attention", "attention over an fp8 KV cache on Qwen3-0.6B's heads: e4m3 "
+     "tensor-core products (P·V in e4m3 or with V widened; q's scale per head or per tensor) against widening the tiles: "
+     "errors against the widening kernel and the exact reference, decode time and bandwidth on a real run's context mix, "
+     "prefill TFLOP/s"),
     ("decode_tiles_*.json", f"{SUITE} decode-attention", "the final engine's decode kernel as a decode step calls it (the new "
      "K/V stored, q/k norms and RoPE applied) on a real run's context mix, per tile choice, checked against the PyTorch path: "
      "what the decode_attention choices of kernels/configs/ were picked by (bf16 cache, or fp8 where the name says so; Qwen3-0.6B's or Llama-3.2-1B's heads; "
@@ -397,6 +402,10 @@ FILES = [
     ("kv_cache_quality_cpu.json", "python -m benchmarks.kv_cache_quality --out benchmarks/results/kv_cache_quality_cpu.json",
      "kv_cache_dtype='fp8' against 'auto': greedy agreement, teacher-forced mean abs Δ logprob, KV blocks per GiB "
      "(course model, the qwen3-0.6b shape with 4 layers)"),
+    ("kv_cache_quality_fp8-products_*.json", "NANOVLLM_FP8_DOT=1 python -m benchmarks.kv_cache_quality --device cuda "
+     "--random-layers 0 --out benchmarks/results/kv_cache_quality_fp8-products_DEVICE.json",
+     "kv_cache_dtype='fp8' against 'auto' on the GPU with attention's fp8 tensor-core products: greedy agreement, "
+     "teacher-forced mean abs Δ logprob (course model, the qwen3-0.6b shape)"),
     ("kv_cache_quality_*.json", f"{SUITE} kv-quality", "kv_cache_dtype='fp8' against 'auto' on the GPU: greedy agreement, "
      "teacher-forced mean abs Δ logprob, KV blocks per GiB (course model, the qwen3-0.6b shape)"),
     ("grammar_engines_compile_mask_cpu.json",
@@ -412,6 +421,11 @@ FILES = [
      "decode step time at batch 256 with every row under a JSON schema against none, overlap scheduling on and off; "
      "schema compile percentiles (the factory's small tokenizer); in newer records the constrained step's pieces "
      "(advance, fill, upload, apply)"),
+    ("structured_host_cpu.json", "python -m benchmarks.structured_host --batch 256 --forward-ms 2.5 "
+     "--out benchmarks/results/structured_host_cpu.json",
+     "the engine's host side at batch 256 with the forward pass and draw replaced by a simulated device: step time and "
+     "the engine thread's CPU time per step, free against every row constrained, the mask filled on its worker or on "
+     "the engine thread"),
     ("structured_mask_pieces_full-vocab-matchers_*_cpu.json", "python -m benchmarks.structured_bench --pieces-only 151936 "
      "--batch 256 --device cpu --full-vocab-matchers --out benchmarks/results/"
      "structured_mask_pieces_full-vocab-matchers_qwen3-0.6b-vocab_cpu.json",

@@ -66,7 +66,6 @@ def _pages(site: Path) -> list[Path]:
 
 
 def _url_path(site: Path, page: Path) -> str:
-    rel = page.relative_to(site).as_posix()
     return "/" + page.relative_to(site).as_posix()
 
 

@@ -200,7 +200,10 @@ def test_requests_outside_the_model_are_refused_before_any_work(llm):
 def test_the_limits_sample_sensibly(llm):
     """top_k beyond the vocabulary keeps every token; the smallest top_p keeps the most likely one."""
     prompts = random_prompts([5, 8], seed=30)
-    run = lambda **kw: tokens(llm.generate(prompts, SamplingParams(**({"temperature": 1.0, "seed": 3} | kw), max_tokens=6), use_tqdm=False))
+    def run(**kw):
+        params = SamplingParams(**({"temperature": 1.0, "seed": 3} | kw), max_tokens=6)
+        return tokens(llm.generate(prompts, params, use_tqdm=False))
+
     assert run(top_k=2**63 - 1) == run(top_k=0) == run(top_k=llm.model_config.vocab_size)
     assert run(top_k=2) != run(top_k=0)  # top_k does take effect below the vocabulary
     assert run(top_p=1e-6) == run(min_p=1.0) == run(temperature=0.0)

@@ -200,7 +200,9 @@ def test_candidates_draw_draws_the_samplers_tokens(masks, dtype):
     expected = Sampler(seed=0, device=torch.device("cpu"))(logits, temperatures, top_k, top_p, min_p, seeds=seeds,
                                                            positions=positions, max_k=k, greedy_rows=False)
     values, ids = top_candidates(logits, k)  # (rows, k): what the max_k path draws among
-    on = (lambda t: None if t is None else t.to(DEVICE))
+    def on(t):
+        return None if t is None else t.to(DEVICE)
+
     out = sampling.candidates_draw(values.to(DEVICE), ids.to(DEVICE), seed_keys(seeds, positions).to(DEVICE),
                                        temperatures.to(DEVICE),
                                        on(top_k), on(top_p), on(min_p))

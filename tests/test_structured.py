@@ -5,6 +5,7 @@ unconstrained tokens; hostile grammars end their own request with a clear error 
 
 import json
 import re
+import threading
 import time
 
 import jsonschema
@@ -195,3 +196,75 @@ def test_mask_kernel_equals_the_reference(dtype):
         assert torch.equal(out[[1, 2, 5, 6, 8]], logits[[1, 2, 5, 6, 8]])
         assert (out[rows, min(vocab, 32 * words):] == float("-inf")).all()
         assert torch.isfinite(out[0, : min(vocab, 32 * words)]).all()  # bitmask[1]: all allowed
+
+
+def test_masks_filled_off_the_engine_thread_change_no_token(model_dir, monkeypatch):
+    """Overlap fills each step's mask on the engine's thread and draws at once, or (fill_on_worker)
+    on the mask worker, the draw held back until the next step is built: either way a batch mixing
+    constrained rows (n=2 among them) and free ones (greedy, seeded, top-k) gets the tokens of the
+    engine without overlap; the worker's fills ran on one thread, joined at shutdown."""
+    cases = formats()[::4]
+    prompts = random_prompts([5, 9, 7], seed=11)
+    free = [SamplingParams(temperature=0, max_tokens=40), SamplingParams(temperature=0.9, seed=2, max_tokens=40),
+            SamplingParams(temperature=0.8, seed=4, top_k=20, max_tokens=30)]
+    constrained = [SamplingParams(temperature=t, seed=i, n=1 + i % 2, max_tokens=64, structured_outputs=fmt)
+                   for i, ((fmt, _), t) in enumerate(zip(cases, [0.0, 0.8] * len(cases)))]
+    threads = []
+    bitmask = structured.Grammars.bitmask
+    monkeypatch.setattr(structured.Grammars, "bitmask", lambda self, *args: (
+        threads.append(threading.current_thread()), bitmask(self, *args))[1])
+    runs = []
+    for overlap, worker in ((True, True), (True, False), (False, False)):
+        monkeypatch.setattr(structured.Grammars, "fill_on_worker", worker)
+        with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap) as llm:
+            outs = llm.generate(prompts + ["Once"] * len(cases), free + constrained, use_tqdm=False)
+            runs.append([[c["token_ids"] for c in o["outputs"]] for o in outs])
+            check_all(outs[3:], cases)
+        on_worker = {t for t in threads if t.name.startswith("grammar-mask")}
+        assert len(on_worker) == (1 if worker else 0), {t.name for t in threads}
+        assert not any(t.is_alive() for t in on_worker)  # joined at shutdown
+        threads.clear()
+    assert runs[0] == runs[1] == runs[2]
+
+
+@pytest.mark.parametrize("worker", [False, True])
+def test_a_fill_that_raises_ends_its_step_only(model_dir, monkeypatch, worker):
+    """A mask fill that raises (on the engine thread or the mask worker) ends its step's requests with an error; the
+    engine serves the next requests as usual."""
+    calls = []
+    bitmask = structured.Grammars.bitmask
+
+    def flaky(self, *args):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 3:
+            raise RuntimeError("the matcher broke")
+        return bitmask(self, *args)
+
+    monkeypatch.setattr(structured.Grammars, "bitmask", flaky)
+    monkeypatch.setattr(structured.Grammars, "fill_on_worker", worker)
+    params = SamplingParams(temperature=0, max_tokens=32, structured_outputs={"json": STORY})
+    with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=True) as llm:
+        out = llm.generate(["A story"], params, use_tqdm=False)[0]
+        assert out["finish_reason"] == "error" and "the matcher broke" in out["error"], out
+        assert calls[2].startswith("grammar-mask" if worker else "MainThread")
+        again = llm.generate(["A story"] * 2, [params, SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False)
+        assert again[0]["finish_reason"] in ("stop", "length") and again[0]["text"].startswith("{")
+        assert again[1]["finish_reason"] == "length"
+
+
+def test_a_host_mask_is_one_buffer():
+    """The rows and the bitmask in one buffer, viewed back whole (as the device copy is) for any
+    row and word counts: what the sampler applies is what was filled."""
+    import numpy as np
+    import torch
+
+    from nanovllm_final.engine.step_input import unpack
+
+    for num_rows, words in ((1, 1), (3, 5), (7, 16)):
+        mask = structured.HostMask.allocate(num_rows, words, pin=False)
+        mask.rows[:] = np.arange(num_rows)[::-1] * 2
+        mask.filled.copy_(torch.arange(num_rows * words, dtype=torch.int32).view(num_rows, words) - 7)
+        rows, bitmask = unpack(mask.packed.clone(), [mask.rows, mask.bitmask], [0, mask.offset])
+        assert rows.tolist() == [2 * i for i in range(num_rows)][::-1]
+        assert torch.equal(bitmask, mask.filled) and bitmask.dtype == torch.int32
+        assert [t.tolist() for t in mask.to(torch.device("cpu"))] == [rows.tolist(), bitmask.tolist()]

@@ -47,6 +47,7 @@ class InFlight:
     needs_tokens: bool  # the next schedule needs its tokens on the host (penalties count the output)
     scores: PendingSample | None = None  # its prompt logprobs (step.scoring's rows), on their way to the host
     constrained: bool = False  # some rows sampled under a grammar: the next step's mask needs their tokens
+    deferred: tuple | None = None  # overlap: (logits, batch, its mask's Future), the draw held back for its mask
 
     def pending_rows(self) -> dict[int, int]:
         """seq_id -> the row of its pending token."""
@@ -104,6 +105,7 @@ class LLMEngine:
         self.block_tables = BlockTables()  # the steps' block-table arrays, each built from the one before
         self.sampling_columns = SamplingColumns()  # the sampling rows' parameter columns, kept while the rows stay
         self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids)  # structured output
+        self.grammars.device = self.model_runner.device
         self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
         self.error: str | None = None  # why the engine stopped, if it did
         self._ids = itertools.count()
@@ -226,40 +228,69 @@ class LLMEngine:
             if self.grammars.waiting:
                 time.sleep(0.001)  # nothing to run but grammars compiling: do not spin
             return None
+        failing = seqs  # the sequences a failure ends (and prev's, while its held-back draw is queued)
         try:
             if self.speculator is not None:
                 self.speculator.fill(seqs)  # a draft model's proposals
             step = build_step_input(seqs, self.config.kvcache_block_size, prev.pending_rows() if prev is not None else None,
                                     self.block_tables)
+            if prev is not None:
+                failing = [*prev.seqs, *seqs]
+                self._draw(prev)  # its tokens feed this step: its draw is queued first
+                failing = seqs
             execute = functools.partial(self.model_runner.execute, carried=prev.sample.token_ids if prev is not None and prev.sample is not None else None)
             logits = execute(step) if self.workers is None else self.workers.call("execute", execute, step)
             all_sample = len(step.sample_rows) == len(seqs)  # most steps: every sequence samples
             sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
-            batch = pending = None
+            batch = pending = deferred = None
+            constrained = False  # some row samples under a grammar
             if self.speculator is not None and self.speculator.drafted(sampling):
                 batch = verify_batch(sampling, self.eos_token_ids)
             elif sampling:
                 batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns)
-                if self.grammars.used:  # filled on the host while the device runs the forward
-                    if prev is not None and prev.constrained:  # the step before's tokens, into the matchers first
-                        self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
-                    batch.grammar = self.grammars.bitmask(sampling)
-            if batch is not None:
+                constrained = self.grammars.used and any(seq.grammar is not None for seq in sampling)
+                if constrained:
+                    deferred = self._mask(prev, sampling, logits, batch)
+            if batch is not None and deferred is None:
                 pending = self.model_runner.sample(logits, batch)
         except Exception as err:
-            self._fail(seqs, err)
+            self._fail(failing, err)
             return None
         self.scheduler.launched(seqs)
         mark_launched(step.scoring, seqs)
         record = self.metrics.step_record(step, len(seqs), self.block_manager.num_hit_tokens - hits_before)
         needs_tokens = batch is not None and batch.penalties is not None  # penalties count the output
-        constrained = batch is not None and batch.grammar is not None
         return InFlight(step, seqs, sampling, pending, record, start, needs_tokens, self.model_runner.prompt_scores,
-                        constrained)
+                        constrained, deferred)
+
+    def _mask(self, prev: InFlight | None, sampling: list[Sequence], logits, batch) -> tuple | None:
+        """The grammar mask of a step with constrained rows: filled here (None returned: draw now),
+        or under overlap on the mask worker while the host completes `prev` and schedules the next
+        step; then the draw waits (logits, batch, the fill's Future) for `_draw` (structured.py)."""
+        if prev is None:
+            batch.grammar = self.grammars.bitmask(sampling)
+            return None
+        ended = frozenset()  # the rows whose grammar ended on the step before's token
+        if prev.constrained:  # that token, into the matchers first
+            ended = self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
+        if not self.grammars.fill_on_worker:  # filled here, drawn at once
+            batch.grammar = self.grammars.bitmask(sampling, ended)
+            return None
+        return logits, batch, self.grammars.fill_later(sampling, ended)
+
+    def _draw(self, flight: InFlight) -> None:
+        """Queue the draw a step held back for its grammar mask, the fill joined (once: a fill that
+        raised fails its step once, and the step completes with no token)."""
+        if flight.deferred is not None:
+            logits, batch, mask = flight.deferred
+            flight.deferred = None
+            batch.grammar = mask.result()
+            flight.sample = self.model_runner.sample(logits, batch)
 
     def _complete(self, done: InFlight, finished_only: bool) -> None:
         """Wait for the step's tokens; resolve, detokenize, check stops, queue the outputs."""
         try:
+            self._draw(done)  # held back for its mask (overlap), when no step followed to queue it
             if done.scores is not None:
                 collect_scores(done.step.scoring, done.scores, done.seqs, self.requests)
             sampled = done.sample.result() if done.sample is not None else SampledTokens([], None)  # no row sampled

@@ -76,7 +76,7 @@ class Request:
         reason = None
         if n >= p.min_tokens and ((not p.ignore_eos and token_id in eos_token_ids) or token_id in p.stop_token_ids):
             reason = "stop"
-        elif seq.grammar is not None and not accepts(seq, token_id):
+        elif seq.grammar is not None and not accepts(seq, token_id, eos_token_ids):
             reason = "stop"  # the grammar has ended (its EOS accepted), or can take no token past this one
         elif seq.reaches_length_limit(known, max_model_len):
             reason = "length"

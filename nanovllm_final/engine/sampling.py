@@ -37,7 +37,7 @@ class SamplingBatch:
     suppress: tuple[np.ndarray, np.ndarray] | None  # (row, token id) pairs masked out (min_tokens)
     num_logprobs: int | None  # the largest `logprobs` of the rows; None: no row asks
     on_device: dict = field(default_factory=dict)  # the columns' device copies, kept with the columns (SamplingColumns)
-    grammar: tuple | None = None  # structured output: the constrained rows (c,) and their bitmask (c, words) (structured.py)
+    grammar: object | None = None  # structured output: the constrained rows and their bitmask (structured.HostMask)
     drafts: tuple | None = None  # speculative: the verifying sequences and each row's proposal (spec_verify.py)
 
     @property
@@ -176,9 +176,8 @@ def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch, path: P
     raw = logits  # (rows, vocab) in the model's dtype
     logits = penalized(logits, batch)
     if batch.grammar is not None:  # before every draw below: each picks among the allowed tokens
-        rows, bitmask = batch.grammar
         inplace = logits is not raw or batch.num_logprobs is None  # the logprobs read the raw logits
-        logits = apply_bitmask(logits, *upload([rows, bitmask], device), inplace=inplace)
+        logits = apply_bitmask(logits, *batch.grammar.to(device), inplace=inplace)
     if path is Path.GREEDY:
         token_ids = logits.argmax(dim=-1)  # (rows,)
     else:

@@ -4,28 +4,35 @@
     grammars.add(request)                  # its grammar compiles on a worker thread (cached by schema)
     ready, failed = grammars.poll()        # each step: requests whose grammar is ready (their
                                            #   sequences get a matcher each), or failed / timed out
-    rows, bitmask = grammars.bitmask(seqs) # the step's constrained rows, their allowed tokens (host)
-    logits = apply_bitmask(logits, rows, bitmask)  # on the device: the other tokens at -inf
+    mask = grammars.bitmask(seqs)          # the step's constrained rows, their allowed tokens (host)
+    logits = apply_bitmask(logits, *mask.to(device))  # on the device: the other tokens at -inf
 
 A request waits here, outside the scheduler, until its grammar is ready; the others run on.
 Each sequence's matcher accepts its tokens as they resolve (Request.on_token): EOS is allowed
-only where the grammar can end. Overlap scheduling: step N+1's mask needs step N's tokens, so
-the engine launches N+1's forward pass (fed N's tokens on the device), then waits for N's tokens
-on the host, advances the matchers with them (`advance`) and fills N+1's mask while the device
-runs the forward pass; N's tokens resolve later, and the matchers do not take them twice."""
+only where the grammar can end.
+
+Overlap scheduling: step N+1's mask needs step N's tokens, and at a large batch its fill is the
+longest piece of the host's step. So the engine queues N+1's forward pass (fed N's tokens on the
+device), waits for N's tokens, advances the matchers with them (`advance`; N's tokens resolve
+later, and the matchers do not take them twice), and hands N+1's fill to the mask worker
+(`fill_later`), one long-lived thread: xgrammar fills without the GIL, while the engine's thread
+completes step N and schedules and builds step N+2. N+1's draw waits: it is queued (the fill
+joined) only when N+2's inputs are built, just before N+2's forward pass that its tokens feed,
+or when step N+1 is completed if no step follows. The worker fills while only this thread reads
+the matchers (`accepts` takes the verdicts of `advance`), and no two fills run at once."""
 
 import atexit
 import copy
 import functools
 import json
 import os
-import re
-import time
-from collections import OrderedDict
 import queue
+import re
 import threading
+import time
 import weakref
-from concurrent.futures import Future
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -33,6 +40,7 @@ import torch
 from ..kernels import dispatch
 from ..structured_outputs import StructuredOutputsParams, subschemas
 from ..validate import Problem
+from .step_input import unpack, upload
 
 try:
     from ..kernels.grammar_mask import mask_logits_
@@ -42,6 +50,7 @@ except ImportError:  # no Triton: the PyTorch code masks
 COMPILE_TIMEOUT_S = 10.0  # a grammar still compiling after this long ends its request with an error
 CACHE_SIZE = 256  # compiled grammars kept (by schema)
 FILL_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))  # the host threads that fill a step's bitmask rows
+POOL_VOCAB = 32768  # below this many grammar ids a row fills in about a microsecond: one thread, no pool hand-offs
 MISSING_EXTRA = "structured output needs the grammar engine xgrammar: pip install 'nanovllm-staged[structured]'"
 
 
@@ -105,8 +114,12 @@ class Grammars:
     """The engine's structured-output state: grammars compiling or cached, requests waiting for
     theirs, and the step's token bitmask. xgrammar is loaded on the first request that needs it."""
 
+    fill_on_worker = False  # overlap: fill on the engine's thread and draw at once (True: on the mask worker,
+    # the draw held back until the next forward; structured_bench times both)
+
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int], timeout_s: float = COMPILE_TIMEOUT_S):
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
+        self.stop_ids = frozenset(eos_token_ids)  # the matchers' stop tokens
         self.timeout_s = timeout_s
         self.compiler = None
         self.filler = None  # xgrammar's BatchGrammarMatcher: its threads fill the rows of a step's bitmask
@@ -115,6 +128,8 @@ class Grammars:
         self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
         self.waiting: list[tuple] = []  # (Request, Job)
         self.used = False  # no structured request yet: steps skip the bitmask entirely
+        self.device: torch.device | None = None  # a GPU: the masks go there, filled in pinned memory
+        self.mask_worker: ThreadPoolExecutor | None = None  # overlap: fills a step's mask off the engine's thread
 
     def _compiler(self):
         if self.compiler is None:
@@ -193,34 +208,50 @@ class Grammars:
         self.waiting = still
         return ready, failed
 
-    def bitmask(self, seqs: list) -> tuple[np.ndarray, np.ndarray] | None:
-        """The rows of `seqs` that have a matcher, (c,) int64, and their allowed tokens as an int32
-        bitmask (c, ceil(grammar_vocab / 32)) on the host; None if no row has one."""
-        # a matcher that has ended belongs to a sequence that ended last step: this step runs it in vain
-        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.grammar.is_terminated()]
+    def bitmask(self, seqs: list, ended: frozenset[int] = frozenset()) -> "HostMask | None":
+        """The rows of `seqs` that have a matcher and their allowed tokens (HostMask), filled on the
+        host in one buffer (pinned on a GPU, for one copy to the device); None if no row has one.
+        `ended`: the seq_ids whose matcher `advance` ended (none other is here: a sequence whose
+        grammar ends as its token resolves is finished), whose steps run in vain."""
+        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and seq.seq_id not in ended]
         if not rows:
             return None
-        xgr = xgrammar()
-        bitmask = xgr.allocate_token_bitmask(len(rows), self.grammar_vocab)  # (c, words) int32
+        pin = self.device is not None and self.device.type == "cuda"
+        mask = HostMask.allocate(len(rows), -(-self.grammar_vocab // 32), pin)
+        mask.rows[:] = rows
         matchers = [seqs[i].grammar for i in rows]
         if len(matchers) == 1:
-            matchers[0].fill_next_token_bitmask(bitmask, 0)
+            matchers[0].fill_next_token_bitmask(mask.filled, 0)
         else:
             if self.filler is None:
-                self.filler = xgr.BatchGrammarMatcher(max_threads=FILL_THREADS)
-            self.filler.batch_fill_next_token_bitmask(matchers, bitmask)
-        bitmask = bitmask.numpy()
+                threads = FILL_THREADS if self.grammar_vocab >= POOL_VOCAB else 1
+                self.filler = xgrammar().BatchGrammarMatcher(max_threads=threads)
+            self.filler.batch_fill_next_token_bitmask(matchers, mask.filled)
         if self.grammar_vocab % 32:  # the last word's bits past grammar_vocab: no token of the grammar's
-            bitmask[:, -1] &= np.int32((1 << self.grammar_vocab % 32) - 1)
-        return np.array(rows, np.int64), bitmask
+            mask.bitmask[:, -1] &= np.int32((1 << self.grammar_vocab % 32) - 1)
+        return mask
 
-    @staticmethod
-    def advance(seqs: list, token_ids: list[int]) -> None:
+    def fill_later(self, seqs: list, ended: frozenset[int] = frozenset()) -> Future:
+        """`bitmask(seqs, ended)` on the mask worker (started on first use): the Future of its result."""
+        if self.mask_worker is None:  # on a GPU, the worker's CUDA calls (pinned memory) on the engine's device
+            gpu = self.device is not None and self.device.type == "cuda"
+            index = (self.device.index if self.device.index is not None else torch.cuda.current_device()) if gpu else None
+            self.mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask",
+                                                  initializer=torch.cuda.set_device if gpu else None,
+                                                  initargs=(index,) if gpu else ())
+        return self.mask_worker.submit(self.bitmask, list(seqs), ended)
+
+    def advance(self, seqs: list, token_ids: list[int]) -> frozenset[int]:
         """Overlap: the step before's tokens, accepted by the matchers before they resolve, so that
-        this step's mask can be filled while the device runs its forward pass."""
+        this step's mask can be filled while the device runs its forward pass. Returns the seq_ids
+        whose grammar ended (a matcher ends only by accepting a stop token: the EOS ids)."""
+        ended, stops = [], self.stop_ids
         for seq, token_id in zip(seqs, token_ids):
             if seq.grammar is not None and not seq.is_finished:
-                seq.grammar_early = seq.grammar.accept_token(token_id)
+                seq.grammar_early = ok = seq.grammar.accept_token(token_id)
+                if ok and token_id in stops and seq.grammar.is_terminated():
+                    ended.append(seq.seq_id)
+        return frozenset(ended)
 
     def _work(self) -> None:
         while (item := self.queue.get()) is not None:
@@ -231,9 +262,38 @@ class Grammars:
                 job.future.set_exception(err)
 
     def shutdown(self) -> None:
+        if self.mask_worker is not None:
+            self.mask_worker.shutdown(wait=True)  # a fill lasts milliseconds
+            self.mask_worker = None
         for _ in self.workers:
             self.queue.put(None)  # each stops after its compile
         self.workers = [worker for worker in self.workers if worker.is_alive()]
+
+
+class HostMask:
+    """A step's grammar mask on the host: the constrained rows (c,) int64 and their allowed tokens,
+    an int32 bitmask (c, words) (bit j of word w: token 32 w + j), in one buffer: pinned, it goes
+    to the device in one copy that the host does not wait for."""
+
+    def __init__(self, packed: torch.Tensor, num_rows: int, words: int, offset: int, pinned: bool):
+        self.packed, self.offset, self.pinned = packed, offset, pinned  # (bytes,) uint8: rows, then bitmask at offset
+        self.rows = packed[: 8 * num_rows].numpy().view(np.int64)  # (c,)
+        # (c, words) int32, as xgrammar fills it
+        self.filled = packed[offset : offset + 4 * num_rows * words].view(torch.int32).view(num_rows, words)
+        self.bitmask = self.filled.numpy()  # (c, words), the same memory
+
+    @classmethod
+    def allocate(cls, num_rows: int, words: int, pin: bool) -> "HostMask":
+        offset = -(-8 * num_rows // 16) * 16  # the bitmask's, 16-byte aligned
+        size = offset + -(-4 * num_rows * words // 16) * 16  # viewed whole as int64 and int32 (unpack)
+        packed = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+        return cls(packed, num_rows, words, offset, pin)
+
+    def to(self, device: torch.device) -> list[torch.Tensor]:
+        """[rows, bitmask] on the device."""
+        if not self.pinned or device.type != "cuda":
+            return upload([self.rows, self.bitmask], device)
+        return unpack(self.packed.to(device, non_blocking=True), [self.rows, self.bitmask], [0, self.offset])
 
 
 LIVE: weakref.WeakSet = weakref.WeakSet()  # every Grammars that started workers
@@ -252,12 +312,12 @@ def _finish_compiles() -> None:
         worker.join(max(0.0, deadline - time.perf_counter()))
 
 
-def accepts(seq, token_id: int) -> bool:
+def accepts(seq, token_id: int, stop_ids: set[int]) -> bool:
     """Advance the sequence's matcher by its token as it resolves (unless `advance` did already);
-    False: the grammar has ended (its EOS accepted) or refused the token."""
+    False: the grammar has ended (a stop token of `stop_ids` accepted) or refused the token."""
     ok = seq.grammar.accept_token(token_id) if seq.grammar_early is None else seq.grammar_early
     seq.grammar_early = None
-    return ok and not seq.grammar.is_terminated()
+    return ok and not (token_id in stop_ids and seq.grammar.is_terminated())
 
 
 def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor,

@@ -27,17 +27,27 @@ and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads
 masks). To debug on a CPU, set ``TRITON_INTERPRET=1`` before importing triton.
 
 An fp8 cache (``kv_cache_dtype="fp8"``; attention.py states the contract): the store
-kernel quantizes; prefill and decode widen each tile in registers (``_load_kv_tile``; to fp16
-under bf16, ``_widen_to``) and
-apply the scales once per row (``_kv_scales``: K's in the softmax scale, V's on the output);
-the scales are read by pointer, so a captured graph stays valid.
+kernel quantizes; the scales apply once per row (``_kv_scales``: K's in the softmax scale, V's
+on the output), read by pointer, so a captured graph stays valid. Prefill and decode read the
+e4m3 tiles in one of two ways (``_fp8_launch``; ``dispatch.fp8_dot`` picks):
+
+* fp8 tensor-core products (fp16/bf16 q on compute capability 8.9+): q is quantized to e4m3
+  once per program (``_quantize_q``: by default each query head's amax / 448 at this step, or a
+  static per-tensor ``q_scale``), the scores are e4m3 q by the e4m3 K tile as loaded, fp32
+  accumulate, times q's and K's scales; P·V is e4m3 P (in [0, 1] after the max is subtracted,
+  times 448) by the e4m3 V tile (``PV_FP8``), or fp16 P by V widened to fp16. On Hopper the
+  decode kernel's GQA group is padded to a warpgroup's 64 rows (``_group_rows``).
+* widening (elsewhere, and the reference): each tile is widened in registers (to fp16 under
+  bf16, ``_widen_to``), exactly, and multiplied in q's precision.
 """
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from . import tuning
+from . import dispatch, tuning
 from .launch import pdl_args, wait_for_prior_kernel
 from .norm_rope import rope_rows
 
@@ -52,6 +62,14 @@ LOG2E = 1.4426950408889634
 
 
 FP8_MAX = tl.constexpr(448.0)  # the largest float8 e4m3 value
+# With fp8 tensor-core products (dispatch.fp8_dot), per kernel: P·V as e4m3 P (times 448) by the
+# cache's e4m3 V (True), or V widened to fp16 by fp16 P (False). A launch's `pv_fp8` overrides it.
+# False until measured otherwise (benchmarks/fp8_attention_bench.py): P·V's second operand must be
+# K-major (keys contiguous) in e4m3 on Hopper, and V's rows are head_dim-contiguous, so Triton
+# transposes V in registers before its shared-memory store and gives up pipelining its load; an
+# fp16 operand the warpgroup MMA reads either way.
+PV_FP8 = {"decode": False, "prefill": False}
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter's fp8 cast needs help (_e4m3)
 
 
 def _fp8_args(k_cache: torch.Tensor, k_scale, v_scale) -> tuple:
@@ -62,9 +80,25 @@ def _fp8_args(k_cache: torch.Tensor, k_scale, v_scale) -> tuple:
     return (k_scale, v_scale, True) if fp8 else (k_cache, k_cache, False)
 
 
-def _block_d(head_dim: int) -> int:
-    # tl.dot needs every dimension >= 16; pad head_dim to a power of two (masked).
-    return max(16, triton.next_power_of_2(head_dim))
+def _fp8_launch(kernel: str, q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_scale, fp8_dot: bool | None,
+                pv_fp8: bool | None, q_scale: torch.Tensor | None) -> tuple[tuple, dict]:
+    """((k_scale, v_scale, q_scale) pointers, the FP8 constexprs) of a launch of `kernel` ("decode"
+    or "prefill"). FP8_DOT: the scores are e4m3 q by the fp8 cache's e4m3 K on tensor cores (fp8_dot;
+    None: where dispatch.fp8_dot says); PV_FP8: so is P·V (pv_fp8; None: PV_FP8[kernel]); Q_DYNAMIC:
+    q's scale is each row's own (q_scale None), else the static per-tensor q_scale, (1,) float32."""
+    k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
+    dot = fp8 and (dispatch.fp8_dot(q) if fp8_dot is None else fp8_dot)
+    assert q_scale is None or (q_scale.numel() == 1 and q_scale.dtype == torch.float32), "q_scale: (1,) float32"
+    flags = {"FP8": fp8, "FP8_DOT": dot, "PV_FP8": dot and (PV_FP8[kernel] if pv_fp8 is None else pv_fp8),
+             "Q_DYNAMIC": q_scale is None, "ROUND": _INTERPRETED}
+    return (k_scale, v_scale, k_scale if q_scale is None else q_scale), flags
+
+
+def _block_d(head_dim: int, flags: dict, block_n: int) -> int:
+    """head_dim padded to a power of two (masked), at least tl.dot's least K: 16, and 32 for e4m3
+    operands (an fp8 tensor-core product takes 32 of K at a time), so does BLOCK_N, P·V's K, there."""
+    assert not flags["PV_FP8"] or block_n >= 32, f"P·V in e4m3 needs BLOCK_N >= 32, got {block_n}"
+    return max(32 if flags["FP8_DOT"] else 16, triton.next_power_of_2(head_dim))
 
 
 # ---------------------------------------------------------------------------------------
@@ -155,15 +189,14 @@ def store_kvcache(
 @triton.jit
 def _load_kv_tile(
     cache_ptr, block_table_row_ptr, offs_n, n_mask, kv_head, offs_d, d_mask,
-    stride_cb, stride_cs, stride_ch, PAGE_SIZE: tl.constexpr, DTYPE: tl.constexpr,
-    MASK_N: tl.constexpr, MASK_D: tl.constexpr,
+    stride_cb, stride_cs, stride_ch, PAGE_SIZE: tl.constexpr, MASK_N: tl.constexpr, MASK_D: tl.constexpr,
 ):
-    """Rows offs_n (key positions of one sequence) of one kv head: [BLOCK_N, BLOCK_D], in
-    DTYPE (q's, after _widen_to). An fp8 cache's tile (x / scale in e4m3) is widened in
-    registers, exactly: every e4m3 value is an fp16 and fp32 value. Its scale, one per kv head, is the
-    caller's (_kv_scales): K's folds into the softmax scale, V's into the output, one
-    multiply per row instead of one per element. MASK_N: rows outside n_mask read as 0 (without it,
-    every row must be a valid position); MASK_D: so do lanes outside d_mask (head_dim < BLOCK_D)."""
+    """Rows offs_n (key positions of one sequence) of one kv head: [BLOCK_N, BLOCK_D], in the
+    cache's dtype (_online_softmax_step makes the products' operands of it). An fp8 cache's
+    scale, one per kv head, is the caller's (_kv_scales): K's folds into the softmax scale, V's
+    into the output, one multiply per row instead of one per element. MASK_N: rows outside n_mask
+    read as 0 (without it, every row must be a valid position); MASK_D: so do lanes outside d_mask
+    (head_dim < BLOCK_D)."""
     # Logical position p -> (physical block, offset in block). PAGE_SIZE is a constexpr
     # so that powers of two compile to shifts/masks.
     if MASK_N:
@@ -178,7 +211,7 @@ def _load_kv_tile(
         tile = tl.load(ptrs, mask=d_mask[None, :], other=0.0)
     else:
         tile = tl.load(ptrs)
-    return tile.to(DTYPE)
+    return tile
 
 
 @triton.jit
@@ -194,6 +227,54 @@ def _widen_to(q, FP8: tl.constexpr):
 
 
 @triton.jit
+def _e4m3(x, ROUND: tl.constexpr):
+    """fp32 x (|x| <= 448) as float8 e4m3, rounded to the nearest (ties to even), as the GPU's
+    cast rounds; the Triton interpreter's cast loses the carry into the exponent, so there
+    (ROUND) _round_to_e4m3 rounds first."""
+    if ROUND:
+        x = _round_to_e4m3(x)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def _quantize_q(q, q_scale_ptr, Q_DYNAMIC: tl.constexpr, ROUND: tl.constexpr):
+    """q [ROWS, BLOCK_D] as e4m3 and each row's scale [ROWS] (q ~ q8 * scale). Q_DYNAMIC: a row's
+    own amax / 448, this step (a row is one query head of one token: nothing clips, nothing to
+    calibrate; a zero row, padding, stays 0); else the static per-tensor scale at q_scale_ptr
+    (values beyond +-448 * scale clip)."""
+    q = q.to(tl.float32)
+    if Q_DYNAMIC:
+        scale = tl.maximum(tl.max(tl.abs(q), axis=1), 1e-30) / FP8_MAX  # [ROWS]
+    else:
+        scale = tl.full([q.shape[0]], 1.0, tl.float32) * tl.load(q_scale_ptr)  # [ROWS]
+    return _e4m3(tl.clamp(q / scale[:, None], -FP8_MAX, FP8_MAX), ROUND), scale
+
+
+@triton.jit
+def _q_operand(q, qk_scale, k_s, q_scale_ptr, FP8: tl.constexpr, FP8_DOT: tl.constexpr, Q_DYNAMIC: tl.constexpr,
+               ROUND: tl.constexpr):
+    """(q as the score product's operand [ROWS, BLOCK_D], the scores' scale: a scalar or [ROWS, 1]).
+    K's scale folds into the softmax scale: q . (k * k_s) == (q . k) * k_s. FP8_DOT: q in e4m3
+    (_quantize_q), its rows' scales folded in as well, for e4m3 x e4m3 products with the fp8
+    cache's K tiles as they are; else q as K's tiles are widened (_widen_to)."""
+    qk_scale = qk_scale * k_s
+    if FP8_DOT:
+        q8, q_s = _quantize_q(q, q_scale_ptr, Q_DYNAMIC, ROUND)
+        return q8, qk_scale * q_s[:, None]
+    else:
+        return _widen_to(q, FP8), qk_scale
+
+
+@triton.jit
+def _dot(a, b):
+    """a @ b, fp32 accumulate; exact fp32 products for fp32 operands (input_precision="ieee")."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
 def _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8: tl.constexpr):
     """An fp8 cache's dequantization scales of one kv head (K's, V's); 1 otherwise."""
     if FP8:
@@ -203,22 +284,31 @@ def _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8: tl.constexpr):
 
 
 @triton.jit
-def _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, mask, APPLY_MASK: tl.constexpr):
+def _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, mask, APPLY_MASK: tl.constexpr, PV_FP8: tl.constexpr,
+                         ROUND: tl.constexpr):
     """Fold one key tile into the running softmax state of a block of query rows.
 
-    q [ROWS, BLOCK_D], k/v [BLOCK_N, BLOCK_D], mask [ROWS, BLOCK_N] (True = may attend);
-    m_i [ROWS] running max (base-2 logits), l_i [ROWS] running sum, acc [ROWS, BLOCK_D].
-    Every row must see at least one key in its first tile, so m_i never stays -inf.
+    q [ROWS, BLOCK_D] (_q_operand's), k/v [BLOCK_N, BLOCK_D] as loaded, mask [ROWS, BLOCK_N]
+    (True = may attend); m_i [ROWS] running max (base-2 logits), l_i [ROWS] running sum, acc
+    [ROWS, BLOCK_D]. Every row must see at least one key in its first tile, so m_i never stays
+    -inf. K is made q's dtype (a no-op for e4m3 q on an fp8 cache, else widened in registers,
+    exactly: every e4m3 value is an fp16 and fp32 value). PV_FP8 (e4m3 q only): P, in [0, 1]
+    after the max is subtracted, times 448 in e4m3 by V's e4m3 tile (acc is then 448 times too
+    large: the caller divides); else V is widened to fp16 under e4m3 q, to q's dtype otherwise.
     """
-    # input_precision="ieee": exact fp32 dots for fp32 inputs (ignored for fp16/bf16).
-    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [ROWS, BLOCK_N]
+    s = _dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [ROWS, BLOCK_N]
     if APPLY_MASK:
         s = tl.where(mask, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [ROWS]
     alpha = tl.exp2(m_i - m_new)  # rescales the old state to the new max
     p = tl.exp2(s - m_new[:, None])  # [ROWS, BLOCK_N]
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    if PV_FP8:
+        pv = tl.dot(_e4m3(p * FP8_MAX, ROUND), v)  # [ROWS, BLOCK_D]
+    else:
+        v = v.to(tl.float16) if q.dtype == tl.float8e4nv else v.to(q.dtype)
+        pv = _dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
     return m_new, l_i, acc
 
 
@@ -253,6 +343,7 @@ def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr,
     k_scale_ptr, v_scale_ptr,                  # (KVH,) fp32, read when FP8
+    q_scale_ptr,                               # (1,) fp32: q's static scale, read when FP8_DOT and not Q_DYNAMIC
     qk_scale,                                  # softmax scale * log2(e)
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch,           # cache strides: block, slot in block, kv head
@@ -263,6 +354,7 @@ def _paged_prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,                     # num_seqs, padded to a power of two (at least 16)
     FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
+    FP8_DOT: tl.constexpr, PV_FP8: tl.constexpr, Q_DYNAMIC: tl.constexpr, ROUND: tl.constexpr,  # see _fp8_launch
 ):
     # Query heads are the fast grid axis: the heads of one tile start together and share its
     # keys in L2. The second axis counts the tiles of every sequence backwards, so the last
@@ -288,7 +380,6 @@ def _paged_prefill_kernel(
     q_rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-    q = _widen_to(q, FP8)
 
     # Online softmax state, fp32 (base-2 logits).
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max
@@ -303,28 +394,30 @@ def _paged_prefill_kernel(
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     all_n = tl.full([BLOCK_N], 1, tl.int1)  # "every key of the tile is valid"
     k_s, v_s = _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8)
-    qk_scale = qk_scale * k_s  # q . (k * k_s) == (q . k) * k_s
+    q, qk_scale = _q_operand(q, qk_scale, k_s, q_scale_ptr, FP8, FP8_DOT, Q_DYNAMIC, ROUND)
 
     # Phase 1: tiles below the diagonal (the cached prefix, earlier query tiles): no mask.
     for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, True, True)  # [BLOCK_N, BLOCK_D]
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, True, True)  # [BLOCK_N, BLOCK_D]
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, True, True)  # [BLOCK_N, BLOCK_D]
-        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, None, APPLY_MASK=False)
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, True, True)  # [BLOCK_N, BLOCK_D]
+        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, None, False, PV_FP8, ROUND)
 
     # Phase 2: tiles on the diagonal: mask keys after each query (and past the context).
     for start_n in range(full_end, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
         k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, True, True)
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, True, True)
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, True, True)
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, True, True)
         causal = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
-        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, causal, APPLY_MASK=True)
+        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, causal, True, PV_FP8, ROUND)
 
+    if PV_FP8:
+        v_s = v_s / FP8_MAX  # P was scaled by FP8_MAX
     out = acc * (v_s / l_i)[:, None]  # sum p * (v * v_s) / l
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
@@ -346,6 +439,9 @@ def paged_prefill_attention(
     *,
     k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
     v_scale: torch.Tensor | None = None,
+    fp8_dot: bool | None = None,  # an fp8 cache's products on e4m3 tensor cores (_fp8_launch); None: the device's
+    pv_fp8: bool | None = None,
+    q_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (N, heads, head_dim), q.dtype
     """Causal attention of packed queries over a paged cache (see attention_torch.py).
 
@@ -365,19 +461,20 @@ def paged_prefill_attention(
     num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
     max_tiles = triton.cdiv(num_tokens, BLOCK_M) + num_seqs  # >= the tiles of any split of num_tokens into num_seqs
     grid = (num_heads, max_tiles)
-    k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
+    scales, flags = _fp8_launch("prefill", q, k_cache, k_scale, v_scale, fp8_dot, pv_fp8, q_scale)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, out,
         cu_seqlens_q, context_lens, block_tables,
-        k_scale, v_scale,
+        *scales,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         num_seqs,
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), BLOCK_S=max(16, triton.next_power_of_2(num_seqs)), FP8=fp8,
-        num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N),
+        BLOCK_S=max(16, triton.next_power_of_2(num_seqs)),
+        **flags, num_warps=num_warps, num_stages=num_stages,
     )
     return out
 
@@ -452,10 +549,9 @@ def _store_new_kv(
 @triton.jit
 def _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d, h_mask,
                   stride_qs, stride_qh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROPE: tl.constexpr,
-                  HAS_NORM: tl.constexpr, FP8: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
+                  HAS_NORM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """The GROUP query heads of one kv head as the rows of a [BLOCK_H, BLOCK_D] matrix (padding
-    rows 0), in the dtype the K/V tiles are widened to; with ROPE rotated first (after the q norm).
+    rows 0), in q's dtype; with ROPE rotated first (after the q norm).
     The rotation works element by element, so it runs on the GROUP real rows only (BLOCK_G of
     them), which are then spread over the BLOCK_H rows that tl.dot needs."""
     q_row = q_ptr + seq.to(tl.int64) * stride_qs
@@ -469,7 +565,7 @@ def _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_pt
         heads = kv_head * GROUP + tl.arange(0, BLOCK_H)  # [BLOCK_H]
         mask = h_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
         q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=mask, other=0.0)
-    return _widen_to(q, FP8)
+    return q
 
 
 @triton.jit
@@ -530,6 +626,7 @@ def _paged_decode_kernel(
     context_lens_ptr, block_tables_ptr,
     order_ptr,                                 # (S,) int32: the sequences in launch order (when ORDERED)
     k_scale_ptr, v_scale_ptr,                  # (KVH,) fp32, read when FP8
+    q_scale_ptr,                               # (1,) fp32: q's static scale, read when FP8_DOT and not Q_DYNAMIC
     qk_scale,                                  # softmax scale * log2(e)
     eps,                                       # the q/k norms' epsilon
     stride_qs, stride_qh, stride_os, stride_oh,
@@ -545,9 +642,10 @@ def _paged_decode_kernel(
     HAS_NORM: tl.constexpr,
     ORDERED: tl.constexpr,                     # program i handles sequence order[i]
     BLOCK_G: tl.constexpr,                     # GROUP padded to a power of two
-    BLOCK_H: tl.constexpr,                     # and to at least 16 (tl.dot's least M)
+    BLOCK_H: tl.constexpr,                     # and to at least 16 (tl.dot's least M): _group_rows
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
+    FP8_DOT: tl.constexpr, PV_FP8: tl.constexpr, Q_DYNAMIC: tl.constexpr, ROUND: tl.constexpr,  # see _fp8_launch
     PDL: tl.constexpr,                         # launched with programmatic dependent launch (launch.py)
 ):
     wait_for_prior_kernel(PDL)
@@ -587,14 +685,14 @@ def _paged_decode_kernel(
                       stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
                       HEAD_DIM, PAGE_SIZE, ROPE, HAS_NORM, FP8)
     q = _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d, h_mask,
-                      stride_qs, stride_qh, GROUP, HEAD_DIM, ROPE, HAS_NORM, FP8, BLOCK_G, BLOCK_H, BLOCK_D)
+                      stride_qs, stride_qh, GROUP, HEAD_DIM, ROPE, HAS_NORM, BLOCK_G, BLOCK_H, BLOCK_D)
+    q, qk_scale = _q_operand(q, qk_scale, k_s, q_scale_ptr, FP8, FP8_DOT, Q_DYNAMIC, ROUND)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
 
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    qk_scale = qk_scale * k_s  # q . (k * k_s) == (q . k) * k_s
     # The single query is the last position, so every key < context_len is visible: the
     # only mask needed is the end of the context (or of this split). The loads need none: a
     # tile's rows past the end read the last key again (always a valid slot), and the scores'
@@ -604,17 +702,29 @@ def _paged_decode_kernel(
         n_mask = offs_n < kv_end
         rows = tl.minimum(offs_n, kv_end - 1)  # [BLOCK_N] valid positions
         k = _load_kv_tile(k_cache_ptr, bt_row, rows, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, False, HEAD_DIM < BLOCK_D)  # [BLOCK_N, BLOCK_D]
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, False, HEAD_DIM < BLOCK_D)  # [BLOCK_N, BLOCK_D]
         v = _load_kv_tile(v_cache_ptr, bt_row, rows, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, q.dtype, False, HEAD_DIM < BLOCK_D)  # [BLOCK_N, BLOCK_D]
-        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :],
-                                             APPLY_MASK=True)
+                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, False, HEAD_DIM < BLOCK_D)  # [BLOCK_N, BLOCK_D]
+        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :], True, PV_FP8, ROUND)
 
+    if PV_FP8:
+        v_s = v_s / FP8_MAX  # P was scaled by FP8_MAX
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc * (v_s / l_safe)[:, None]  # [BLOCK_H, BLOCK_D]: sum p * (v * v_s) / l
     _write_output(out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_ptr, counts_ptr, seq, kv_head,
                   heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS, KVH, HEAD_DIM, SPLIT,
                   BLOCK_H, BLOCK_D)
+
+
+def _group_rows(group: int, flags: dict, num_warps: int, device: torch.device) -> int:
+    """BLOCK_H, the rows of the decode kernel's products: the GQA group padded to a power of two and
+    to at least 16 (tl.dot's least M); 64 for e4m3 products on Hopper with a multiple of 4 warps:
+    there only warpgroup MMA (64 rows a warpgroup) multiplies e4m3, and Triton widens the operands
+    of a smaller product to fp16 (Ada's mma.sync takes e4m3 at 16 rows). The padding rows cost
+    tensor-core time only, which a decode step has to spare."""
+    rows = max(16, triton.next_power_of_2(group))
+    hopper = device.type == "cuda" and tuning.describe(device).capability[0] == 9
+    return max(rows, 64) if flags["FP8_DOT"] and hopper and num_warps % 4 == 0 else rows
 
 
 class SplitCounters:
@@ -701,6 +811,10 @@ def paged_decode_attention(
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # (k, v, slot_mapping) of the new tokens
     rope: tuple | None = None,  # (positions, cos, sin, q_norm weight or None, k_norm weight or None, eps)
     counters: SplitCounters | None = None,  # split-K's counters; None: fresh ones (not for a CUDA graph)
+    fp8_dot: bool | None = None,  # an fp8 cache's products on e4m3 tensor cores (_fp8_launch); None: the device's
+    pv_fp8: bool | None = None,
+    q_scale: torch.Tensor | None = None,
+    BLOCK_H: int | None = None,  # rows of the products (_group_rows); None: the least that suits the device
 ) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
     """Attention of each sequence's single query (position context_len - 1) over its cache: one
     program per (sequence, kv head[, split]) for all query heads of the GQA group. The launch
@@ -714,8 +828,8 @@ def paged_decode_attention(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_seqs == 0:
         return out
-    k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
-    tiles = tuning.for_device(q.device).decode(fp8, head_dim)
+    scales, flags = _fp8_launch("decode", q, k_cache, k_scale, v_scale, fp8_dot, pv_fp8, q_scale)
+    tiles = tuning.for_device(q.device).decode(flags["FP8"], head_dim)
     BLOCK_N = BLOCK_N or tiles["BLOCK_N"]
     num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
     if num_splits is None:
@@ -728,7 +842,7 @@ def paged_decode_attention(
         q, k_cache, v_cache, out, part_out, part_lse, counts, new_k, new_v, slot_mapping,
         positions, cos, sin, q if q_w is None else q_w, q if k_w is None else k_w,
         context_lens, block_tables, order if order is not None else context_lens,
-        k_scale, v_scale,
+        *scales,
         scale * LOG2E, eps,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -738,8 +852,8 @@ def paged_decode_attention(
         NUM_HEADS=num_heads, KVH=kv_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         SPLIT=num_splits > 1, STORE=new_kv is not None, ROPE=rope is not None, HAS_NORM=q_w is not None,
         ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
-        BLOCK_G=triton.next_power_of_2(group), BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim), FP8=fp8,
+        BLOCK_G=triton.next_power_of_2(group), BLOCK_H=BLOCK_H or _group_rows(group, flags, num_warps, q.device),
+        BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N), **flags,
         num_warps=num_warps, num_stages=num_stages, **pdl_args(q.device),
     )
     return out

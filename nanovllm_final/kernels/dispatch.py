@@ -5,9 +5,12 @@ installed; everywhere else (a CPU, a platform without Triton) the layers run the
 code, which is also the reference the kernels are tested against. The Triton interpreter
 (TRITON_INTERPRET=1) runs the kernels on a CPU only where a caller asks for them directly (the
 kernel tests): the layers keep their PyTorch code there. `reference_only()` makes every layer
-take its PyTorch code on CUDA too, to compare the two paths."""
+take its PyTorch code on CUDA too, to compare the two paths. `fp8_dot` decides how the attention
+kernels read an fp8 KV cache."""
 
 import contextlib
+import functools
+import os
 
 import torch
 
@@ -31,6 +34,22 @@ def takes_gemv(x: torch.Tensor) -> bool:
     """Whether a layer's input x (tokens, features) takes the matrix-vector kernels (gemv.py):
     a kernel's input of at most the device's gemv.rows contiguous rows."""
     return use_kernel(x) and x.shape[0] <= tuning.for_device(x.device).gemv_rows and x.is_contiguous()
+
+
+def fp8_dot(q: torch.Tensor) -> bool:
+    """Whether attention over an fp8 KV cache multiplies e4m3 on tensor cores (q quantized, the
+    cache's tiles as they are: kernels/attention.py) rather than widening every K/V tile to 16
+    bits in registers: for fp16/bf16 q on CUDA devices of compute capability 8.9 and later (Ada,
+    Hopper: fp8 `tl.dot`) where the environment sets NANOVLLM_FP8_DOT=1 (read once per device).
+    Widening is the default: on an H100 the decode kernel reads the cache as fast either way and
+    the widened products are the more exact (benchmarks/results/fp8_attention_h100.json,
+    kv_cache_quality_h100.json). float32 q always widens: 8 bits would undo its precision."""
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _fp8_dot_device(q.device)
+
+
+@functools.cache
+def _fp8_dot_device(device: torch.device) -> bool:
+    return os.environ.get("NANOVLLM_FP8_DOT", "0") == "1" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 @contextlib.contextmanager
