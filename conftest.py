@@ -43,7 +43,12 @@ def add_group_suffixes(items):
     `_nodeid` field, which pytest >= 9.2 no longer reads, so without this the groups are
     silently ignored (pytest-dev/pytest-xdist#1386); where xdist did add it, nothing changes."""
     for item in items:
-        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")})
+        names = sorted(
+            {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
+        )
         nodeid = item.nodeid
         if names and not nodeid.rfind("@") > nodeid.rfind("]"):
             item._id = type(item._id).parse(f"{nodeid}@{'_'.join(names)}")

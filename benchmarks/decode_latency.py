@@ -27,11 +27,17 @@ def measure(st, path, batch: int, eager: bool, dtype: str, prompt_len: int = 32)
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, 10000, (prompt_len,), generator=g).tolist() for _ in range(batch)]
     params = st.SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-    with st.LLM(path, dtype=dtype, enforce_eager=eager, max_num_seqs=max(batch, 1), max_model_len=256) as llm:
+    with st.LLM(
+        path, dtype=dtype, enforce_eager=eager, max_num_seqs=max(batch, 1), max_model_len=256
+    ) as llm:
         llm.generate(prompts, params, use_tqdm=False)  # warm-up
         before = len(llm.stats)
         llm.generate(prompts, params, use_tqdm=False)
-        decode = [s["seconds"] for s in list(llm.stats)[before:] if not s["is_prefill"] and s["num_seqs"] == batch]
+        decode = [
+            s["seconds"]
+            for s in list(llm.stats)[before:]
+            if not s["is_prefill"] and s["num_seqs"] == batch
+        ]
     return statistics.median(decode) * 1e3
 
 
@@ -39,9 +45,16 @@ def latency_rows(st, path, args) -> list[dict]:
     """Eager against graph steps at each batch."""
     rows = []
     for batch in args.batches:
-        eager, graph = (measure(st, path, batch, e, args.dtype, args.prompt_len) for e in (True, False))
-        rows.append({"batch": batch, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph})
-        print(f"batch {batch:4d}: eager {eager:7.2f} ms   graph {graph:7.2f} ms   x{eager / graph:.2f}", flush=True)
+        eager, graph = (
+            measure(st, path, batch, e, args.dtype, args.prompt_len) for e in (True, False)
+        )
+        rows.append(
+            {"batch": batch, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph}
+        )
+        print(
+            f"batch {batch:4d}: eager {eager:7.2f} ms   graph {graph:7.2f} ms   x{eager / graph:.2f}",
+            flush=True,
+        )
     return rows
 
 
@@ -55,18 +68,28 @@ def gemv_rows(st, path, args) -> list[dict]:
             with tuning.override({"gemv": {"rows": limit}}):
                 ms = measure(st, path, batch, False, args.dtype, args.prompt_len)
             rows.append({"gemv_rows": limit, "batch": batch, "graph_ms": ms})
-            print(f"gemv rows {limit}  batch {batch:4d}: graph {rows[-1]['graph_ms']:7.3f} ms", flush=True)
+            print(
+                f"gemv rows {limit}  batch {batch:4d}: graph {rows[-1]['graph_ms']:7.3f} ms",
+                flush=True,
+            )
     return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engine", default="final")
     parser.add_argument("--shape", default="qwen3-0.6b")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--gemv-rows", type=int, nargs="+", help="final engine: graph steps at each gemv.rows (kernels/tuning.py)")
+    parser.add_argument(
+        "--gemv-rows",
+        type=int,
+        nargs="+",
+        help="final engine: graph steps at each gemv.rows (kernels/tuning.py)",
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -77,9 +100,15 @@ def main() -> None:
     path = model_for_shape(args.shape, "cuda")
     rows = (gemv_rows if args.gemv_rows else latency_rows)(st, path, args)
     record = {
-        "benchmark": "dense_gemv_decode_latency" if args.gemv_rows else "decode_latency", "engine": args.engine, "shape": args.shape, "dtype": args.dtype,
-        "prompt_len": args.prompt_len, "max_tokens": 64,
-        "device_name": torch.cuda.get_device_name(), "rows": rows, "versions": versions(),
+        "benchmark": "dense_gemv_decode_latency" if args.gemv_rows else "decode_latency",
+        "engine": args.engine,
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "prompt_len": args.prompt_len,
+        "max_tokens": 64,
+        "device_name": torch.cuda.get_device_name(),
+        "rows": rows,
+        "versions": versions(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     if args.out:

@@ -49,12 +49,16 @@ def target_completions(target: Path, prompts: list[list[int]], max_tokens: int) 
     from nanovllm_final import LLM, SamplingParams
 
     with LLM(target, device="cpu", dtype="float32", max_model_len=512) as llm:
-        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+        outs = llm.generate(
+            prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False
+        )
     return [out["token_ids"] for out in outs]
 
 
 @torch.no_grad()
-def draft_matches(draft: Path, prompts: list[list[int]], completions: list[list[int]]) -> list[list[bool]]:
+def draft_matches(
+    draft: Path, prompts: list[list[int]], completions: list[list[int]]
+) -> list[list[bool]]:
     """Per prompt, per completion token: is it the draft's argmax after the tokens before it?"""
     from transformers import AutoModelForCausalLM
 
@@ -77,7 +81,9 @@ def replayed_tokens_per_step(matches: list[list[bool]], k: int) -> float:
             accepted = 0
             while accepted < k and j + accepted < len(row) and row[j + accepted]:
                 accepted += 1
-            advance = min(accepted + 1, len(row) - j)  # the accepted proposals and the target's token
+            advance = min(
+                accepted + 1, len(row) - j
+            )  # the accepted proposals and the target's token
             tokens, steps, j = tokens + advance, steps + 1, j + advance
     return tokens / steps
 
@@ -98,13 +104,24 @@ def measure(target: Path, draft: Path, num_prompts: int, max_tokens: int, max_k:
     flat = [m for row in matches for m in row]
     a = sum(flat) / len(flat)
     return {
-        "target": _rel(target), "draft": _rel(draft), "stories": [FIRST_STORY, FIRST_STORY + num_prompts],
-        "max_tokens": max_tokens, "positions": len(flat), "agreement": round(a, 4),
-        "per_prompt": [{"prompt": t, "agreement": round(sum(m) / len(m), 4), "tokens": len(m)}
-                       for t, m in zip(texts, matches)],
-        "by_k": [{"k": k, "expected_tokens_per_step": round(expected_tokens_per_step(a, k), 3),
-                  "replayed_tokens_per_step": round(replayed_tokens_per_step(matches, k), 3)}
-                 for k in range(1, max_k + 1)],
+        "target": _rel(target),
+        "draft": _rel(draft),
+        "stories": [FIRST_STORY, FIRST_STORY + num_prompts],
+        "max_tokens": max_tokens,
+        "positions": len(flat),
+        "agreement": round(a, 4),
+        "per_prompt": [
+            {"prompt": t, "agreement": round(sum(m) / len(m), 4), "tokens": len(m)}
+            for t, m in zip(texts, matches)
+        ],
+        "by_k": [
+            {
+                "k": k,
+                "expected_tokens_per_step": round(expected_tokens_per_step(a, k), 3),
+                "replayed_tokens_per_step": round(replayed_tokens_per_step(matches, k), 3),
+            }
+            for k in range(1, max_k + 1)
+        ],
         "seconds": round(time.perf_counter() - start, 1),
     }
 
@@ -124,13 +141,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     words = argv if argv is not None else sys.argv[1:]
-    record = {"command": " ".join(["python -m benchmarks.draft_agreement", *words]),
-              "device_name": device_name("cpu"), "versions": versions(),
-              **measure(args.target, args.draft, args.num_prompts, args.max_tokens, args.max_k)}
-    print(f"agreement {record['agreement']:.3f} over {record['positions']} positions ({args.num_prompts} prompts)")
+    record = {
+        "command": " ".join(["python -m benchmarks.draft_agreement", *words]),
+        "device_name": device_name("cpu"),
+        "versions": versions(),
+        **measure(args.target, args.draft, args.num_prompts, args.max_tokens, args.max_k),
+    }
+    print(
+        f"agreement {record['agreement']:.3f} over {record['positions']} positions ({args.num_prompts} prompts)"
+    )
     print("k  expected  replayed  (tokens per verify step)")
     for row in record["by_k"]:
-        print(f"{row['k']:<2} {row['expected_tokens_per_step']:8.2f}  {row['replayed_tokens_per_step']:8.2f}")
+        print(
+            f"{row['k']:<2} {row['expected_tokens_per_step']:8.2f}  {row['replayed_tokens_per_step']:8.2f}"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1) + "\n")

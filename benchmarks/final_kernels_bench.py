@@ -49,42 +49,85 @@ def varlen_prefill(q, k, v, cu, max_len, scale):
         kwargs["scale"] = scale
     return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
+
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) of the paged prefill kernel; the first is the default
-TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 2), (128, 128, 8, 2),
-         (64, 128, 4, 2), (128, 32, 4, 2)]
+TILES = [
+    (64, 64, 4, 2),
+    (64, 64, 4, 3),
+    (128, 64, 8, 2),
+    (128, 64, 8, 3),
+    (128, 64, 4, 2),
+    (128, 128, 8, 2),
+    (64, 128, 4, 2),
+    (128, 32, 4, 2),
+]
 
 
-def elementwise(rows: list, tokens: int, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, reps: int):
+def elementwise(
+    rows: list,
+    tokens: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    inter: int,
+    reps: int,
+):
     dev, dt = "cuda", torch.bfloat16
     norm = RMSNorm(hidden, 1e-6).to(dev, dt)
     qk_norm = RMSNorm(head_dim, 1e-6).to(dev, dt)
     rope = RotaryEmbedding(head_dim, 4096, 1e6, None).to(dev)
     act = SiluAndMul()
-    x, res = torch.randn(tokens, hidden, device=dev, dtype=dt), torch.randn(tokens, hidden, device=dev, dtype=dt)
+    x, res = (
+        torch.randn(tokens, hidden, device=dev, dtype=dt),
+        torch.randn(tokens, hidden, device=dev, dtype=dt),
+    )
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device=dev, dtype=dt)
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
     k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     pos = torch.randint(0, 4096, (tokens,), device=dev)
     gate_up = torch.randn(tokens, 2 * inter, device=dev, dtype=dt)
     cases = {
-        "add_rms_norm": (lambda: norm_rope.rms_norm(x, norm.weight, 1e-6, res),
-                         lambda: (lambda s: (norm._norm(s), s))(x + res)),
-        "qk_rms_norm": (lambda: (norm_rope.rms_norm(q, qk_norm.weight, 1e-6), norm_rope.rms_norm(k, qk_norm.weight, 1e-6)),
-                        lambda: (qk_norm._norm(q), qk_norm._norm(k))),
-        "rotary": (lambda: norm_rope.rotary(pos, q, k, rope.cos, rope.sin), lambda: _torch_rotary(rope, pos, q, k)),
-        "silu_and_mul": (lambda: activation_kernels.silu_and_mul(gate_up), lambda: _torch_silu(act, gate_up)),
+        "add_rms_norm": (
+            lambda: norm_rope.rms_norm(x, norm.weight, 1e-6, res),
+            lambda: (lambda s: (norm._norm(s), s))(x + res),
+        ),
+        "qk_rms_norm": (
+            lambda: (
+                norm_rope.rms_norm(q, qk_norm.weight, 1e-6),
+                norm_rope.rms_norm(k, qk_norm.weight, 1e-6),
+            ),
+            lambda: (qk_norm._norm(q), qk_norm._norm(k)),
+        ),
+        "rotary": (
+            lambda: norm_rope.rotary(pos, q, k, rope.cos, rope.sin),
+            lambda: _torch_rotary(rope, pos, q, k),
+        ),
+        "silu_and_mul": (
+            lambda: activation_kernels.silu_and_mul(gate_up),
+            lambda: _torch_silu(act, gate_up),
+        ),
     }
     for name, (fused, torch_fn) in cases.items():
-        row = {"op": name, "tokens": tokens, "fused_ms": graph_time_ms(fused, reps), "torch_ms": graph_time_ms(torch_fn, reps)}
+        row = {
+            "op": name,
+            "tokens": tokens,
+            "fused_ms": graph_time_ms(fused, reps),
+            "torch_ms": graph_time_ms(torch_fn, reps),
+        }
         row["speedup"] = row["torch_ms"] / row["fused_ms"]
         rows.append(row)
-        print(f"{name:14} tokens {tokens:6d}  fused {row['fused_ms']:.4f} ms  torch {row['torch_ms']:.4f} ms  x{row['speedup']:.1f}", flush=True)
+        print(
+            f"{name:14} tokens {tokens:6d}  fused {row['fused_ms']:.4f} ms  torch {row['torch_ms']:.4f} ms  x{row['speedup']:.1f}",
+            flush=True,
+        )
 
 
 def _torch_rotary(rope, pos, q, k):
     cos = rope.cos[pos].unsqueeze(1).to(q.dtype)
     sin = rope.sin[pos].unsqueeze(1).to(q.dtype)
     from nanovllm_final.layers.rotary import _rotate
+
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
@@ -95,23 +138,32 @@ def _torch_silu(act, x):
 
 def prefill(rows: list, batch: int, q_len: int, context: int, reps: int, check: bool):
     heads, kv_heads, head_dim, dt = 16, 8, 128, torch.bfloat16
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     torch.manual_seed(0)
-    q, kc, vc, cu, ctx, bt = make_batch(batch, context, q_len, heads, kv_heads, head_dim, 16, dt, "cuda")
+    q, kc, vc, cu, ctx, bt = make_batch(
+        batch, context, q_len, heads, kv_heads, head_dim, 16, dt, "cuda"
+    )
     fresh = q_len == context
     row = {"batch": batch, "q_len": q_len, "context": context, "tiles": {}}
     flops = 4 * batch * heads * head_dim * (q_len * context - q_len * q_len / 2)  # causal
     expected = attention_torch.paged_attention(q, kc, vc, cu, ctx, bt, scale) if check else None
     if fresh and varlen_attn is not None:
         # the same K/V as the paged cache holds, packed: (batch * context, kv_heads, head_dim)
-        k, v = (c[bt.long()].reshape(batch, -1, kv_heads, head_dim)[:, :context].reshape(-1, kv_heads, head_dim) for c in (kc, vc))
-        fn = lambda: varlen_prefill(q, k, v, cu, q_len, scale)  # noqa: E731
+        k, v = (
+            c[bt.long()]
+            .reshape(batch, -1, kv_heads, head_dim)[:, :context]
+            .reshape(-1, kv_heads, head_dim)
+            for c in (kc, vc)
+        )
+        fn = lambda: varlen_prefill(q, k, v, cu, q_len, scale)
         row["varlen_ms"] = graph_time_ms(fn, reps)
         row["varlen_TFLOPs"] = flops / row["varlen_ms"] / 1e9
         if check:
             row["varlen_max_err"] = (fn().float() - expected.float()).abs().max().item()
     for bm, bn, w, s in TILES:
-        fn = lambda: attention_triton.paged_prefill_attention(q, kc, vc, cu, ctx, bt, scale, q_len, bm, bn, w, s)  # noqa: E731
+        fn = lambda: attention_triton.paged_prefill_attention(
+            q, kc, vc, cu, ctx, bt, scale, q_len, bm, bn, w, s
+        )
         try:
             ms = graph_time_ms(fn, reps)
         except Exception as exc:  # e.g. out of shared memory for a large tile
@@ -123,8 +175,11 @@ def prefill(rows: list, batch: int, q_len: int, context: int, reps: int, check: 
         row["tiles"][f"{bm}x{bn}w{w}s{s}"] = entry
     rows.append(row)
     best = min((v["ms"], k) for k, v in row["tiles"].items() if "ms" in v)
-    print(f"prefill {batch}x{q_len} (ctx {context}): varlen {row.get('varlen_ms', float('nan')):.3f} ms  "
-          f"paged default {row['tiles']['64x64w4s2'].get('ms', float('nan')):.3f} ms  best {best[1]} {best[0]:.3f} ms", flush=True)
+    print(
+        f"prefill {batch}x{q_len} (ctx {context}): varlen {row.get('varlen_ms', float('nan')):.3f} ms  "
+        f"paged default {row['tiles']['64x64w4s2'].get('ms', float('nan')):.3f} ms  best {best[1]} {best[0]:.3f} ms",
+        flush=True,
+    )
     for name, entry in row["tiles"].items():
         print(f"    {name:14} {entry}")
 
@@ -132,13 +187,25 @@ def prefill(rows: list, batch: int, q_len: int, context: int, reps: int, check: 
 def main() -> None:
     args = gpu_bench_args(__doc__)
     varlen = varlen_attn
-    record = {"benchmark": "final_kernels", "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "varlen_signature": str(inspect.signature(varlen)) if varlen is not None else None,
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "elementwise": [], "prefill": []}
+    record = {
+        "benchmark": "final_kernels",
+        "device_name": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "varlen_signature": str(inspect.signature(varlen)) if varlen is not None else None,
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "elementwise": [],
+        "prefill": [],
+    }
     print("varlen_attn:", record["varlen_signature"], flush=True)
     for tokens in (256, 16384):
         elementwise(record["elementwise"], tokens, 1024, 16, 8, 128, 3072, args.reps)
-    for batch, q_len, context in [(16, 1024, 1024), (4, 4096, 4096), (1, 16384, 16384), (4, 2048, 4096), (16, 512, 2048)]:
+    for batch, q_len, context in [
+        (16, 1024, 1024),
+        (4, 4096, 4096),
+        (1, 16384, 16384),
+        (4, 2048, 4096),
+        (16, 512, 2048),
+    ]:
         prefill(record["prefill"], batch, q_len, context, args.reps, check=q_len <= 4096)
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

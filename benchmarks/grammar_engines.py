@@ -37,7 +37,9 @@ class Xgrammar:
         import xgrammar as xgr
 
         self.xgr, self.vocab = xgr, vocab
-        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab, stop_token_ids=eos)
+        self.info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab, stop_token_ids=eos
+        )
 
     def compile(self, schema: dict):
         compiler = self.xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
@@ -60,12 +62,20 @@ class Llguidance:
         import llguidance.hf
         import llguidance.torch
 
-        self.llg, self.fill_row, self.vocab = llguidance, llguidance.torch.fill_next_token_bitmask, vocab
+        self.llg, self.fill_row, self.vocab = (
+            llguidance,
+            llguidance.torch.fill_next_token_bitmask,
+            vocab,
+        )
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=eos[0])
 
     def compile(self, schema: dict):
-        grammar = self.llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
-        matcher = self.llg.LLMatcher(self.tokenizer, grammar)  # llguidance compiles lazily: build one to compile
+        grammar = self.llg.LLMatcher.grammar_from_json_schema(
+            schema, defaults={"whitespace_flexible": False}
+        )
+        matcher = self.llg.LLMatcher(
+            self.tokenizer, grammar
+        )  # llguidance compiles lazily: build one to compile
         assert not matcher.is_error(), matcher.get_error()
         return grammar
 
@@ -97,8 +107,12 @@ def walk(engine, compiled, eos: list[int], rng: random.Random, max_steps: int = 
 
 def percentiles(seconds: list[float]) -> dict:
     ms = sorted(1e3 * s for s in seconds)
-    return {"p50_ms": round(statistics.median(ms), 4), "p90_ms": round(ms[int(0.9 * (len(ms) - 1))], 4),
-            "max_ms": round(ms[-1], 4), "count": len(ms)}
+    return {
+        "p50_ms": round(statistics.median(ms), 4),
+        "p90_ms": round(ms[int(0.9 * (len(ms) - 1))], 4),
+        "max_ms": round(ms[-1], 4),
+        "count": len(ms),
+    }
 
 
 def measure(name: str, cls, tokenizer, vocab: int, eos: list[int]) -> dict:
@@ -111,41 +125,66 @@ def measure(name: str, cls, tokenizer, vocab: int, eos: list[int]) -> dict:
         compiled = engine.compile(schema)
         compile_s.append(time.perf_counter() - start)
         fill_s += walk(engine, compiled, eos, rng)
-    return {"engine": name, "tokenizer_setup_ms": round(1e3 * setup, 2), "compile": percentiles(compile_s),
-            "mask_fill": percentiles(fill_s)}
+    return {
+        "engine": name,
+        "tokenizer_setup_ms": round(1e3 * setup, 2),
+        "compile": percentiles(compile_s),
+        "mask_fill": percentiles(fill_s),
+    }
 
 
 def tokenizers(tmp: Path) -> dict:
     from transformers import AutoConfig, AutoTokenizer
 
-    dirs = {"course-llama": ROOT / "models" / "course-llama", "tiny-qwen3": build_if_missing(tmp / "qwen3", arch="qwen3")}
+    dirs = {
+        "course-llama": ROOT / "models" / "course-llama",
+        "tiny-qwen3": build_if_missing(tmp / "qwen3", arch="qwen3"),
+    }
     out = {}
     for name, path in dirs.items():
         config = AutoConfig.from_pretrained(path)
-        eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+        eos = (
+            config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+        )
         out[name] = (AutoTokenizer.from_pretrained(path), config.vocab_size, eos)
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the JSON record here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from importlib.metadata import version
 
-    record = {"benchmark": "grammar_engines_compile_mask", "device": "cpu", "schemas": len(SCHEMAS),
-              "versions": {name: version(name) for name in ("xgrammar", "llguidance", "torch")},
-              "command": " ".join(["python", *sys.argv]), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": []}
-    print(f"{'tokenizer':14} {'engine':11} {'setup ms':>9} {'compile p50':>12} {'p90':>8} {'max':>8} {'mask p50':>9} {'p90':>8}")
+    record = {
+        "benchmark": "grammar_engines_compile_mask",
+        "device": "cpu",
+        "schemas": len(SCHEMAS),
+        "versions": {name: version(name) for name in ("xgrammar", "llguidance", "torch")},
+        "command": " ".join(["python", *sys.argv]),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "rows": [],
+    }
+    print(
+        f"{'tokenizer':14} {'engine':11} {'setup ms':>9} {'compile p50':>12} {'p90':>8} {'max':>8} {'mask p50':>9} {'p90':>8}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for tok_name, (tokenizer, vocab, eos) in tokenizers(Path(tmp)).items():
             for name, cls in (("xgrammar", Xgrammar), ("llguidance", Llguidance)):
-                row = {"tokenizer": tok_name, "vocab_size": vocab, **measure(name, cls, tokenizer, vocab, eos)}
+                row = {
+                    "tokenizer": tok_name,
+                    "vocab_size": vocab,
+                    **measure(name, cls, tokenizer, vocab, eos),
+                }
                 record["rows"].append(row)
                 c, m = row["compile"], row["mask_fill"]
-                print(f"{tok_name:14} {name:11} {row['tokenizer_setup_ms']:9.1f} {c['p50_ms']:12.2f} {c['p90_ms']:8.2f} "
-                      f"{c['max_ms']:8.2f} {m['p50_ms']:9.4f} {m['p90_ms']:8.4f}")
+                print(
+                    f"{tok_name:14} {name:11} {row['tokenizer_setup_ms']:9.1f} {c['p50_ms']:12.2f} {c['p90_ms']:8.2f} "
+                    f"{c['max_ms']:8.2f} {m['p50_ms']:9.4f} {m['p90_ms']:8.4f}"
+                )
     if args.out:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
 

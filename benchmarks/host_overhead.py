@@ -53,31 +53,59 @@ def build_engine(module, num_blocks: int, block_size: int):
     pkg = module.__name__
     engine_mod = sys.modules[f"{pkg}.engine.llm_engine"]
     runner_mod = sys.modules[f"{pkg}.engine.model_runner"]
-    config = sys.modules[f"{pkg}.config"].EngineConfig.from_options("stub", device="cpu", kvcache_block_size=block_size)
+    config = sys.modules[f"{pkg}.config"].EngineConfig.from_options(
+        "stub", device="cpu", kvcache_block_size=block_size
+    )
     runner = object.__new__(runner_mod.ModelRunner)
     runner.config, runner.block_size, runner.device = config, block_size, torch.device("cpu")
-    runner.model, runner.sampler, runner.graphs, runner.workers = StubModel(), stub_sampler, {}, None
+    runner.model, runner.sampler, runner.graphs, runner.workers = (
+        StubModel(),
+        stub_sampler,
+        {},
+        None,
+    )
     runner.num_kvcache_blocks = num_blocks
     engine = object.__new__(engine_mod.LLMEngine)
     engine.model_runner, engine.workers, engine.stats = runner, None, []
-    engine.block_manager = sys.modules[f"{pkg}.engine.block_manager"].BlockManager(num_blocks, block_size)
-    engine.scheduler = sys.modules[f"{pkg}.engine.scheduler"].Scheduler(config, [], engine.block_manager)
+    engine.block_manager = sys.modules[f"{pkg}.engine.block_manager"].BlockManager(
+        num_blocks, block_size
+    )
+    engine.scheduler = sys.modules[f"{pkg}.engine.scheduler"].Scheduler(
+        config, [], engine.block_manager
+    )
     return engine
 
 
-def measure_final(module, num_seqs: int, max_output_len: int, num_blocks: int, passes: int = 1) -> list[dict]:
+def measure_final(
+    module, num_seqs: int, max_output_len: int, num_blocks: int, passes: int = 1
+) -> list[dict]:
     """The final engine's generate over the workload with the device's work stubbed out, `passes`
     times on one engine: from the second pass on, every prompt's full blocks are prefix-cache
     hits on blocks that were freed (each hit takes its block out of the free list)."""
     from tools.tiny_model import cached_model
 
     path = cached_model("tiny-qwen3-4k", arch="qwen3", shape="tiny", max_position_embeddings=4096)
-    prompts, params = workloads.make_workload("nanovllm", vocab_size=512, max_token_id=500, num_seqs=num_seqs,
-                                              max_output_len=max_output_len)
-    llm = module.LLM(str(path), device="cpu", max_num_seqs=num_seqs, max_model_len=4096, num_kvcache_blocks=num_blocks)
+    prompts, params = workloads.make_workload(
+        "nanovllm",
+        vocab_size=512,
+        max_token_id=500,
+        num_seqs=num_seqs,
+        max_output_len=max_output_len,
+    )
+    llm = module.LLM(
+        str(path),
+        device="cpu",
+        max_num_seqs=num_seqs,
+        max_model_len=4096,
+        num_kvcache_blocks=num_blocks,
+    )
     runner = llm._engine().model_runner
-    runner.execute = lambda step, carried=None: torch.zeros(len(step.sample_rows), 64)  # (rows, vocab) logits
-    runner.sampler = lambda logits, temperatures, **kwargs: torch.zeros(len(logits), dtype=torch.long)
+    runner.execute = lambda step, carried=None: torch.zeros(
+        len(step.sample_rows), 64
+    )  # (rows, vocab) logits
+    runner.sampler = lambda logits, temperatures, **kwargs: torch.zeros(
+        len(logits), dtype=torch.long
+    )
     rows = []
     for i in range(passes):
         llm.stats.clear()
@@ -85,24 +113,38 @@ def measure_final(module, num_seqs: int, max_output_len: int, num_blocks: int, p
         start = time.perf_counter()
         llm.generate(prompts, [module.SamplingParams(**p) for p in params], use_tqdm=False)
         seconds = time.perf_counter() - start
-        kinds = {"prefill": [s["seconds"] for s in llm.stats if s["is_prefill"]],
-                 "decode": [s["seconds"] for s in llm.stats if not s["is_prefill"]]}
-        rows.append({"engine": "final", "pass": i + 1, "num_blocks": num_blocks, "steps": len(llm.stats), "seconds": seconds,
-                     "prefix_hit_tokens": llm._engine().block_manager.num_hit_tokens - hits,
-                     **{f"{k}_steps": len(v) for k, v in kinds.items()},
-                     **{f"{k}_ms_mean": statistics.fmean(v) * 1e3 for k, v in kinds.items() if v},
-                     **{f"{k}_ms_median": statistics.median(v) * 1e3 for k, v in kinds.items() if v}})
+        kinds = {
+            "prefill": [s["seconds"] for s in llm.stats if s["is_prefill"]],
+            "decode": [s["seconds"] for s in llm.stats if not s["is_prefill"]],
+        }
+        rows.append(
+            {
+                "engine": "final",
+                "pass": i + 1,
+                "num_blocks": num_blocks,
+                "steps": len(llm.stats),
+                "seconds": seconds,
+                "prefix_hit_tokens": llm._engine().block_manager.num_hit_tokens - hits,
+                **{f"{k}_steps": len(v) for k, v in kinds.items()},
+                **{f"{k}_ms_mean": statistics.fmean(v) * 1e3 for k, v in kinds.items() if v},
+                **{f"{k}_ms_median": statistics.median(v) * 1e3 for k, v in kinds.items() if v},
+            }
+        )
     llm.shutdown()
     return rows
 
 
-def measure(name: str, num_seqs: int, max_output_len: int, num_blocks: int, passes: int = 1) -> list[dict]:
+def measure(
+    name: str, num_seqs: int, max_output_len: int, num_blocks: int, passes: int = 1
+) -> list[dict]:
     label, module = resolve_engine(name)
     if label == "final":
         return measure_final(module, num_seqs, max_output_len, num_blocks, passes)
     __import__(f"{module.__name__}.engine.llm_engine")
     seq_mod = sys.modules[f"{module.__name__}.engine.sequence"]
-    prompts, params = workloads.make_workload("nanovllm", vocab_size=151936, num_seqs=num_seqs, max_output_len=max_output_len)
+    prompts, params = workloads.make_workload(
+        "nanovllm", vocab_size=151936, num_seqs=num_seqs, max_output_len=max_output_len
+    )
     engine = build_engine(module, num_blocks, 16)
     for ids, p in zip(prompts, params):
         engine.add(seq_mod.Sequence(ids, module.SamplingParams(**p)))
@@ -110,30 +152,52 @@ def measure(name: str, num_seqs: int, max_output_len: int, num_blocks: int, pass
     while not engine.is_finished():
         engine.step()
     seconds = time.perf_counter() - start
-    kinds = {"prefill": [s["seconds"] for s in engine.stats if s["is_prefill"]],
-             "decode": [s["seconds"] for s in engine.stats if not s["is_prefill"]]}
-    return [{"engine": label, "steps": len(engine.stats), "seconds": seconds,
+    kinds = {
+        "prefill": [s["seconds"] for s in engine.stats if s["is_prefill"]],
+        "decode": [s["seconds"] for s in engine.stats if not s["is_prefill"]],
+    }
+    return [
+        {
+            "engine": label,
+            "steps": len(engine.stats),
+            "seconds": seconds,
             **{f"{k}_steps": len(v) for k, v in kinds.items()},
             **{f"{k}_ms_mean": statistics.fmean(v) * 1e3 for k, v in kinds.items() if v},
-            **{f"{k}_ms_median": statistics.median(v) * 1e3 for k, v in kinds.items() if v}}]
+            **{f"{k}_ms_median": statistics.median(v) * 1e3 for k, v in kinds.items() if v},
+        }
+    ]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engine", action="append", required=True)
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--max-output-len", type=int, default=1024)
-    parser.add_argument("--num-blocks", type=int, default=10689, help="the KV pool (default: the blocks the 0.6B shape's H200 run uses; "
-                        "its whole pool is 65536)")
-    parser.add_argument("--passes", type=int, default=1, help="final engine: generate this many times on one engine "
-                        "(the later passes hit the prefix cache)")
+    parser.add_argument(
+        "--num-blocks",
+        type=int,
+        default=10689,
+        help="the KV pool (default: the blocks the 0.6B shape's H200 run uses; "
+        "its whole pool is 65536)",
+    )
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="final engine: generate this many times on one engine "
+        "(the later passes hit the prefix cache)",
+    )
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--out")
     args = parser.parse_args()
     rows = []
     for _ in range(args.repeat):
         for name in args.engine:
-            for row in measure(name, args.num_seqs, args.max_output_len, args.num_blocks, args.passes):
+            for row in measure(
+                name, args.num_seqs, args.max_output_len, args.num_blocks, args.passes
+            ):
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if args.out:

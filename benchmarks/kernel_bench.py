@@ -30,7 +30,9 @@ from nanovllm_final.kernels.timing import cuda_time_ms, graph_time_ms  # noqa: E
 def gpu_bench_args(doc: str, reps: int = 20, add_arguments=None) -> argparse.Namespace:
     """A GPU benchmark's command line: --reps, --out and what add_arguments(parser) adds;
     without CUDA, exit with a message."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--reps", type=int, default=reps)
     parser.add_argument("--out")
     if add_arguments is not None:
@@ -57,17 +59,23 @@ def make_batch(batch, context, q_len, heads, kv_heads, head_dim, block_size, dty
 
 def contiguous_kv(k_cache, v_cache, block_tables, context):
     """The same K/V gathered into dense (batch, kv_heads, context, head_dim) tensors."""
+
     def gather(cache):
         b, n = block_tables.shape
         x = cache[block_tables.long()].reshape(b, n * cache.shape[1], *cache.shape[2:])[:, :context]
         return x.transpose(1, 2).contiguous()
+
     return gather(k_cache), gather(v_cache)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, default=None, help="write results as JSON here")
-    ap.add_argument("--stage", default="03_paged", help="stage folder holding layers/attention_triton.py")
+    ap.add_argument(
+        "--stage", default="03_paged", help="stage folder holding layers/attention_triton.py"
+    )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--contexts", type=int, nargs="+", default=[512, 2048])
     ap.add_argument("--heads", type=int, default=16)
@@ -76,10 +84,18 @@ def main():
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--max-prefill-tokens", type=int, default=131072,
-                    help="skip prefill cases with more tokens than this")
-    ap.add_argument("--max-ref-tokens", type=int, default=32768,
-                    help="time the (slow) reference only up to this many query tokens")
+    ap.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=131072,
+        help="skip prefill cases with more tokens than this",
+    )
+    ap.add_argument(
+        "--max-ref-tokens",
+        type=int,
+        default=32768,
+        help="time the (slow) reference only up to this many query tokens",
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernel_bench.py needs a CUDA GPU")
@@ -89,7 +105,7 @@ def main():
     sdpa = torch.nn.functional.scaled_dot_product_attention
     dtype, dev = getattr(torch, args.dtype), "cuda"
     H, KVH, D, bs = args.heads, args.kv_heads, args.head_dim, args.block_size
-    scale = D ** -0.5
+    scale = D**-0.5
     elem = torch.finfo(dtype).bits // 8
     rows = []
 
@@ -100,25 +116,45 @@ def main():
                 if mode == "prefill" and batch * context > args.max_prefill_tokens:
                     continue
                 torch.manual_seed(0)
-                q, kc, vc, cu, ctx, bt = make_batch(batch, context, q_len, H, KVH, D, bs, dtype, dev)
-                row = dict(mode=mode, batch=batch, context=context, heads=H, kv_heads=KVH, head_dim=D,
-                           block_size=bs, dtype=args.dtype)
+                q, kc, vc, cu, ctx, bt = make_batch(
+                    batch, context, q_len, H, KVH, D, bs, dtype, dev
+                )
+                row = dict(
+                    mode=mode,
+                    batch=batch,
+                    context=context,
+                    heads=H,
+                    kv_heads=KVH,
+                    head_dim=D,
+                    block_size=bs,
+                    dtype=args.dtype,
+                )
                 k_dense, v_dense = contiguous_kv(kc, vc, bt, context)
                 if mode == "decode":
-                    tri_fn = lambda: tri.paged_decode_attention(q, kc, vc, ctx, bt, scale)  # noqa: E731
+                    tri_fn = lambda: tri.paged_decode_attention(q, kc, vc, ctx, bt, scale)
                     row["triton_ms"] = graph_time_ms(tri_fn, args.reps)
                     row["triton_nosplit_ms"] = graph_time_ms(
-                        lambda: tri.paged_decode_attention(q, kc, vc, ctx, bt, scale, num_splits=1), args.reps)
+                        lambda: tri.paged_decode_attention(q, kc, vc, ctx, bt, scale, num_splits=1),
+                        args.reps,
+                    )
                     qd = q.view(batch, H, 1, D)
-                    sdpa_fn = lambda: sdpa(qd, k_dense, v_dense, scale=scale, enable_gqa=True)  # noqa: E731
+                    sdpa_fn = lambda: sdpa(qd, k_dense, v_dense, scale=scale, enable_gqa=True)
                     kv_bytes = 2 * batch * context * KVH * D * elem
                     row["triton_GBps"] = kv_bytes / row["triton_ms"] / 1e6
                 else:
-                    tri_fn = lambda: tri.paged_prefill_attention(q, kc, vc, cu, ctx, bt, scale, q_len)  # noqa: E731
+                    tri_fn = lambda: tri.paged_prefill_attention(
+                        q, kc, vc, cu, ctx, bt, scale, q_len
+                    )
                     row["triton_ms"] = graph_time_ms(tri_fn, args.reps)
                     qp = q.view(batch, context, H, D).transpose(1, 2)
-                    sdpa_fn = lambda: sdpa(qp, k_dense, v_dense, is_causal=True, scale=scale,  # noqa: E731
-                                           enable_gqa=True)
+                    sdpa_fn = lambda: sdpa(
+                        qp,
+                        k_dense,
+                        v_dense,
+                        is_causal=True,
+                        scale=scale,
+                        enable_gqa=True,
+                    )
                     flops = 4 * batch * H * D * context * context / 2  # QK^T and PV, causal half
                     row["triton_TFLOPs"] = flops / row["triton_ms"] / 1e9
                 row["triton_eager_ms"] = cuda_time_ms(tri_fn, args.reps)
@@ -128,7 +164,7 @@ def main():
                     row["sdpa_dense_ms"] = None
                     row["sdpa_error"] = repr(exc)[:200]
                 if batch * q_len <= args.max_ref_tokens:
-                    ref_fn = lambda: ref.paged_attention(q, kc, vc, cu, ctx, bt, scale)  # noqa: E731
+                    ref_fn = lambda: ref.paged_attention(q, kc, vc, cu, ctx, bt, scale)
                     row["torch_ref_ms"] = cuda_time_ms(ref_fn, max(3, args.reps // 5), warmup=1)
                     row["max_abs_err"] = (tri_fn().float() - ref_fn().float()).abs().max().item()
                     row["speedup_vs_ref"] = row["torch_ref_ms"] / row["triton_ms"]
@@ -141,20 +177,30 @@ def main():
     def fmt(x, spec=".3f"):
         return "-" if x is None else format(x, spec)
 
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  heads {H}/{KVH}  head_dim {D}  "
-          f"block {bs}  {args.dtype}")
-    print(f"{'mode':8} {'batch':>5} {'ctx':>5} {'triton ms':>10} {'no-split':>9} {'eager':>8} {'sdpa ms':>9} "
-          f"{'ref ms':>9} {'x ref':>7} {'GB/s|TF/s':>10} {'max err':>8}")
+    print(
+        f"{torch.cuda.get_device_name()}  torch {torch.__version__}  heads {H}/{KVH}  head_dim {D}  "
+        f"block {bs}  {args.dtype}"
+    )
+    print(
+        f"{'mode':8} {'batch':>5} {'ctx':>5} {'triton ms':>10} {'no-split':>9} {'eager':>8} {'sdpa ms':>9} "
+        f"{'ref ms':>9} {'x ref':>7} {'GB/s|TF/s':>10} {'max err':>8}"
+    )
     for r in rows:
         rate = r.get("triton_GBps", r.get("triton_TFLOPs"))
-        print(f"{r['mode']:8} {r['batch']:5d} {r['context']:5d} {fmt(r['triton_ms']):>10} "
-              f"{fmt(r.get('triton_nosplit_ms')):>9} {fmt(r['triton_eager_ms']):>8} "
-              f"{fmt(r['sdpa_dense_ms']):>9} {fmt(r['torch_ref_ms']):>9} "
-              f"{fmt(r.get('speedup_vs_ref'), '.1f'):>7} {fmt(rate, '.1f'):>10} {fmt(r.get('max_abs_err'), '.1e'):>8}")
+        print(
+            f"{r['mode']:8} {r['batch']:5d} {r['context']:5d} {fmt(r['triton_ms']):>10} "
+            f"{fmt(r.get('triton_nosplit_ms')):>9} {fmt(r['triton_eager_ms']):>8} "
+            f"{fmt(r['sdpa_dense_ms']):>9} {fmt(r['torch_ref_ms']):>9} "
+            f"{fmt(r.get('speedup_vs_ref'), '.1f'):>7} {fmt(rate, '.1f'):>10} {fmt(r.get('max_abs_err'), '.1e'):>8}"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                    triton=importlib.import_module("triton").__version__, stage=args.stage)
+        meta = dict(
+            device=torch.cuda.get_device_name(),
+            torch=torch.__version__,
+            triton=importlib.import_module("triton").__version__,
+            stage=args.stage,
+        )
         args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
         print(f"wrote {args.out}")
 

@@ -25,7 +25,9 @@ from nanovllm_final.workloads import make_workload
 KNOWN_PEAKS = {"NVIDIA H200": {"bandwidth": 4.3e12, "peak_flops": 790e12}}
 
 
-def measure_peaks(device: str = "cuda", copy_bytes: int = 1 << 30, gemm_n: int = 8192, repeats: int = 20) -> dict:
+def measure_peaks(
+    device: str = "cuda", copy_bytes: int = 1 << 30, gemm_n: int = 8192, repeats: int = 20
+) -> dict:
     """{"bandwidth", "peak_flops"} of this GPU: a copy of `copy_bytes` (each byte read and
     written) and a `gemm_n`-cubed bf16 matrix product, each timed over `repeats` runs after a warm-up."""
     import torch
@@ -57,8 +59,10 @@ def peaks_of(record: dict) -> dict:
         return record["device_peaks"]
     name = record.get("device_name")
     if name not in KNOWN_PEAKS:
-        raise ValueError(f"no bandwidth or peak for device {name!r}: the record has no device_peaks and "
-                         f"benchmarks/limits.py KNOWN_PEAKS has no entry for it")
+        raise ValueError(
+            f"no bandwidth or peak for device {name!r}: the record has no device_peaks and "
+            f"benchmarks/limits.py KNOWN_PEAKS has no entry for it"
+        )
     return KNOWN_PEAKS[name]
 
 
@@ -71,10 +75,18 @@ def active_parameters(model: dict) -> float:
     """Parameters one token uses: all of a dense model's; a MoE model's without the experts it skips."""
     if "moe" not in model.get("model_type", ""):
         return model["num_parameters"]
-    from tools.tiny_model import build_config  # the shape's MoE fields (records keep the dense ones)
+    from tools.tiny_model import (
+        build_config,  # the shape's MoE fields (records keep the dense ones)
+    )
 
     cfg = build_config(arch=None, shape=model["shape"])
-    experts = cfg["num_hidden_layers"] * cfg["num_experts"] * 3 * cfg["hidden_size"] * cfg["moe_intermediate_size"]
+    experts = (
+        cfg["num_hidden_layers"]
+        * cfg["num_experts"]
+        * 3
+        * cfg["hidden_size"]
+        * cfg["moe_intermediate_size"]
+    )
     return model["num_parameters"] - experts * (1 - cfg["num_experts_per_tok"] / cfg["num_experts"])
 
 
@@ -84,11 +96,19 @@ def _requests(record: dict) -> tuple[list[int], list[int], int]:
     prompts, sampling = make_workload(workload["name"], model["vocab_size"], **workload["params"])
     fp8 = str(record.get("engine_options", {}).get("kv_cache_dtype", "auto")).startswith("fp8")
     value_bytes = 1 if fp8 else {"float32": 4}.get(model["dtype"], 2)
-    per_token = 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * model["head_dim"] * value_bytes
+    per_token = (
+        2
+        * model["num_hidden_layers"]
+        * model["num_key_value_heads"]
+        * model["head_dim"]
+        * value_bytes
+    )
     return [len(p) for p in prompts], [s["max_tokens"] for s in sampling], per_token
 
 
-def _steps(record: dict, bandwidth: float, peak_flops: float) -> list[tuple[int, float, float, bool]]:
+def _steps(
+    record: dict, bandwidth: float, peak_flops: float
+) -> list[tuple[int, float, float, bool]]:
     """(batch, K/V seconds, weights-or-GEMM seconds, GEMM-bound?) of each decode step at the limit."""
     ins, outs, per_token = _requests(record)
     model = record["model"]
@@ -97,17 +117,28 @@ def _steps(record: dict, bandwidth: float, peak_flops: float) -> list[tuple[int,
     for t in range(1, max(outs)):
         live = [i + t for i, o in zip(ins, outs) if o > t]
         gemm_s = flops_per_seq * len(live) / peak_flops
-        steps.append((len(live), sum(live) * per_token / bandwidth, max(weights_s, gemm_s), gemm_s > weights_s))
+        steps.append(
+            (
+                len(live),
+                sum(live) * per_token / bandwidth,
+                max(weights_s, gemm_s),
+                gemm_s > weights_s,
+            )
+        )
     return steps
 
 
-def decode_step_limits(record: dict, bandwidth: float | None = None, peak_flops: float | None = None) -> list[tuple[int, float]]:
+def decode_step_limits(
+    record: dict, bandwidth: float | None = None, peak_flops: float | None = None
+) -> list[tuple[int, float]]:
     """(batch, seconds) of each decode step of the workload at its limit (the module's formula)."""
     bandwidth, peak_flops = _peaks(record, bandwidth, peak_flops)
     return [(batch, kv_s + w_s) for batch, kv_s, w_s, _ in _steps(record, bandwidth, peak_flops)]
 
 
-def workload_limit(record: dict, bandwidth: float | None = None, peak_flops: float | None = None) -> dict:
+def workload_limit(
+    record: dict, bandwidth: float | None = None, peak_flops: float | None = None
+) -> dict:
     """{"output_tokens_per_s", "kv_s", "weights_s", "prefill_s", "gemm_bound_steps", "decode_steps",
     "bandwidth", "peak_flops"} of a benchmarks/run.py record; bandwidth and peak default to the record's device's."""
     bandwidth, peak_flops = _peaks(record, bandwidth, peak_flops)
@@ -115,6 +146,13 @@ def workload_limit(record: dict, bandwidth: float | None = None, peak_flops: flo
     ins, outs, _ = _requests(record)
     kv_s, weights_s = sum(s[1] for s in steps), sum(s[2] for s in steps)
     prefill_s = 2 * active_parameters(record["model"]) * sum(ins) / peak_flops
-    return {"output_tokens_per_s": sum(outs) / (kv_s + weights_s + prefill_s), "kv_s": kv_s, "weights_s": weights_s,
-            "prefill_s": prefill_s, "gemm_bound_steps": sum(s[3] for s in steps), "decode_steps": len(steps),
-            "bandwidth": bandwidth, "peak_flops": peak_flops}
+    return {
+        "output_tokens_per_s": sum(outs) / (kv_s + weights_s + prefill_s),
+        "kv_s": kv_s,
+        "weights_s": weights_s,
+        "prefill_s": prefill_s,
+        "gemm_bound_steps": sum(s[3] for s in steps),
+        "decode_steps": len(steps),
+        "bandwidth": bandwidth,
+        "peak_flops": peak_flops,
+    }

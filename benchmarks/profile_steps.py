@@ -54,13 +54,19 @@ def step_times(stats: list[dict]) -> dict:
     for kind, is_prefill in (("prefill", True), ("decode", False)):
         secs = [s["seconds"] * 1e3 for s in stats if bool(s.get("is_prefill")) == is_prefill]
         if secs:
-            out[kind] = {"steps": len(secs), "mean_ms": statistics.fmean(secs), "median_ms": statistics.median(secs)}
+            out[kind] = {
+                "steps": len(secs),
+                "mean_ms": statistics.fmean(secs),
+                "median_ms": statistics.median(secs),
+            }
     return out
 
 
 def run(module, path: Path, args: argparse.Namespace, name: str) -> dict:
     rng = random.Random(0)
-    prompts = [[rng.randint(0, 10000) for _ in range(args.prompt_len)] for _ in range(args.num_seqs)]
+    prompts = [
+        [rng.randint(0, 10000) for _ in range(args.prompt_len)] for _ in range(args.num_seqs)
+    ]
     params = module.SamplingParams(temperature=0.6, max_tokens=args.max_tokens, ignore_eos=True)
     options = dict(device="cuda", dtype=args.dtype, max_num_seqs=args.num_seqs)
     with variant(module, name):
@@ -84,20 +90,31 @@ def run(module, path: Path, args: argparse.Namespace, name: str) -> dict:
         gpu = report["summary"].get(kind, {}).get("mean_gpu_ms")
         if gpu is not None:
             times["host_ms_estimate"] = max(0.0, times["mean_ms"] - gpu)
-    return {"variant": name, "load_seconds": load, "generate_seconds": seconds, "step_peak_bytes": step_peak,
-            "unprofiled_steps": timed} | report
+    return {
+        "variant": name,
+        "load_seconds": load,
+        "generate_seconds": seconds,
+        "step_peak_bytes": step_peak,
+        "unprofiled_steps": timed,
+    } | report
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engine", default="final")
     parser.add_argument("--shape", default="qwen3-0.6b")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=600)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--top", type=int, default=12, help="kernels kept per step kind, by GPU time")
-    parser.add_argument("--variant", action="append", choices=VARIANTS, help="default: both (final), else 'fused'")
+    parser.add_argument(
+        "--top", type=int, default=12, help="kernels kept per step kind, by GPU time"
+    )
+    parser.add_argument(
+        "--variant", action="append", choices=VARIANTS, help="default: both (final), else 'fused'"
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -105,22 +122,38 @@ def main() -> None:
     label, module = resolve_engine(args.engine)
     path = model_for_shape(args.shape, "cuda")
     names = args.variant or (list(VARIANTS) if label == "final" else ["fused"])
-    record = {"benchmark": "profile_steps", "engine": label, "shape": args.shape, "dtype": args.dtype,
-              "num_seqs": args.num_seqs, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
-              "device_name": torch.cuda.get_device_name(), "versions": versions(),
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": []}
+    record = {
+        "benchmark": "profile_steps",
+        "engine": label,
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "num_seqs": args.num_seqs,
+        "prompt_len": args.prompt_len,
+        "max_tokens": args.max_tokens,
+        "device_name": torch.cuda.get_device_name(),
+        "versions": versions(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "runs": [],
+    }
     for name in names:
         result = run(module, path, args, name)
         record["runs"].append(result)
         for kind, s in result["summary"].items():
             t = result["unprofiled_steps"].get(kind, {})
-            print(f"{label:8} {name:6} {kind:8} steps {s['steps']:3d}  step {t.get('mean_ms', float('nan')):7.2f} ms"
-                  f"  gpu {s['mean_gpu_ms']:7.2f} ms  sampling {s['mean_sampling_ms']:5.2f} ms"
-                  f"  kernels {s['mean_kernels']:6.0f}  host~ {t.get('host_ms_estimate', float('nan')):6.2f} ms", flush=True)
-        print(f"{label:8} {name:6} peak memory of a step beyond the loaded engine: {result['step_peak_bytes'] / 2**30:.2f} GiB")
+            print(
+                f"{label:8} {name:6} {kind:8} steps {s['steps']:3d}  step {t.get('mean_ms', float('nan')):7.2f} ms"
+                f"  gpu {s['mean_gpu_ms']:7.2f} ms  sampling {s['mean_sampling_ms']:5.2f} ms"
+                f"  kernels {s['mean_kernels']:6.0f}  host~ {t.get('host_ms_estimate', float('nan')):6.2f} ms",
+                flush=True,
+            )
+        print(
+            f"{label:8} {name:6} peak memory of a step beyond the loaded engine: {result['step_peak_bytes'] / 2**30:.2f} GiB"
+        )
         for kind, top in result["top_kernels"].items():
             for k in top[:6]:
-                print(f"    {kind:8} {k['ms_per_step']:7.3f} ms/step {100 * k['share']:5.1f}%  {k['name'][:90]}")
+                print(
+                    f"    {kind:8} {k['ms_per_step']:7.3f} ms/step {100 * k['share']:5.1f}%  {k['name'][:90]}"
+                )
         if args.out:  # after each variant, so that a later failure keeps what was measured
             Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
 

@@ -94,10 +94,12 @@ def analyze(events) -> list[dict]:
     for e in events:
         name = e.name()
         if _is_gpu(e):
-            if not name.startswith((STEP, SAMPLE)):  # the profiler mirrors annotations onto the GPU timeline
+            if not name.startswith(
+                (STEP, SAMPLE)
+            ):  # the profiler mirrors annotations onto the GPU timeline
                 gpu.append(e)
         elif name.startswith(STEP):
-            steps[int(name[len(STEP):])] = (e.start_ns(), e.end_ns())
+            steps[int(name[len(STEP) :])] = (e.start_ns(), e.end_ns())
         elif name == SAMPLE:
             samples.append((e.start_ns(), e.end_ns()))
         elif name.startswith("cu"):  # CUDA runtime/driver calls: kernel and graph launches, copies
@@ -109,7 +111,10 @@ def analyze(events) -> list[dict]:
         k = bisect.bisect_right(starts, t)  # the last step that started at or before t
         return order[k - 1] if k and t <= steps[order[k - 1]][1] else None
 
-    per_step = {i: {"intervals": [], "sampling_ns": 0, "kernels": 0, "names": collections.Counter()} for i in steps}
+    per_step = {
+        i: {"intervals": [], "sampling_ns": 0, "kernels": 0, "names": collections.Counter()}
+        for i in steps
+    }
     for e in gpu:
         launched = launches.get(e.correlation_id(), e.start_ns())  # fallback: when it ran
         i = step_of(launched)
@@ -125,8 +130,17 @@ def analyze(events) -> list[dict]:
     for i in order:
         rec, (a, b) = per_step[i], steps[i]
         gpu_ms = _union_ms(rec["intervals"])
-        rows.append({"step": i, "wall_ms": (b - a) / 1e6, "gpu_ms": gpu_ms, "sampling_ms": rec["sampling_ns"] / 1e6,
-                     "idle_ms": max(0.0, (b - a) / 1e6 - gpu_ms), "kernels": rec["kernels"], "names": rec["names"]})
+        rows.append(
+            {
+                "step": i,
+                "wall_ms": (b - a) / 1e6,
+                "gpu_ms": gpu_ms,
+                "sampling_ms": rec["sampling_ns"] / 1e6,
+                "idle_ms": max(0.0, (b - a) / 1e6 - gpu_ms),
+                "kernels": rec["kernels"],
+                "names": rec["names"],
+            }
+        )
     return rows
 
 
@@ -138,30 +152,46 @@ def summarize(rows: list[dict], kinds: dict[int, str], top: int = 12) -> dict:
     for kind in sorted({r["kind"] for r in rows}):
         mine = [r for r in rows if r["kind"] == kind]
         summary[kind] = {"steps": len(mine)} | {
-            f"mean_{key}": statistics.fmean(r[key] for r in mine) for key in ("wall_ms", "gpu_ms", "sampling_ms", "idle_ms", "kernels")
+            f"mean_{key}": statistics.fmean(r[key] for r in mine)
+            for key in ("wall_ms", "gpu_ms", "sampling_ms", "idle_ms", "kernels")
         }
         names = collections.Counter()
         for r in mine:
             names.update(r["names"])
         total = sum(names.values()) or 1
         top_kernels[kind] = [
-            {"name": n[:120], "ms_per_step": ns / 1e6 / len(mine), "share": ns / total} for n, ns in names.most_common(top)
+            {"name": n[:120], "ms_per_step": ns / 1e6 / len(mine), "share": ns / total}
+            for n, ns in names.most_common(top)
         ]
-    return {"steps": [{k: v for k, v in r.items() if k != "names"} for r in rows], "summary": summary, "top_kernels": top_kernels}
+    return {
+        "steps": [{k: v for k, v in r.items() if k != "names"} for r in rows],
+        "summary": summary,
+        "top_kernels": top_kernels,
+    }
 
 
-def profile_generate(llm, prompts, sampling, every: int | None = None, active: int = 10, top: int = 12) -> dict:
+def profile_generate(
+    llm, prompts, sampling, every: int | None = None, active: int = 10, top: int = 12
+) -> dict:
     """Run llm.generate(prompts, sampling) under torch.profiler; return `summarize`'s report.
     every=None profiles every step (keep such runs short); every=N profiles `active` steps
     out of each N (windows, each analysed as it closes), so that long runs stay cheap."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    )
     before, rows = len(llm.stats), []
     schedule = None
     if every is not None:
         assert every >= active + 2
         schedule = torch.profiler.schedule(wait=every - active - 1, warmup=1, active=active)
-    with annotated(llm) as counter, profile(activities=activities, schedule=schedule,
-                                            on_trace_ready=lambda p: rows.extend(analyze(p.profiler.kineto_results.events()))) as prof:
+    with (
+        annotated(llm) as counter,
+        profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=lambda p: rows.extend(analyze(p.profiler.kineto_results.events())),
+        ) as prof,
+    ):
         counter.on_step = prof.step if schedule is not None else None
         llm.generate(prompts, sampling, use_tqdm=False)
         if torch.cuda.is_available():

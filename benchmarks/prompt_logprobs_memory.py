@@ -30,7 +30,9 @@ def peak_during(fn, device: str) -> tuple[int, float]:
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - before, time.perf_counter() - start
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
         start = time.perf_counter()
         fn()
         seconds = time.perf_counter() - start
@@ -43,11 +45,15 @@ def peak_during(fn, device: str) -> tuple[int, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shape", default="qwen3-0.6b")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-model-len", type=int, default=8192)
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="also the rows of logits scored at once")
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=256, help="also the rows of logits scored at once"
+    )
     parser.add_argument("--top", type=int, default=5, help="prompt_logprobs' k")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -56,33 +62,58 @@ def main() -> None:
     from tools.tiny_model import cached_model
 
     shape = args.shape
-    path = cached_model(f"scoring-{shape}", arch=None if shape != "tiny" else "qwen3", shape=shape,
-                        **({"max_position_embeddings": args.max_model_len} if shape == "tiny" else {}))
+    path = cached_model(
+        f"scoring-{shape}",
+        arch=None if shape != "tiny" else "qwen3",
+        shape=shape,
+        **({"max_position_embeddings": args.max_model_len} if shape == "tiny" else {}),
+    )
     n = args.max_model_len - 1
-    with LLM(str(path), device=args.device, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-             max_num_batched_tokens=args.max_model_len) as llm:
+    with LLM(
+        str(path),
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_model_len,
+    ) as llm:
         vocab = llm.model_config.vocab_size
         runs = {}
-        for seed, (name, k) in enumerate((("warm-up", None), ("plain", None), ("prompt_logprobs", args.top))):
+        for seed, (name, k) in enumerate(
+            (("warm-up", None), ("plain", None), ("prompt_logprobs", args.top))
+        ):
             # a prompt of its own per run: no prefix-cache hit makes one run's prefill shorter
-            prompt = torch.randint(3, min(vocab, 500), (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+            prompt = torch.randint(
+                3, min(vocab, 500), (n,), generator=torch.Generator().manual_seed(seed)
+            ).tolist()
             params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=k)
             out = {}
-            peak, seconds = peak_during(lambda: out.update(llm.generate([prompt], params, use_tqdm=False)[0]), args.device)
+            peak, seconds = peak_during(
+                lambda: out.update(llm.generate([prompt], params, use_tqdm=False)[0]), args.device
+            )
             if name != "warm-up":
                 runs[name] = {"peak_bytes": peak, "seconds": round(seconds, 4)}
         assert len(out["prompt_logprobs"]) == n
     full = n * vocab * 4
-    record = {"what": "peak memory of one max_model_len - 1 prompt, without and with prompt_logprobs", "shape": shape,
-              "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
-              "prompt_tokens": n, "vocab_size": vocab, "prompt_logprobs": args.top, "rows_at_once": args.max_num_seqs,
-              "full_logits_bytes": full, "runs": runs,
-              "extra_peak_bytes": runs["prompt_logprobs"]["peak_bytes"] - runs["plain"]["peak_bytes"]}
+    record = {
+        "what": "peak memory of one max_model_len - 1 prompt, without and with prompt_logprobs",
+        "shape": shape,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "prompt_tokens": n,
+        "vocab_size": vocab,
+        "prompt_logprobs": args.top,
+        "rows_at_once": args.max_num_seqs,
+        "full_logits_bytes": full,
+        "runs": runs,
+        "extra_peak_bytes": runs["prompt_logprobs"]["peak_bytes"] - runs["plain"]["peak_bytes"],
+    }
     print(f"{shape}, {n} prompt tokens, vocab {vocab}, on {record['device']}")
     print(f"{'run':<16}{'peak MiB':>10}{'seconds':>10}")
     for name, run in runs.items():
         print(f"{name:<16}{run['peak_bytes'] / 2**20:>10.1f}{run['seconds']:>10.3f}")
-    print(f"prompt x vocab float32 logits: {full / 2**20:.1f} MiB; scoring added {record['extra_peak_bytes'] / 2**20:.1f} MiB")
+    print(
+        f"prompt x vocab float32 logits: {full / 2**20:.1f} MiB; scoring added {record['extra_peak_bytes'] / 2**20:.1f} MiB"
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1) + "\n")

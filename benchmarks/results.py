@@ -17,13 +17,17 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 def is_run_record(record: object) -> bool:
     """True for a record written by benchmarks/run.py (a successful or a failed run)."""
-    return isinstance(record, dict) and "engine" in record and "workload" in record and (
-        "output_tokens_per_s" in record or "error" in record
+    return (
+        isinstance(record, dict)
+        and "engine" in record
+        and "workload" in record
+        and ("output_tokens_per_s" in record or "error" in record)
     )
 
 
-def load_results(pattern: str = "*.json", directory: str | Path = RESULTS_DIR, *,
-                 include_failed: bool = False) -> list[dict]:
+def load_results(
+    pattern: str = "*.json", directory: str | Path = RESULTS_DIR, *, include_failed: bool = False
+) -> list[dict]:
     """Every run record in the files of `directory` matching `pattern`, in file-name order.
 
     A file may hold one record or a list of them. Each record gets a "file" key naming
@@ -49,8 +53,10 @@ def summary_row(record: dict) -> str:
     head = f"{record['engine']:<20} {record['workload']['name']:<14} {record.get('device_name', '?')[:24]:<24}"
     if "error" in record:
         return f"{head} FAILED: {record['error']}"
-    return (f"{head} {record['num_seqs']:>5} {record['input_tokens']:>8} {record['output_tokens']:>8} "
-            f"{record['seconds']:>8.2f} {record['output_tokens_per_s']:>10.1f} {record['total_tokens_per_s']:>10.1f}")
+    return (
+        f"{head} {record['num_seqs']:>5} {record['input_tokens']:>8} {record['output_tokens']:>8} "
+        f"{record['seconds']:>8.2f} {record['output_tokens_per_s']:>10.1f} {record['total_tokens_per_s']:>10.1f}"
+    )
 
 
 def table(records: list[dict]) -> str:
@@ -58,6 +64,7 @@ def table(records: list[dict]) -> str:
 
 
 # ---- plots ----
+
 
 def bar_label(record: dict, varying: set[str]) -> str:
     """The engine's name, plus whatever else differs between the plotted records."""
@@ -71,7 +78,9 @@ def bar_label(record: dict, varying: set[str]) -> str:
     return "\n".join(parts)
 
 
-def plot_throughput(records: list[dict], ax=None, metric: str = "output_tokens_per_s", title: str | None = None):
+def plot_throughput(
+    records: list[dict], ax=None, metric: str = "output_tokens_per_s", title: str | None = None
+):
     """A bar per record of `metric` (output tokens/s by default), labelled by engine and by
     whatever else differs between records (workload, device, model). Returns the axes."""
     import matplotlib.pyplot as plt
@@ -95,7 +104,9 @@ def plot_throughput(records: list[dict], ax=None, metric: str = "output_tokens_p
     ax.set_ylabel(metric.replace("_per_s", "/s").replace("_", " "))
     ax.margins(y=0.15)
     if title is None:
-        common = [keys[k](records[0]) for k in ("workload", "model", "device_name") if k not in varying]
+        common = [
+            keys[k](records[0]) for k in ("workload", "model", "device_name") if k not in varying
+        ]
         title = " | ".join(str(c) for c in common if c)
     ax.set_title(title, fontsize=10)
     return ax

@@ -30,7 +30,9 @@ from types import ModuleType
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, also for `python benchmarks/run.py`
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # repo root, also for `python benchmarks/run.py`
 
 # Triton kernels run in the interpreter without a GPU; this must be set before triton is imported.
 if not torch.cuda.is_available():
@@ -47,7 +49,11 @@ FINAL_NAMES = ("final", "nanovllm_final")
 HF_NAMES = ("hf", "transformers")
 WARMUP_LENGTHS = (16, 32)  # prompt lengths of the two warm-up requests
 WARMUP_MAX_TOKENS = 8
-SUMMED_STATS = ("preemptions", "recomputed_tokens", "prefix_hit_tokens")  # per-step keys some stages record
+SUMMED_STATS = (
+    "preemptions",
+    "recomputed_tokens",
+    "prefix_hit_tokens",
+)  # per-step keys some stages record
 
 
 class UsageError(ValueError):
@@ -56,35 +62,68 @@ class UsageError(ValueError):
 
 # ---- command line ----
 
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", action="append", required=True,
-                        help="a stage (03_paged, paged or 3), 'final', or 'hf' (Hugging Face transformers' "
-                             "continuous batching); repeat to run several in turn")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--engine",
+        action="append",
+        required=True,
+        help="a stage (03_paged, paged or 3), 'final', or 'hf' (Hugging Face transformers' "
+        "continuous batching); repeat to run several in turn",
+    )
     parser.add_argument("--workload", default="nanovllm", choices=tuple(workloads.WORKLOADS))
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", type=Path, help="a Hugging Face model directory")
-    model.add_argument("--shape", choices=tuple(SHAPES),
-                       help="random weights of this shape, built once into .models/<shape>")
+    model.add_argument(
+        "--shape",
+        choices=tuple(SHAPES),
+        help="random weights of this shape, built once into .models/<shape>",
+    )
     parser.add_argument("--device", help="cuda or cpu (default: cuda if available)")
     parser.add_argument("--dtype", help="float32, float16 or bfloat16 (default: the engine's)")
     parser.add_argument("--num-seqs", type=int, help="workload parameter num_seqs")
     parser.add_argument("--max-input-len", type=int, help="workload parameter max_input_len")
     parser.add_argument("--max-output-len", type=int, help="workload parameter max_output_len")
     parser.add_argument("--seed", type=int, help="workload seed (default: the workload's, 0)")
-    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="any other workload parameter, e.g. prefix_len=256 (repeatable)")
-    parser.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
-                        help="a SamplingParams field for every request, e.g. top_k=0 top_p=1.0 (the final engine "
-                             "otherwise takes top-k/top-p from generation_config.json; nano-vllm samples with temperature only)")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an engine option, e.g. max_num_seqs=64 or enforce_eager=true (repeatable)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads); default: torch's")
-    parser.add_argument("--breakdown", action="store_true",
-                        help="after the timed generate, run the workload again under torch.profiler (a window of "
-                             "steps out of every 50) and record per-step host, GPU and sampling time")
-    parser.add_argument("--out", help="write the JSON here ('-' for stdout); a list if several engines")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other workload parameter, e.g. prefix_len=256 (repeatable)",
+    )
+    parser.add_argument(
+        "--sampling",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a SamplingParams field for every request, e.g. top_k=0 top_p=1.0 (the final engine "
+        "otherwise takes top-k/top-p from generation_config.json; nano-vllm samples with temperature only)",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine option, e.g. max_num_seqs=64 or enforce_eager=true (repeatable)",
+    )
+    parser.add_argument(
+        "--threads", type=int, help="torch CPU threads (torch.set_num_threads); default: torch's"
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="after the timed generate, run the workload again under torch.profiler (a window of "
+        "steps out of every 50) and record per-step host, GPU and sampling time",
+    )
+    parser.add_argument(
+        "--out", help="write the JSON here ('-' for stdout); a list if several engines"
+    )
     args = parser.parse_args(argv)
     args.error = parser.error
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -114,6 +153,7 @@ def parse_pairs(pairs: list[str], what: str) -> dict:
 
 # ---- engines ----
 
+
 def resolve_engine(name: str) -> tuple[str, ModuleType]:
     """('03_paged', module) for '03_paged', 'paged' or '3'; ('final', nanovllm_final) for 'final';
     ('hf', None) for Hugging Face transformers' continuous batching."""
@@ -130,7 +170,9 @@ def resolve_engine(name: str) -> tuple[str, ModuleType]:
     try:
         module = stages.load(int(name) if name.isdigit() else name)
     except ValueError as err:
-        raise UsageError(f"unknown engine {name!r}; engines are: {', '.join([*stages.names(), 'final'])}") from err
+        raise UsageError(
+            f"unknown engine {name!r}; engines are: {', '.join([*stages.names(), 'final'])}"
+        ) from err
     except ImportError as err:
         raise UsageError(f"engine {name!r} could not be imported: {err}") from err
     return module.__name__.rsplit(".", 1)[-1], module
@@ -143,6 +185,7 @@ def ladder_level(engine: str) -> int:
 
 
 # ---- models ----
+
 
 def _shapes() -> dict[str, dict]:
     from tools.tiny_model import FULL_SHAPES
@@ -164,7 +207,9 @@ def model_for_shape(shape: str, device: str) -> Path:
     kwargs = dict(SHAPES[shape])
     if "shape" in kwargs and device.startswith("cuda"):
         kwargs["device"] = "cuda"
-    with contextlib.redirect_stdout(sys.stderr):  # the factory's progress lines; stdout may carry JSON
+    with contextlib.redirect_stdout(
+        sys.stderr
+    ):  # the factory's progress lines; stdout may carry JSON
         return cached_model(shape, **kwargs)
 
 
@@ -216,9 +261,14 @@ def effective_dtype(options: dict, config: dict) -> str:
     return "float32"
 
 
-def check_lengths(prompts: list[list[int]], params: list[dict], options: dict, config: dict) -> None:
+def check_lengths(
+    prompts: list[list[int]], params: list[dict], options: dict, config: dict
+) -> None:
     """Every request must fit in max_model_len, or the engines would cut it short."""
-    limit = min(options.get("max_model_len", DEFAULT_MAX_MODEL_LEN), config.get("max_position_embeddings", math.inf))
+    limit = min(
+        options.get("max_model_len", DEFAULT_MAX_MODEL_LEN),
+        config.get("max_position_embeddings", math.inf),
+    )
     need = max((len(p) + sp["max_tokens"] for p, sp in zip(prompts, params)), default=0)
     if need > limit:
         raise UsageError(
@@ -229,6 +279,7 @@ def check_lengths(prompts: list[list[int]], params: list[dict], options: dict, c
 
 
 # ---- environment ----
+
 
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
@@ -262,7 +313,9 @@ def versions() -> dict:
 def git_commit() -> dict:
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+            done = subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         return done.stdout.strip() if done.returncode == 0 else None
@@ -274,8 +327,10 @@ def git_commit() -> dict:
 
 # ---- one run ----
 
+
 def summarize_stats(steps: list[dict]) -> dict:
     """A few numbers from llm.stats, the engine's per-step records, of the timed generate."""
+
     def values(key: str) -> list:
         return [s[key] for s in steps if isinstance(s.get(key), (int, float))]
 
@@ -294,14 +349,22 @@ def summarize_stats(steps: list[dict]) -> dict:
     if any("is_prefill" in s for s in steps):
         summary["prefill_steps"] = sum(1 for s in steps if s.get("is_prefill"))
         for kind, is_prefill in (("prefill", True), ("decode", False)):
-            secs = [s["seconds"] for s in steps if bool(s.get("is_prefill")) == is_prefill and "seconds" in s]
+            secs = [
+                s["seconds"]
+                for s in steps
+                if bool(s.get("is_prefill")) == is_prefill and "seconds" in s
+            ]
             summary[f"{kind}_step_ms_mean"] = 1e3 * sum(secs) / len(secs) if secs else None
-        by_batch: dict[int, list[float]] = {}  # decode steps by their num_seqs: a step time at one batch size
+        by_batch: dict[
+            int, list[float]
+        ] = {}  # decode steps by their num_seqs: a step time at one batch size
         for s in steps:
             if not s.get("is_prefill") and "seconds" in s and isinstance(s.get("num_seqs"), int):
                 by_batch.setdefault(s["num_seqs"], []).append(s["seconds"])
-        summary["decode_steps_by_num_seqs"] = {str(n): {"steps": len(secs), "ms_mean": 1e3 * sum(secs) / len(secs)}
-                                               for n, secs in sorted(by_batch.items())}
+        summary["decode_steps_by_num_seqs"] = {
+            str(n): {"steps": len(secs), "ms_mean": 1e3 * sum(secs) / len(secs)}
+            for n, secs in sorted(by_batch.items())
+        }
     if any("blocks_used" in s for s in steps):
         summary["max_blocks_used"] = max(values("blocks_used"), default=None)
     return summary
@@ -316,8 +379,14 @@ def warmup_prompts(vocab_size: int) -> list[list[int]]:
     return [[(3 + i) % vocab_size for i in range(n)] for n in WARMUP_LENGTHS]
 
 
-def timed_generate(llm, module: ModuleType, prompts: list[list[int]], params: list[dict],
-                   device: str, vocab_size: int) -> dict:
+def timed_generate(
+    llm,
+    module: ModuleType,
+    prompts: list[list[int]],
+    params: list[dict],
+    device: str,
+    vocab_size: int,
+) -> dict:
     """Warm up, then time generate over the workload; returns the measured fields."""
     warm = module.SamplingParams(temperature=0.6, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True)
     llm.generate(warmup_prompts(vocab_size), warm, use_tqdm=False)
@@ -350,10 +419,14 @@ def run_engine(module: ModuleType | None, setup: dict, breakdown: bool = False) 
     load_seconds = time.perf_counter() - start
     after_load = memory_now(device, llm)
     try:
-        measured = timed_generate(llm, module, prompts, params, device, setup["config"]["vocab_size"])
+        measured = timed_generate(
+            llm, module, prompts, params, device, setup["config"]["vocab_size"]
+        )
         if breakdown:
             try:
-                measured["breakdown"] = step_breakdown(llm, module, prompts, params, measured["stats"])
+                measured["breakdown"] = step_breakdown(
+                    llm, module, prompts, params, measured["stats"]
+                )
             except Exception as err:  # the timed numbers stand without it
                 traceback.print_exc()
                 measured["breakdown"] = {"error": f"{type(err).__name__}: {err}"}
@@ -381,7 +454,9 @@ def run_engine(module: ModuleType | None, setup: dict, breakdown: bool = False) 
     } | ({"breakdown": measured["breakdown"]} if "breakdown" in measured else {})
 
 
-def step_breakdown(llm, module: ModuleType, prompts: list[list[int]], params: list[dict], stats: dict) -> dict:
+def step_breakdown(
+    llm, module: ModuleType, prompts: list[list[int]], params: list[dict], stats: dict
+) -> dict:
     """The workload once more, under torch.profiler for 5 steps out of every 50 or so
     (benchmarks/profiling.py): per kind of step, the GPU busy time, the sampler's GPU time
     and the kernels that take the most. `host_ms` is the timed run's mean step time minus
@@ -389,20 +464,34 @@ def step_breakdown(llm, module: ModuleType, prompts: list[list[int]], params: li
     from benchmarks.profiling import profile_generate
 
     every = max(7, min(50, stats["num_steps"] // 4))  # a few windows even in short runs
-    report = profile_generate(llm, prompts, [module.SamplingParams(**p) for p in params], every=every, active=min(5, every - 2))
+    report = profile_generate(
+        llm,
+        prompts,
+        [module.SamplingParams(**p) for p in params],
+        every=every,
+        active=min(5, every - 2),
+    )
     out = {"profiled_steps": report["profiled_steps"], "top_kernels": report["top_kernels"]}
     for kind, s in report["summary"].items():
         step_ms = stats.get(f"{kind}_step_ms_mean")
-        out[kind] = {"profiled_steps": s["steps"], "step_ms": step_ms, "gpu_ms": s["mean_gpu_ms"],
-                     "sampling_gpu_ms": s["mean_sampling_ms"], "kernels": s["mean_kernels"],
-                     "host_ms": None if step_ms is None else max(0.0, step_ms - s["mean_gpu_ms"]),
-                     "profiled_wall_ms": s["mean_wall_ms"]}
+        out[kind] = {
+            "profiled_steps": s["steps"],
+            "step_ms": step_ms,
+            "gpu_ms": s["mean_gpu_ms"],
+            "sampling_gpu_ms": s["mean_sampling_ms"],
+            "kernels": s["mean_kernels"],
+            "host_ms": None if step_ms is None else max(0.0, step_ms - s["mean_gpu_ms"]),
+            "profiled_wall_ms": s["mean_wall_ms"],
+        }
     return out
 
 
 # ---- Hugging Face transformers, continuous batching ----
 
-def hf_generate(manager, prompts: list[list[int]], max_tokens: list[int], tag: str, timeout: float = 600.0) -> list[list[int]]:
+
+def hf_generate(
+    manager, prompts: list[list[int]], max_tokens: list[int], tag: str, timeout: float = 600.0
+) -> list[list[int]]:
     """Submit every request to a running ContinuousBatchingManager and wait for all of them."""
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     for request_id, prompt, n in zip(ids, prompts, max_tokens):
@@ -411,8 +500,10 @@ def hf_generate(manager, prompts: list[list[int]], max_tokens: list[int], tag: s
     while len(results) < len(ids):
         result = manager.get_result(timeout=timeout)
         if result is None:
-            raise RuntimeError(f"transformers' continuous batching returned nothing for {timeout:.0f} s "
-                               f"(running: {manager.is_running()})")
+            raise RuntimeError(
+                f"transformers' continuous batching returned nothing for {timeout:.0f} s "
+                f"(running: {manager.is_running()})"
+            )
         if result.is_finished():
             if getattr(result, "error", None):
                 raise RuntimeError(f"request {result.request_id} failed: {result.error}")
@@ -437,8 +528,14 @@ def run_hf(setup: dict) -> dict:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(setup["model_dir"], dtype=dtype).to(device).eval()
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
-    config = GenerationConfig(**sampling, max_new_tokens=max(p["max_tokens"] for p in params), pad_token_id=0)
+    sampling = (
+        dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        if temperature > 0
+        else dict(do_sample=False)
+    )
+    config = GenerationConfig(
+        **sampling, max_new_tokens=max(p["max_tokens"] for p in params), pad_token_id=0
+    )
     manager = model.init_continuous_batching(generation_config=config)  # eos_token_id None: no EOS
     manager.start()
     try:
@@ -460,10 +557,16 @@ def run_hf(setup: dict) -> dict:
             torch.cuda.empty_cache()
     input_tokens, output_tokens = sum(len(p) for p in prompts), sum(len(o) for o in outputs)
     return {
-        "num_seqs": len(prompts), "input_tokens": input_tokens, "output_tokens": output_tokens,
-        "requested_output_tokens": sum(p["max_tokens"] for p in params), "seconds": seconds,
-        "output_tokens_per_s": output_tokens / seconds, "total_tokens_per_s": (input_tokens + output_tokens) / seconds,
-        "load_seconds": load_seconds, "peak_memory": peak_memory(device), "stats": None,
+        "num_seqs": len(prompts),
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "requested_output_tokens": sum(p["max_tokens"] for p in params),
+        "seconds": seconds,
+        "output_tokens_per_s": output_tokens / seconds,
+        "total_tokens_per_s": (input_tokens + output_tokens) / seconds,
+        "load_seconds": load_seconds,
+        "peak_memory": peak_memory(device),
+        "stats": None,
     }
 
 
@@ -477,8 +580,11 @@ def memory_now(device: str, llm) -> dict | None:
     runner = getattr(getattr(llm, "engine", None), "model_runner", None)
     kv = getattr(runner, "kv_cache", None)
     return {
-        "device_used_bytes": total - free, "device_total_bytes": total, "used_fraction": (total - free) / total,
-        "allocated_bytes": torch.cuda.memory_allocated(index), "reserved_bytes": torch.cuda.memory_reserved(index),
+        "device_used_bytes": total - free,
+        "device_total_bytes": total,
+        "used_fraction": (total - free) / total,
+        "allocated_bytes": torch.cuda.memory_allocated(index),
+        "reserved_bytes": torch.cuda.memory_reserved(index),
         "kv_cache_bytes": kv.numel() * kv.element_size() if isinstance(kv, torch.Tensor) else None,
         "num_kvcache_blocks": getattr(runner, "num_kvcache_blocks", None),
     }
@@ -498,6 +604,7 @@ def peak_memory(device: str) -> dict | None:
 
 # ---- main ----
 
+
 def prepare(args: argparse.Namespace) -> dict:
     """Everything shared by the runs, checked before any engine is loaded."""
     engines = [resolve_engine(name) for name in args.engine]
@@ -510,12 +617,20 @@ def prepare(args: argparse.Namespace) -> dict:
         options["dtype"] = args.dtype
     options |= parse_pairs(args.option, "--option")
     if options["device"].startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"device {options['device']!r} was asked for, but CUDA is not available here")
+        raise UsageError(
+            f"device {options['device']!r} was asked for, but CUDA is not available here"
+        )
     model_dir = args.model if args.model else model_for_shape(args.shape, options["device"])
     config = read_config(model_dir)
-    overrides = {"num_seqs": args.num_seqs, "max_input_len": args.max_input_len,
-                 "max_output_len": args.max_output_len, "seed": args.seed}
-    overrides = {k: v for k, v in overrides.items() if v is not None} | parse_pairs(args.param, "--param")
+    overrides = {
+        "num_seqs": args.num_seqs,
+        "max_input_len": args.max_input_len,
+        "max_output_len": args.max_output_len,
+        "seed": args.seed,
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None} | parse_pairs(
+        args.param, "--param"
+    )
     try:
         workload_params = workloads.resolve_params(args.workload, **overrides)
         prompts, params = workloads.get(args.workload)(config["vocab_size"], **workload_params)
@@ -525,9 +640,17 @@ def prepare(args: argparse.Namespace) -> dict:
     params = [p | sampling for p in params]
     check_lengths(prompts, params, options, config)
     return {
-        "engines": engines, "options": options, "model_dir": model_dir, "config": config,
-        "prompts": prompts, "params": params,
-        "workload": {"name": args.workload, "params": workload_params, "vocab_size": config["vocab_size"]}
+        "engines": engines,
+        "options": options,
+        "model_dir": model_dir,
+        "config": config,
+        "prompts": prompts,
+        "params": params,
+        "workload": {
+            "name": args.workload,
+            "params": workload_params,
+            "vocab_size": config["vocab_size"],
+        }
         | ({"sampling": sampling} if sampling else {}),
     }
 
@@ -539,7 +662,9 @@ def base_record(engine: str, setup: dict, args: argparse.Namespace) -> dict:
         "stage": ladder_level(engine),
         "device": options["device"].split(":")[0],
         "device_name": device_name(options["device"]),
-        "device_count": torch.cuda.device_count() if options["device"].startswith("cuda") else os.cpu_count(),
+        "device_count": torch.cuda.device_count()
+        if options["device"].startswith("cuda")
+        else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "model": model_info(setup["model_dir"], setup["config"], args.shape),
         "dtype": effective_dtype(options, setup["config"]),
@@ -550,7 +675,9 @@ def base_record(engine: str, setup: dict, args: argparse.Namespace) -> dict:
         **git_commit(),
         "command": shlex.join(["python", "-m", "benchmarks.run", *args.argv]),
         "hostname": platform.node(),
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,  # busy machine: noisy CPU numbers
+        "load_average": os.getloadavg()[0]
+        if hasattr(os, "getloadavg")
+        else None,  # busy machine: noisy CPU numbers
     }
 
 
@@ -576,7 +703,11 @@ def main(argv: list[str] | None = None) -> int:
     log = sys.stderr if args.out == "-" else sys.stdout
     print(HEADER, file=log, flush=True)
     records = []
-    peaks = measure_peaks(setup["options"]["device"]) if setup["options"]["device"].startswith("cuda") else None
+    peaks = (
+        measure_peaks(setup["options"]["device"])
+        if setup["options"]["device"].startswith("cuda")
+        else None
+    )
     for engine, module in setup["engines"]:
         record = base_record(engine, setup, args) | ({"device_peaks": peaks} if peaks else {})
         try:
@@ -586,18 +717,28 @@ def main(argv: list[str] | None = None) -> int:
             record["error"] = f"{type(err).__name__}: {err}"
         records.append(record)
         print(summary_row(record), file=log, flush=True)
-        if "error" not in record and record["device"] == "cuda":  # how far from what the GPU allows (benchmarks/limits.py)
+        if (
+            "error" not in record and record["device"] == "cuda"
+        ):  # how far from what the GPU allows (benchmarks/limits.py)
             record["limit"] = workload_limit(record)
-            print(f"{record['engine']}: {record['output_tokens_per_s'] / record['limit']['output_tokens_per_s']:.0%} of this workload's "
-                  f"limit on this GPU, {record['limit']['output_tokens_per_s']:,.0f} tok/s", file=log, flush=True)
-        if args.out and args.out != "-":  # after every engine: a run cut short keeps what it measured
+            print(
+                f"{record['engine']}: {record['output_tokens_per_s'] / record['limit']['output_tokens_per_s']:.0%} of this workload's "
+                f"limit on this GPU, {record['limit']['output_tokens_per_s']:,.0f} tok/s",
+                file=log,
+                flush=True,
+            )
+        if (
+            args.out and args.out != "-"
+        ):  # after every engine: a run cut short keeps what it measured
             write_json(records, args.out)
     hf = next((r for r in records if r["engine"] == "hf" and "error" not in r), None)
     if hf is not None:  # same requests, same process: the ratio is the comparison
         for r in records:
             if r is not hf and "error" not in r:
                 r["vs_hf"] = r["output_tokens_per_s"] / hf["output_tokens_per_s"]
-                print(f"{r['engine']} / hf: {r['vs_hf']:.1f}x output tokens/s", file=log, flush=True)
+                print(
+                    f"{r['engine']} / hf: {r['vs_hf']:.1f}x output tokens/s", file=log, flush=True
+                )
     if args.out:
         write_json(records, args.out)
     return 1 if any("error" in r for r in records) else 0

@@ -38,21 +38,31 @@ def torch_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
 def main() -> None:
     args = gpu_bench_args(__doc__)
     torch.manual_seed(0)
-    record = {"benchmark": "sampler_candidates", "k": K, "device_name": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "command": " ".join(["python", *sys.argv]),
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": []}
+    record = {
+        "benchmark": "sampler_candidates",
+        "k": K,
+        "device_name": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "command": " ".join(["python", *sys.argv]),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "rows": [],
+    }
     for name, vocab in VOCABS.items():
         for rows in ROWS:
             logits = (torch.randn(rows, vocab, device="cuda") * 3).to(torch.bfloat16)
             expected = logits.topk(K, dim=-1).values
             group = sampler._group_size(vocab, K)
-            fns = {"torch_ops": lambda: torch_candidates(logits, K),
-                   "fused": lambda: sampling.top_candidates(logits, K, group),
-                   "topk": lambda: logits.topk(K, dim=-1)}
+            fns = {
+                "torch_ops": lambda: torch_candidates(logits, K),
+                "fused": lambda: sampling.top_candidates(logits, K, group),
+                "topk": lambda: logits.topk(K, dim=-1),
+            }
             row = {"vocab": name, "vocab_size": vocab, "rows": rows, "group": group}
             for key, fn in fns.items():
                 values, ids = fn()
-                assert torch.equal(values, expected) and torch.equal(logits.gather(1, ids), values), key
+                assert torch.equal(values, expected) and torch.equal(
+                    logits.gather(1, ids), values
+                ), key
                 row[f"{key}_ms"] = graph_time_ms(fn, args.reps)
             record["rows"].append(row)
             print(json.dumps(row), flush=True)

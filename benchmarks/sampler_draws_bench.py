@@ -39,11 +39,15 @@ def draw_fn(logits: torch.Tensor, masks: dict, fused: bool, seeds: torch.Tensor 
     temperatures[::5] = 0.0  # some greedy rows
     kwargs = {"greedy_rows": True}
     if masks:
-        kwargs.update(top_k=torch.full((rows,), masks["top_k"], device="cuda"),
-                      top_p=torch.full((rows,), masks["top_p"], device="cuda"), max_k=masks["top_k"])
+        kwargs.update(
+            top_k=torch.full((rows,), masks["top_k"], device="cuda"),
+            top_p=torch.full((rows,), masks["top_p"], device="cuda"),
+            max_k=masks["top_k"],
+        )
     if seeds is not None:
         kwargs.update(seeds=seeds, positions=torch.arange(rows, device="cuda"))
     draw = sampler.Sampler(seed=0, device=torch.device("cuda"))
+
     def fn():
         if fused:
             return draw(logits, temperatures, **kwargs)
@@ -56,15 +60,27 @@ def draw_fn(logits: torch.Tensor, masks: dict, fused: bool, seeds: torch.Tensor 
 def main() -> None:
     args = gpu_bench_args(__doc__)
     torch.manual_seed(0)
-    record = {"benchmark": "sampler_draws", "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "command": " ".join(["python", *sys.argv]), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": []}
+    record = {
+        "benchmark": "sampler_draws",
+        "device_name": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "command": " ".join(["python", *sys.argv]),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "rows": [],
+    }
     for name, vocab in VOCABS.items():
         for rows in ROWS:
             logits = torch.randn(rows, vocab, device="cuda").to(torch.bfloat16)  # below 12 here
             # 32 tokens a row above the rest and unequal, so that a row's top 20 have no tie at the 20th
             top = torch.rand(rows, vocab, device="cuda").argsort(-1)[:, :32]
-            logits.scatter_(1, top, (12 + 0.125 * torch.arange(32, device="cuda")).to(torch.bfloat16).expand(rows, -1))
-            seeds = torch.arange(rows, device="cuda") * 7919  # every row seeded: both paths draw the same tokens
+            logits.scatter_(
+                1,
+                top,
+                (12 + 0.125 * torch.arange(32, device="cuda")).to(torch.bfloat16).expand(rows, -1),
+            )
+            seeds = (
+                torch.arange(rows, device="cuda") * 7919
+            )  # every row seeded: both paths draw the same tokens
             for mask_name, masks in MASKS.items():
                 row = {"vocab": name, "vocab_size": vocab, "rows": rows, "masks": mask_name}
                 fused, temperatures = draw_fn(logits, masks, True)
@@ -72,7 +88,9 @@ def main() -> None:
                 greedy = temperatures == 0
                 assert torch.equal(tokens[greedy], logits[greedy].argmax(-1)), "greedy rows"
                 seeded = [draw_fn(logits, masks, f, seeds)[0]() for f in (True, False)]
-                assert torch.equal(seeded[0], seeded[1]), "seeded rows: fused against the PyTorch code"
+                assert torch.equal(seeded[0], seeded[1]), (
+                    "seeded rows: fused against the PyTorch code"
+                )
                 row["fused_ms"] = cuda_time_ms(fused, args.reps)
                 row["torch_ops_ms"] = cuda_time_ms(draw_fn(logits, masks, False)[0], args.reps)
                 record["rows"].append(row)

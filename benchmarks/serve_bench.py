@@ -67,52 +67,110 @@ sys.path.insert(0, str(ROOT))  # also for `python benchmarks/serve_bench.py`
 from benchmarks import workloads  # noqa: E402 - standard library only
 
 PERCENTILES = (50, 90, 99)
-MIN_STEPS_AT_BATCH = 20  # fewer decode steps at exactly the server's batch: widen to the batches around it
-TARGETS = {"served_over_offline": (">=", 0.90), "tpot_p50_over_decode_step": ("<=", 1.25)}  # what the server must reach
+MIN_STEPS_AT_BATCH = (
+    20  # fewer decode steps at exactly the server's batch: widen to the batches around it
+)
+TARGETS = {
+    "served_over_offline": (">=", 0.90),
+    "tpot_p50_over_decode_step": ("<=", 1.25),
+}  # what the server must reach
 
 
 def model_arguments(p: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
     """--model or --shape: what the server serves."""
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--model", help="a Hugging Face model directory to serve")
-    where.add_argument("--shape", help="a random-weight shape built by tools.tiny_model (tiny-qwen3, qwen3-0.6b, ...)")
+    where.add_argument(
+        "--shape",
+        help="a random-weight shape built by tools.tiny_model (tiny-qwen3, qwen3-0.6b, ...)",
+    )
     return where
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.serve_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     where = model_arguments(p)
     where.add_argument("--url", help="benchmark this running server instead of starting one")
-    p.add_argument("--model-name", help="the `model` field to send (default: what /v1/models lists)")
-    p.add_argument("--vocab-size", type=int, help="with --url: the vocabulary for the token-id prompts")
-    p.add_argument("--text-prompts", metavar="TOKENIZER", help="send each prompt as text, its token ids decoded by this "
-                   "tokenizer (a model directory), for a router that takes only text (sglang-router)")
-    p.add_argument("--device", default=None, help="engine option device (default: the server's: cuda if available)")
-    p.add_argument("--server-arg", action="append", default=[], help="an extra `nanovllm serve` argument, e.g. --server-arg=--max-num-seqs=128")
+    p.add_argument(
+        "--model-name", help="the `model` field to send (default: what /v1/models lists)"
+    )
+    p.add_argument(
+        "--vocab-size", type=int, help="with --url: the vocabulary for the token-id prompts"
+    )
+    p.add_argument(
+        "--text-prompts",
+        metavar="TOKENIZER",
+        help="send each prompt as text, its token ids decoded by this "
+        "tokenizer (a model directory), for a router that takes only text (sglang-router)",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="engine option device (default: the server's: cuda if available)",
+    )
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="an extra `nanovllm serve` argument, e.g. --server-arg=--max-num-seqs=128",
+    )
     p.add_argument("--workload", default="nanovllm", choices=tuple(workloads.WORKLOADS))
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--max-input-len", type=int, default=None)
     p.add_argument("--max-output-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--concurrency", type=int, default=None,
-                   help="closed loop: clients sending requests one after another (default 64); "
-                        "with --request-rate: the most requests in flight (default: no limit)")
-    p.add_argument("--request-rate", type=float, default=math.inf,
-                   help="requests per second, Poisson arrivals (default: inf, the closed loop of --concurrency clients)")
-    p.add_argument("--goodput", nargs="+", default=[], metavar="METRIC:MS",
-                   help="service-level objectives for goodput, e.g. ttft:200 tpot:20 e2e:5000 (milliseconds)")
-    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an engine option for the server (as --key value) and the offline run, e.g. max_num_seqs=64")
-    p.add_argument("--offline", action="store_true", help="also time the offline engine on the same requests (see above)")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
-    p.add_argument("--start-timeout", type=float, default=900.0, help="seconds the server may take to start")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="closed loop: clients sending requests one after another (default 64); "
+        "with --request-rate: the most requests in flight (default: no limit)",
+    )
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="requests per second, Poisson arrivals (default: inf, the closed loop of --concurrency clients)",
+    )
+    p.add_argument(
+        "--goodput",
+        nargs="+",
+        default=[],
+        metavar="METRIC:MS",
+        help="service-level objectives for goodput, e.g. ttft:200 tpot:20 e2e:5000 (milliseconds)",
+    )
+    p.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine option for the server (as --key value) and the offline run, e.g. max_num_seqs=64",
+    )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="also time the offline engine on the same requests (see above)",
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds one request may take"
+    )
+    p.add_argument(
+        "--start-timeout", type=float, default=900.0, help="seconds the server may take to start"
+    )
     p.add_argument("--out", help="write the JSON record here (it is always printed)")
-    p.add_argument("--server-log", help="the server's output goes here (default: a file next to --out, else stderr)")
+    p.add_argument(
+        "--server-log",
+        help="the server's output goes here (default: a file next to --out, else stderr)",
+    )
     return p.parse_args(argv)
 
 
 # ---- the server ----
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -122,18 +180,34 @@ def free_port() -> int:
 
 def model_for_shape(shape: str, device: str | None) -> Path:
     """Build (once) the random-weight model of this shape, in a child process: torch stays out of this one."""
-    code = ("import sys, torch; from benchmarks.run import model_for_shape; "
-            f"print(model_for_shape({shape!r}, {device!r} or ('cuda' if torch.cuda.is_available() else 'cpu')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sys, torch; from benchmarks.run import model_for_shape; "
+        f"print(model_for_shape({shape!r}, {device!r} or ('cuda' if torch.cuda.is_available() else 'cpu')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True
+    )
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def start_server(model: Path, args: argparse.Namespace, max_pending: int, log,
-                 cwd: Path = ROOT) -> tuple[subprocess.Popen, str]:
+def start_server(
+    model: Path, args: argparse.Namespace, max_pending: int, log, cwd: Path = ROOT
+) -> tuple[subprocess.Popen, str]:
     """`nanovllm_final.server` as found from `cwd` (another copy: a directory holding its package)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "nanovllm_final.server", str(model), "--port", str(port),
-           "--max-pending-requests", str(max_pending), "--log-level", "warning", *args.server_arg]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nanovllm_final.server",
+        str(model),
+        "--port",
+        str(port),
+        "--max-pending-requests",
+        str(max_pending),
+        "--log-level",
+        "warning",
+        *args.server_arg,
+    ]
     for key, value in engine_options(args).items():
         cmd += [f"--{key.replace('_', '-')}", value]
     if args.device:
@@ -144,7 +218,9 @@ def start_server(model: Path, args: argparse.Namespace, max_pending: int, log,
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"error: the server exited with code {proc.returncode} while starting (see its log)")
+            raise SystemExit(
+                f"error: the server exited with code {proc.returncode} while starting (see its log)"
+            )
         try:
             if http_get(base + "/health", timeout=2)[0] == 200:
                 return proc, base
@@ -192,13 +268,16 @@ def histogram_mean(delta, name: str) -> float | None:
 
 # ---- the clients ----
 
+
 def one_request(base: str, body: dict, timeout: float) -> dict:
     """One streaming completion; returns its timings and token counts."""
     url = urllib.parse.urlparse(base)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
     try:
         start = time.perf_counter()
-        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
         resp = conn.getresponse()
         if resp.status != 200:
             return {"error": f"HTTP {resp.status}: {resp.read()[:300]!r}"}
@@ -237,7 +316,9 @@ def one_request(base: str, body: dict, timeout: float) -> dict:
         conn.close()
 
 
-def run_clients(base: str, bodies: list[dict], concurrency: int, timeout: float) -> tuple[list[dict], float]:
+def run_clients(
+    base: str, bodies: list[dict], concurrency: int, timeout: float
+) -> tuple[list[dict], float]:
     results: list[dict | None] = [None] * len(bodies)
     next_index = iter(range(len(bodies)))
     lock = threading.Lock()
@@ -250,7 +331,9 @@ def run_clients(base: str, bodies: list[dict], concurrency: int, timeout: float)
                 return
             results[i] = one_request(base, bodies[i], timeout)
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(min(concurrency, len(bodies)))]
+    threads = [
+        threading.Thread(target=client, daemon=True) for _ in range(min(concurrency, len(bodies)))
+    ]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -261,8 +344,14 @@ def run_clients(base: str, bodies: list[dict], concurrency: int, timeout: float)
     return [r or {"error": "not finished in time"} for r in results], wall
 
 
-def run_open_loop(base: str, bodies: list[dict], rate: float, max_concurrency: int | None, timeout: float,
-                  seed: int) -> tuple[list[dict], float]:
+def run_open_loop(
+    base: str,
+    bodies: list[dict],
+    rate: float,
+    max_concurrency: int | None,
+    timeout: float,
+    seed: int,
+) -> tuple[list[dict], float]:
     """Send request i at its Poisson arrival time (at most max_concurrency in flight)."""
     rng, t, arrivals = random.Random(seed), 0.0, []
     for _ in bodies:
@@ -283,7 +372,12 @@ def run_open_loop(base: str, bodies: list[dict], rate: float, max_concurrency: i
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(bodies))]
     for th in threads:
         th.start()
-    deadline = time.monotonic() + arrivals[-1] + timeout * (1 + len(bodies) / (max_concurrency or len(bodies))) + 60
+    deadline = (
+        time.monotonic()
+        + arrivals[-1]
+        + timeout * (1 + len(bodies) / (max_concurrency or len(bodies)))
+        + 60
+    )
     for th in threads:
         th.join(max(0.0, deadline - time.monotonic()))
     wall = time.perf_counter() - start
@@ -300,7 +394,9 @@ def parse_goodput(specs: list[str]) -> dict[str, float]:
         try:
             objectives[f"{name}_s"] = float(ms) / 1000
         except ValueError:
-            raise SystemExit(f"error: --goodput {spec!r}: give milliseconds, e.g. {name}:200") from None
+            raise SystemExit(
+                f"error: --goodput {spec!r}: give milliseconds, e.g. {name}:200"
+            ) from None
     return objectives
 
 
@@ -308,9 +404,17 @@ def goodput(done: list[dict], objectives: dict[str, float], wall: float) -> dict
     """Requests (and their output tokens) per second that met every objective."""
     if not objectives:
         return None
-    good = [r for r in done if all(r[name] is None or r[name] <= limit for name, limit in objectives.items())]
-    return {"objectives_s": objectives, "good_requests": len(good), "requests_per_s": len(good) / wall,
-            "output_tokens_per_s": sum(r["output_tokens"] for r in good) / wall}
+    good = [
+        r
+        for r in done
+        if all(r[name] is None or r[name] <= limit for name, limit in objectives.items())
+    ]
+    return {
+        "objectives_s": objectives,
+        "good_requests": len(good),
+        "requests_per_s": len(good) / wall,
+        "output_tokens_per_s": sum(r["output_tokens"] for r in good) / wall,
+    }
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, str]:
@@ -327,8 +431,19 @@ def run_offline(model_dir: Path, args: argparse.Namespace, overrides: dict) -> d
     """benchmarks.run on the same workload and engine options, in a child process (torch stays out of this one)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "offline.json"
-        cmd = [sys.executable, "-m", "benchmarks.run", "--engine", "final", "--workload", args.workload,
-               "--model", str(model_dir), "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.run",
+            "--engine",
+            "final",
+            "--workload",
+            args.workload,
+            "--model",
+            str(model_dir),
+            "--out",
+            str(out),
+        ]
         for name, value in overrides.items():
             cmd += [f"--{name.replace('_', '-')}", str(value)]
         if args.device:
@@ -339,8 +454,13 @@ def run_offline(model_dir: Path, args: argparse.Namespace, overrides: dict) -> d
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         record = json.loads(out.read_text())
     record = record[0] if isinstance(record, list) else record
-    return {"command": shlex.join(cmd), "output_tokens": record["output_tokens"], "seconds": record["seconds"],
-            "output_tokens_per_s": record["output_tokens_per_s"], "stats": record.get("stats")}
+    return {
+        "command": shlex.join(cmd),
+        "output_tokens": record["output_tokens"],
+        "seconds": record["seconds"],
+        "output_tokens_per_s": record["output_tokens_per_s"],
+        "stats": record.get("stats"),
+    }
 
 
 def server_batch(args: argparse.Namespace) -> int | None:
@@ -353,7 +473,9 @@ def server_batch(args: argparse.Namespace) -> int | None:
     return min(concurrency, int(limit)) if limit is not None else None
 
 
-def decode_step_at_batch(stats: dict | None, batch: int, min_steps: int = MIN_STEPS_AT_BATCH) -> dict | None:
+def decode_step_at_batch(
+    stats: dict | None, batch: int, min_steps: int = MIN_STEPS_AT_BATCH
+) -> dict | None:
     """The mean decode step of benchmarks.run's per-batch stats (`decode_steps_by_num_seqs`) at
     `batch` sequences: the steps of exactly that batch, or, when fewer than min_steps ran at it,
     those within the narrowest window batch ± w that holds min_steps (all of them if none does).
@@ -372,7 +494,13 @@ def decode_step_at_batch(stats: dict | None, batch: int, min_steps: int = MIN_ST
         return None
     ms = sum(row["ms_mean"] * row["steps"] for _, row in near) / steps
     seqs = [n for n, _ in near]
-    return {"batch": batch, "num_seqs_min": min(seqs), "num_seqs_max": max(seqs), "steps": steps, "ms_mean": ms}
+    return {
+        "batch": batch,
+        "num_seqs_min": min(seqs),
+        "num_seqs_max": max(seqs),
+        "steps": steps,
+        "ms_mean": ms,
+    }
 
 
 def target_met(name: str, value: float | None) -> bool | None:
@@ -399,10 +527,15 @@ def summary(values: list[float]) -> dict:
         lo, hi = int(k), min(int(k) + 1, len(values) - 1)
         return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
-    return {"mean": sum(values) / len(values), **{f"p{q}": pct(q) for q in PERCENTILES}, "max": values[-1]}
+    return {
+        "mean": sum(values) / len(values),
+        **{f"p{q}": pct(q) for q in PERCENTILES},
+        "max": values[-1],
+    }
 
 
 # ---- main ----
+
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -413,10 +546,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         base = args.url.rstrip("/")
         if not args.vocab_size:
-            raise SystemExit("error: --url needs --vocab-size (the token-id prompts must fit the model)")
+            raise SystemExit(
+                "error: --url needs --vocab-size (the token-id prompts must fit the model)"
+            )
         vocab_size, model_dir = args.vocab_size, None
     else:
-        model_dir = Path(args.model).expanduser() if args.model else model_for_shape(args.shape, args.device)
+        model_dir = (
+            Path(args.model).expanduser()
+            if args.model
+            else model_for_shape(args.shape, args.device)
+        )
         vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     overrides = {"num_seqs": args.num_seqs, "seed": args.seed}
     for name in ("max_input_len", "max_output_len"):
@@ -425,24 +564,35 @@ def main(argv: list[str] | None = None) -> int:
     prompts, params = workloads.make_workload(args.workload, vocab_size, **overrides)
 
     if not args.url:
-        log_path = args.server_log or (str(Path(args.out).with_suffix(".server.log")) if args.out else None)
+        log_path = args.server_log or (
+            str(Path(args.out).with_suffix(".server.log")) if args.out else None
+        )
         log = open(log_path, "w") if log_path else sys.stderr
         proc, base = start_server(model_dir, args, max_pending=len(prompts) + 8, log=log)
     try:
         name = args.model_name or json.loads(http_get(base + "/v1/models")[1])["data"][0]["id"]
-        if args.text_prompts:  # routers that read only text prompts (sglang-router): the same ids, decoded
+        if (
+            args.text_prompts
+        ):  # routers that read only text prompts (sglang-router): the same ids, decoded
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(args.text_prompts)
             prompts = [tokenizer.decode(p) for p in prompts]
-        bodies = [{"model": name, "prompt": p, "stream": True, **sp} for p, sp in zip(prompts, params)]
-        warmup = [{"model": name, "prompt": p[:16], "max_tokens": 8, "stream": True, "ignore_eos": True} for p in prompts[:2]]
+        bodies = [
+            {"model": name, "prompt": p, "stream": True, **sp} for p, sp in zip(prompts, params)
+        ]
+        warmup = [
+            {"model": name, "prompt": p[:16], "max_tokens": 8, "stream": True, "ignore_eos": True}
+            for p in prompts[:2]
+        ]
         run_clients(base, warmup, 2, args.request_timeout)
         before = scrape(base)
         if math.isinf(args.request_rate):
             results, wall = run_clients(base, bodies, args.concurrency or 64, args.request_timeout)
         else:
-            results, wall = run_open_loop(base, bodies, args.request_rate, args.concurrency, args.request_timeout, args.seed)
+            results, wall = run_open_loop(
+                base, bodies, args.request_rate, args.concurrency, args.request_timeout, args.seed
+            )
         after = scrape(base)
     finally:
         exit_code = stop_server(proc) if proc else None
@@ -459,7 +609,9 @@ def main(argv: list[str] | None = None) -> int:
         batch = server_batch(args)
         at_batch = decode_step_at_batch(offline["stats"], batch) if batch else None
         offline["decode_step_at_batch"] = at_batch
-        offline["tpot_p50_over_decode_step"] = (tpot["p50"] * 1e3 / at_batch["ms_mean"]) if at_batch and tpot else None
+        offline["tpot_p50_over_decode_step"] = (
+            (tpot["p50"] * 1e3 / at_batch["ms_mean"]) if at_batch and tpot else None
+        )
     prompt_tokens = sum(r["prompt_tokens"] for r in done)
 
     def delta(name: str) -> float | None:
@@ -468,13 +620,22 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "benchmark": "serve",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, "-m", "benchmarks.serve_bench", *(argv if argv is not None else sys.argv[1:])]),
+        "command": shlex.join(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.serve_bench",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
+        ),
         "host": platform.node(),
         "model": str(model_dir) if model_dir else base,
         "shape": args.shape,
         "device_name": _device_name(),
         "workload": {"name": args.workload, **overrides},
-        "concurrency": args.concurrency if args.concurrency or not math.isinf(args.request_rate) else 64,
+        "concurrency": args.concurrency
+        if args.concurrency or not math.isinf(args.request_rate)
+        else 64,
         "request_rate": None if math.isinf(args.request_rate) else args.request_rate,
         "num_requests": len(results),
         "completed": len(done),
@@ -509,34 +670,61 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
-    print(f"{len(done)}/{len(results)} requests, {output_tokens} tokens in {wall:.2f} s: "
-          f"{record['output_tokens_per_s']:.1f} tok/s; TTFT p50 {record['ttft_s'].get('p50', float('nan')) * 1e3:.1f} ms, "
-          f"TPOT p50 {record['tpot_s'].get('p50', float('nan')) * 1e3:.2f} ms", file=sys.stderr)
+    print(
+        f"{len(done)}/{len(results)} requests, {output_tokens} tokens in {wall:.2f} s: "
+        f"{record['output_tokens_per_s']:.1f} tok/s; TTFT p50 {record['ttft_s'].get('p50', float('nan')) * 1e3:.1f} ms, "
+        f"TPOT p50 {record['tpot_s'].get('p50', float('nan')) * 1e3:.2f} ms",
+        file=sys.stderr,
+    )
     if record["goodput"]:
-        print(f"goodput: {record['goodput']['good_requests']}/{len(done)} requests met {args.goodput}: "
-              f"{record['goodput']['requests_per_s']:.2f} req/s, {record['goodput']['output_tokens_per_s']:.1f} tok/s", file=sys.stderr)
+        print(
+            f"goodput: {record['goodput']['good_requests']}/{len(done)} requests met {args.goodput}: "
+            f"{record['goodput']['requests_per_s']:.2f} req/s, {record['goodput']['output_tokens_per_s']:.1f} tok/s",
+            file=sys.stderr,
+        )
     if offline:
-        print(f"offline engine on the same requests: {offline['output_tokens_per_s']:.1f} tok/s; "
-              f"served / offline = {offline['served_over_offline']:.1%} ({verdict('served_over_offline', offline)})", file=sys.stderr)
+        print(
+            f"offline engine on the same requests: {offline['output_tokens_per_s']:.1f} tok/s; "
+            f"served / offline = {offline['served_over_offline']:.1%} ({verdict('served_over_offline', offline)})",
+            file=sys.stderr,
+        )
         mean_all = (offline["stats"] or {}).get("decode_step_ms_mean")
         if mean_all is not None:
-            print(f"offline decode step, mean of all its decode steps (every batch size): {mean_all:.2f} ms", file=sys.stderr)
+            print(
+                f"offline decode step, mean of all its decode steps (every batch size): {mean_all:.2f} ms",
+                file=sys.stderr,
+            )
         at = offline["decode_step_at_batch"]
         if at:
-            seqs = str(at["num_seqs_min"]) if at["num_seqs_min"] == at["num_seqs_max"] else f"{at['num_seqs_min']}-{at['num_seqs_max']}"
-            print(f"offline decode step at the server's batch {at['batch']} (its {at['steps']} decode steps of {seqs} sequences): "
-                  f"{at['ms_mean']:.2f} ms; TPOT p50 / that step = {offline['tpot_p50_over_decode_step'] or math.nan:.2f} "
-                  f"({verdict('tpot_p50_over_decode_step', offline)})", file=sys.stderr)
+            seqs = (
+                str(at["num_seqs_min"])
+                if at["num_seqs_min"] == at["num_seqs_max"]
+                else f"{at['num_seqs_min']}-{at['num_seqs_max']}"
+            )
+            print(
+                f"offline decode step at the server's batch {at['batch']} (its {at['steps']} decode steps of {seqs} sequences): "
+                f"{at['ms_mean']:.2f} ms; TPOT p50 / that step = {offline['tpot_p50_over_decode_step'] or math.nan:.2f} "
+                f"({verdict('tpot_p50_over_decode_step', offline)})",
+                file=sys.stderr,
+            )
         else:
-            print("offline decode step at the server's batch: not computed (needs the closed loop, --engine-option "
-                  "max_num_seqs and benchmarks.run's decode_steps_by_num_seqs)", file=sys.stderr)
+            print(
+                "offline decode step at the server's batch: not computed (needs the closed loop, --engine-option "
+                "max_num_seqs and benchmarks.run's decode_steps_by_num_seqs)",
+                file=sys.stderr,
+            )
     return 1 if errors else 0
 
 
 def _device_name() -> str:
     """The GPU's name from nvidia-smi, else the CPU's (no torch in this process)."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.TimeoutExpired):

@@ -63,7 +63,9 @@ def repeat_prompts(count: int, words: int = 60) -> list[str]:
 WORKLOADS = {"stories": story_prompts, "repeat": repeat_prompts}
 
 
-def timed_runs(llms: dict[str, LLM], prompts, params: SamplingParams, repeat: int, cold=()) -> dict[str, dict]:
+def timed_runs(
+    llms: dict[str, LLM], prompts, params: SamplingParams, repeat: int, cold=()
+) -> dict[str, dict]:
     """The engines named in `cold` warm up; then `repeat` rounds in which every engine generates
     once, in turn, so that a drift of a shared machine's speed hits them alike. Per engine: the
     median round's seconds, its outputs, the steps and metrics of its timed runs."""
@@ -103,7 +105,9 @@ def engine_options(options: dict) -> dict:
     return {key: value for key, value in options.items() if key != "repeat"}
 
 
-def fixed_point(llm: LLM, prompts, params, runs: list[list[int]], vocab: int, tries: int = 4) -> list[list[int]]:
+def fixed_point(
+    llm: LLM, prompts, params, runs: list[list[int]], vocab: int, tries: int = 4
+) -> list[list[int]]:
     """Runs that a replay at acceptance 1 reproduces. In bf16 a verify step's wider matrix products
     round differently from a decode step's, so on random weights (near-tied logits) its greedy
     tokens can part from plain decoding's; replaying its own output makes every proposal right."""
@@ -117,7 +121,9 @@ def fixed_point(llm: LLM, prompts, params, runs: list[list[int]], vocab: int, tr
     return runs
 
 
-def speculative_runs(path, prompts, params, options: dict, spec: dict, proposals: list, plains: dict) -> list:
+def speculative_runs(
+    path, prompts, params, options: dict, spec: dict, proposals: list, plains: dict
+) -> list:
     """One engine for this k; each (name, replay, acceptance) in proposals swaps its proposer and is
     timed in turns with the plain engines (`plains`).
 
@@ -126,12 +132,18 @@ def speculative_runs(path, prompts, params, options: dict, spec: dict, proposals
     with LLM(path, speculative_config=spec, **engine_options(options)) as llm:
         own, vocab = llm.engine.speculator.proposer, llm.engine.model_config.vocab_size
         replay = next((r for _, r, _ in proposals if r), None)
-        if replay is not None:  # the verify step's own greedy tokens, which may differ in the last bits
+        if (
+            replay is not None
+        ):  # the verify step's own greedy tokens, which may differ in the last bits
             replay = fixed_point(llm, prompts, params, replay, vocab)
             proposals = [(name, replay if r else r, a) for name, r, a in proposals]
         for name, replay, accept in proposals:
-            llm.engine.speculator.proposer = own if replay is None else ReplayProposer(replay, accept, vocab, seed=0)
-            timed = timed_runs({**plains, "spec": llm}, prompts, params, repeats(options), cold=["spec"])
+            llm.engine.speculator.proposer = (
+                own if replay is None else ReplayProposer(replay, accept, vocab, seed=0)
+            )
+            timed = timed_runs(
+                {**plains, "spec": llm}, prompts, params, repeats(options), cold=["spec"]
+            )
             runs.append((name, accept if name == "replay" else None, timed))
     return runs
 
@@ -141,7 +153,10 @@ def row(timed: dict, batch: int, k: int, method: str, accept: float | None) -> d
     and without overlap scheduling, timed in the same turns."""
     run, fast, slow = timed["spec"], timed["plain"], timed["plain_no_overlap"]
     m, tok_s = run["metrics"], run["tokens"] / run["seconds"]
-    plain_tok_s, no_overlap_tok_s = fast["tokens"] / fast["seconds"], slow["tokens"] / slow["seconds"]
+    plain_tok_s, no_overlap_tok_s = (
+        fast["tokens"] / fast["seconds"],
+        slow["tokens"] / slow["seconds"],
+    )
     verify_ms, decode_ms = median_ms(run["steps"], batch * (k + 1)), median_ms(slow["steps"], batch)
     same = [o["token_ids"] for o in run["outs"]] == [o["token_ids"] for o in fast["outs"]]
     out = {
@@ -179,23 +194,31 @@ def run_batch(path, args, batch: int, options: dict) -> list[dict]:
             torch.Generator().manual_seed(batch),
             min(10000, json.loads((Path(path) / "config.json").read_text())["vocab_size"]),
         )
-        prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(batch)]
+        prompts = [
+            torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(batch)
+        ]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     rows = []
     with contextlib.ExitStack() as stack:
         plains = {
-            name: stack.enter_context(LLM(path, overlap_scheduling=overlap, **engine_options(options)))
+            name: stack.enter_context(
+                LLM(path, overlap_scheduling=overlap, **engine_options(options))
+            )
             for name, overlap in (("plain", True), ("plain_no_overlap", False))
         }
         base = timed_runs(plains, prompts, params, 1, cold=list(plains))["plain"]
         runs = [o["prompt_token_ids"] + o["token_ids"] for o in base["outs"]]
         for k in args.ks:
             ngram = {"method": "ngram", "num_speculative_tokens": k}
-            proposals = [("ngram", None, 0), ("none", [], 0)] + [("replay", runs, a) for a in args.accept]
+            proposals = [("ngram", None, 0), ("none", [], 0)] + [
+                ("replay", runs, a) for a in args.accept
+            ]
             measured = speculative_runs(path, prompts, params, options, ngram, proposals, plains)
             if args.draft:
                 draft = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": k}
-                measured += speculative_runs(path, prompts, params, options, draft, [("draft_model", None, 0)], plains)
+                measured += speculative_runs(
+                    path, prompts, params, options, draft, [("draft_model", None, 0)], plains
+                )
             rows += [row(timed, batch, k, name, accept) for name, accept, timed in measured]
     return rows
 
@@ -205,12 +228,18 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--shape", default="qwen3-0.6b", help="random weights of this shape (benchmarks/run.py SHAPES)"
+        "--shape",
+        default="qwen3-0.6b",
+        help="random weights of this shape (benchmarks/run.py SHAPES)",
     )
-    parser.add_argument("--model", help="a checkpoint instead (its prompts: course stories' openings)")
+    parser.add_argument(
+        "--model", help="a checkpoint instead (its prompts: course stories' openings)"
+    )
     parser.add_argument("--draft", help="a draft checkpoint: adds method draft_model")
     parser.add_argument(
-        "--workload", choices=sorted(WORKLOADS), default="stories",
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="stories",
         help="a checkpoint's prompts: the openings of held-out course stories, or a request to repeat a quoted passage",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -218,11 +247,16 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument(
-        "--accept", type=float, nargs="*", default=[1.0, 0.5, 0.0],
+        "--accept",
+        type=float,
+        nargs="*",
+        default=[1.0, 0.5, 0.0],
         help="replay acceptance rates (none: no replay rows)",
     )
     parser.add_argument(
-        "--repeat", type=int, default=1,
+        "--repeat",
+        type=int,
+        default=1,
         help="timed runs per row at batch 1 (the median is kept); batch b: ceil(repeat / b)",
     )
     parser.add_argument("--prompt-len", type=int, default=32)
@@ -231,7 +265,9 @@ def main() -> None:
     args = parser.parse_args()
     path = args.model or str(model_for_shape(args.shape, args.device))
     rows = []
-    prompt_len = max(args.prompt_len, 128 if args.workload == "repeat" else 0)  # a quoted passage: about 100
+    prompt_len = max(
+        args.prompt_len, 128 if args.workload == "repeat" else 0
+    )  # a quoted passage: about 100
     for batch in args.batches:
         options = dict(
             device=args.device,

@@ -33,19 +33,43 @@ from benchmarks.run import model_for_shape, versions
 from benchmarks.structured_schemas import SCHEMAS
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.engine import structured
-from nanovllm_final.engine.structured import Grammars, Job, apply_bitmask, apply_bitmask_reference, xgrammar
+from nanovllm_final.engine.structured import (
+    Grammars,
+    Job,
+    apply_bitmask,
+    apply_bitmask_reference,
+    xgrammar,
+)
 from nanovllm_final.structured_outputs import StructuredOutputsParams
 
-LONG = {"type": "object", "properties": {"items": {"type": "array", "minItems": 1000, "items": {
-    "type": "object", "properties": {"name": {"type": "string"}, "count": {"type": "integer"}},
-    "required": ["name", "count"], "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False}
+LONG = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "minItems": 1000,
+            "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "count": {"type": "integer"}},
+                "required": ["name", "count"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["items"],
+    "additionalProperties": False,
+}
 
 
 def step_ms(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> float:
     llm.generate(prompts, params, use_tqdm=False)  # warm-up (and the grammar's compile)
     before = len(llm.stats)
     llm.generate(prompts, params, use_tqdm=False)
-    decode = [s["seconds"] for s in list(llm.stats)[before:] if not s["is_prefill"] and s["num_seqs"] == len(prompts)]
+    decode = [
+        s["seconds"]
+        for s in list(llm.stats)[before:]
+        if not s["is_prefill"] and s["num_seqs"] == len(prompts)
+    ]
     return statistics.median(decode) * 1e3
 
 
@@ -55,9 +79,17 @@ def valid_outputs(llm: LLM) -> dict:
     import jsonschema
 
     count = 0
-    for extra in ({"temperature": 0.0}, {"temperature": 0.8, "seed": 1}, {"temperature": 0.8, "top_k": 20, "seed": 2}):
-        params = [SamplingParams(max_tokens=128, structured_outputs={"json": s}, **extra) for s in SCHEMAS]
-        for schema, out in zip(SCHEMAS, llm.generate(["Describe it:"] * len(SCHEMAS), params, use_tqdm=False)):
+    for extra in (
+        {"temperature": 0.0},
+        {"temperature": 0.8, "seed": 1},
+        {"temperature": 0.8, "top_k": 20, "seed": 2},
+    ):
+        params = [
+            SamplingParams(max_tokens=128, structured_outputs={"json": s}, **extra) for s in SCHEMAS
+        ]
+        for schema, out in zip(
+            SCHEMAS, llm.generate(["Describe it:"] * len(SCHEMAS), params, use_tqdm=False)
+        ):
             assert out["finish_reason"] == "stop", (extra, out["text"])
             jsonschema.validate(json.loads(out["text"]), schema)
             count += 1
@@ -74,14 +106,28 @@ def compile_ms(llm: LLM) -> dict:
         times.append((time.perf_counter() - start) * 1e3)
     grammars.shutdown()
     times.sort()
+
     def pick(q: float) -> float:
         return round(times[min(len(times) - 1, int(q * len(times)))], 3)
 
-    return {"count": len(times), "p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99), "max_ms": round(times[-1], 3)}
+    return {
+        "count": len(times),
+        "p50_ms": pick(0.5),
+        "p90_ms": pick(0.9),
+        "p99_ms": pick(0.99),
+        "max_ms": round(times[-1], 3),
+    }
 
 
-def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: str, dtype: torch.dtype,
-           steps: int = 20) -> dict:
+def pieces(
+    tokenizer,
+    vocab_size: int,
+    eos_ids: list[int],
+    batch: int,
+    device: str,
+    dtype: torch.dtype,
+    steps: int = 20,
+) -> dict:
     """A constrained step's host and device pieces at this batch, every row under LONG, the median
     ms over `steps` steps along the grammar: the matchers' advance by the step before's tokens
     (Grammars.advance), the bitmask's fill (Grammars.bitmask), its upload, and its application to
@@ -89,12 +135,20 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
     grammars = Grammars(tokenizer, vocab_size, eos_ids)
     grammars.device = torch.device(device)
     compiled = grammars._compile(Job(), StructuredOutputsParams(json=LONG))
-    seqs = [SimpleNamespace(grammar=xgrammar().GrammarMatcher(compiled), is_finished=False, grammar_early=None,
-                            seq_id=i) for i in range(batch)]
+    seqs = [
+        SimpleNamespace(
+            grammar=xgrammar().GrammarMatcher(compiled),
+            is_finished=False,
+            grammar_early=None,
+            seq_id=i,
+        )
+        for i in range(batch)
+    ]
     logits = torch.randn(batch, vocab_size, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    times: dict[str, list[float]] = {k: [] for k in ("advance", "fill", "fill_pool", "upload", "apply",
-                                                     "apply_reference")}
+    times: dict[str, list[float]] = {
+        k: [] for k in ("advance", "fill", "fill_pool", "upload", "apply", "apply_reference")
+    }
 
     def timed(name: str, fn):
         sync()
@@ -107,16 +161,25 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
     pool = xgrammar().BatchGrammarMatcher(max_threads=structured.FILL_THREADS)
     for step in range(steps):
         mask = timed("fill", lambda: grammars.bitmask(seqs))
-        spare = mask.filled.clone()  # the same rows filled by FILL_THREADS threads: does a pool pay at this size?
-        timed("fill_pool", lambda: pool.batch_fill_next_token_bitmask([s.grammar for s in seqs], spare))
+        spare = (
+            mask.filled.clone()
+        )  # the same rows filled by FILL_THREADS threads: does a pool pay at this size?
+        timed(
+            "fill_pool",
+            lambda: pool.batch_fill_next_token_bitmask([s.grammar for s in seqs], spare),
+        )
         bitmask = mask.bitmask
         on_device = timed("upload", lambda: mask.to(torch.device(device)))
         work = logits.clone()
         timed("apply", lambda: apply_bitmask(work, *on_device, inplace=True))
-        if step < 3 or device.startswith("cuda"):  # the reference takes ~1 s a step on a CPU at a full vocabulary
+        if step < 3 or device.startswith(
+            "cuda"
+        ):  # the reference takes ~1 s a step on a CPU at a full vocabulary
             timed("apply_reference", lambda: apply_bitmask_reference(logits, *on_device))
         bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")  # (batch, 32 words)
-        tokens = [int(np.flatnonzero(b)[step * 7 % max(1, int(b.sum()))]) for b in bits]  # allowed tokens
+        tokens = [
+            int(np.flatnonzero(b)[step * 7 % max(1, int(b.sum()))]) for b in bits
+        ]  # allowed tokens
         timed("advance", lambda: grammars.advance(seqs, tokens))
         for seq in seqs:
             assert seq.grammar_early
@@ -129,24 +192,37 @@ def pieces(tokenizer, vocab_size: int, eos_ids: list[int], batch: int, device: s
 
 
 def print_pieces(p: dict, batch: int) -> None:
-    print(f"pieces at batch {batch} (bitmask {p['bitmask_shape']}): advance {p['advance_ms']:.3f} ms  "
-          f"fill {p['fill_ms']:.3f} ms (a pool of {structured.FILL_THREADS} threads: {p['fill_pool_ms']:.3f} ms)  "
-          f"upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
-          f"(PyTorch reference {p['apply_reference_ms']:.3f} ms)", flush=True)
+    print(
+        f"pieces at batch {batch} (bitmask {p['bitmask_shape']}): advance {p['advance_ms']:.3f} ms  "
+        f"fill {p['fill_ms']:.3f} ms (a pool of {structured.FILL_THREADS} threads: {p['fill_pool_ms']:.3f} ms)  "
+        f"upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
+        f"(PyTorch reference {p['apply_reference_ms']:.3f} ms)",
+        flush=True,
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shape", default="qwen3-0.6b")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--out")
-    parser.add_argument("--pieces-only", type=int, metavar="VOCAB_SIZE",
-                        help="only the pieces, on tiny-qwen3's tokenizer with this vocab_size (no model)")
-    parser.add_argument("--full-vocab-matchers", action="store_true", help="the matchers and bitmask over the model's "
-                        "whole vocab_size, not only the tokenizer's ids (as before Grammars.grammar_vocab)")
+    parser.add_argument(
+        "--pieces-only",
+        type=int,
+        metavar="VOCAB_SIZE",
+        help="only the pieces, on tiny-qwen3's tokenizer with this vocab_size (no model)",
+    )
+    parser.add_argument(
+        "--full-vocab-matchers",
+        action="store_true",
+        help="the matchers and bitmask over the model's "
+        "whole vocab_size, not only the tokenizer's ids (as before Grammars.grammar_vocab)",
+    )
     args = parser.parse_args()
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.full_vocab_matchers:
@@ -157,60 +233,117 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 500, (32,), generator=g).tolist() for _ in range(args.batch)]
     free = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    constrained = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True,
-                                 structured_outputs={"json": LONG})
+    constrained = SamplingParams(
+        temperature=0.0,
+        max_tokens=args.max_tokens,
+        ignore_eos=True,
+        structured_outputs={"json": LONG},
+    )
     rows = []
     for overlap in (True, False):
-        with LLM(path, device=args.device, dtype=dtype, max_num_seqs=args.batch, max_model_len=max(48 + args.max_tokens, 256),
-                 overlap_scheduling=overlap) as llm:
-            times = {mode: step_ms(llm, prompts, p) for mode, p in (("free", free), ("constrained", constrained))}
-            if overlap:  # the other placement of the fill: on the engine's thread, the draw queued at once
+        with LLM(
+            path,
+            device=args.device,
+            dtype=dtype,
+            max_num_seqs=args.batch,
+            max_model_len=max(48 + args.max_tokens, 256),
+            overlap_scheduling=overlap,
+        ) as llm:
+            times = {
+                mode: step_ms(llm, prompts, p)
+                for mode, p in (("free", free), ("constrained", constrained))
+            }
+            if (
+                overlap
+            ):  # the other placement of the fill: on the engine's thread, the draw queued at once
                 Grammars.fill_on_worker = not Grammars.fill_on_worker
                 times["constrained_other"] = step_ms(llm, prompts, constrained)
                 Grammars.fill_on_worker = not Grammars.fill_on_worker
                 compiles, checked = compile_ms(llm), valid_outputs(llm)
                 engine = llm.engine
-                parts = pieces(llm.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids, args.batch,
-                               args.device, getattr(torch, dtype))
-        row = {"overlap_scheduling": overlap, "free_ms": round(times["free"], 3),
-               "constrained_ms": round(times["constrained"], 3), "ratio": round(times["constrained"] / times["free"], 3)}
+                parts = pieces(
+                    llm.tokenizer,
+                    engine.model_config.vocab_size,
+                    engine.eos_token_ids,
+                    args.batch,
+                    args.device,
+                    getattr(torch, dtype),
+                )
+        row = {
+            "overlap_scheduling": overlap,
+            "free_ms": round(times["free"], 3),
+            "constrained_ms": round(times["constrained"], 3),
+            "ratio": round(times["constrained"] / times["free"], 3),
+        }
         if overlap:
             other = "engine_thread" if Grammars.fill_on_worker else "worker"
             row[f"constrained_fill_on_{other}_ms"] = round(times["constrained_other"], 3)
             row[f"ratio_fill_on_{other}"] = round(times["constrained_other"] / times["free"], 3)
-            print(f"  fill on the {other.replace('_', ' ')}: constrained {times['constrained_other']:8.2f} ms   "
-                  f"x{times['constrained_other'] / times['free']:.3f}", flush=True)
+            print(
+                f"  fill on the {other.replace('_', ' ')}: constrained {times['constrained_other']:8.2f} ms   "
+                f"x{times['constrained_other'] / times['free']:.3f}",
+                flush=True,
+            )
         rows.append(row)
-        print(f"overlap {row['overlap_scheduling']!s:5}  batch {args.batch}: free {row['free_ms']:8.2f} ms   "
-              f"constrained {row['constrained_ms']:8.2f} ms   x{row['ratio']:.3f}", flush=True)
+        print(
+            f"overlap {row['overlap_scheduling']!s:5}  batch {args.batch}: free {row['free_ms']:8.2f} ms   "
+            f"constrained {row['constrained_ms']:8.2f} ms   x{row['ratio']:.3f}",
+            flush=True,
+        )
     print_pieces(parts, args.batch)
     print(f"{checked['valid']} outputs of the shared schemas parse and validate on {args.device}")
-    print(f"compile ({compiles['count']} schemas): p50 {compiles['p50_ms']} ms  p90 {compiles['p90_ms']} ms  "
-          f"max {compiles['max_ms']} ms")
-    record = {"benchmark": "structured_step_time", "shape": args.shape, "dtype": dtype, "batch": args.batch,
-              "prompt_len": 32, "max_tokens": args.max_tokens, "device": args.device,
-              "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-              "full_vocab_matchers": args.full_vocab_matchers,
-              "rows": rows, "pieces": parts, "compile": compiles, "outputs": checked, "versions": versions(),
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    print(
+        f"compile ({compiles['count']} schemas): p50 {compiles['p50_ms']} ms  p90 {compiles['p90_ms']} ms  "
+        f"max {compiles['max_ms']} ms"
+    )
+    record = {
+        "benchmark": "structured_step_time",
+        "shape": args.shape,
+        "dtype": dtype,
+        "batch": args.batch,
+        "prompt_len": 32,
+        "max_tokens": args.max_tokens,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "full_vocab_matchers": args.full_vocab_matchers,
+        "rows": rows,
+        "pieces": parts,
+        "compile": compiles,
+        "outputs": checked,
+        "versions": versions(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=2)
-
 
 
 def main_pieces(args, dtype: str) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_for_shape("tiny-qwen3", "cpu"))
-    parts = pieces(tokenizer, args.pieces_only, [tokenizer.eos_token_id], args.batch, args.device,
-                   getattr(torch, dtype))
+    parts = pieces(
+        tokenizer,
+        args.pieces_only,
+        [tokenizer.eos_token_id],
+        args.batch,
+        args.device,
+        getattr(torch, dtype),
+    )
     print_pieces(parts, args.batch)
-    record = {"benchmark": "structured_mask_pieces", "tokenizer": "tiny-qwen3", "vocab_size": args.pieces_only,
-              "full_vocab_matchers": args.full_vocab_matchers,
-              "dtype": dtype, "batch": args.batch, "device": args.device,
-              "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-              "pieces": parts, "versions": versions(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    record = {
+        "benchmark": "structured_mask_pieces",
+        "tokenizer": "tiny-qwen3",
+        "vocab_size": args.pieces_only,
+        "full_vocab_matchers": args.full_vocab_matchers,
+        "dtype": dtype,
+        "batch": args.batch,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "pieces": parts,
+        "versions": versions(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=2)

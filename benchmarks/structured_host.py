@@ -64,18 +64,25 @@ class Device:
 class Pending:
     """A simulated draw's tokens, ready when the device has run it."""
 
-    def __init__(self, device: Device, seconds: float, num_rows: int, grammar, rng: np.random.Generator):
+    def __init__(
+        self, device: Device, seconds: float, num_rows: int, grammar, rng: np.random.Generator
+    ):
         self.token_ids = torch.zeros(num_rows, dtype=torch.long)
         self.ids: list[int] = []
         self.done = device.queue(seconds, lambda: self._draw(num_rows, grammar, rng))
 
     def _draw(self, num_rows: int, grammar, rng: np.random.Generator) -> None:
         ids = np.zeros(num_rows, np.int64)
-        if grammar is not None:  # a random allowed token in each constrained row: a random set bit of a random word
+        if (
+            grammar is not None
+        ):  # a random allowed token in each constrained row: a random set bit of a random word
             rows, bitmask = grammar.rows, grammar.bitmask  # (c,), (c, words) int32
             word = np.where(bitmask != 0, rng.random(bitmask.shape), -1.0).argmax(axis=1)  # (c,)
-            bits = np.unpackbits(bitmask[np.arange(len(rows)), word].view(np.uint8).reshape(-1, 4), axis=1,
-                                 bitorder="little")  # (c, 32)
+            bits = np.unpackbits(
+                bitmask[np.arange(len(rows)), word].view(np.uint8).reshape(-1, 4),
+                axis=1,
+                bitorder="little",
+            )  # (c, 32)
             ids[rows] = 32 * word + np.where(bits == 1, rng.random(bits.shape), -1.0).argmax(axis=1)
         self.ids = ids.tolist()
 
@@ -112,6 +119,7 @@ def measure(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple
 def fill_here():
     """The masks filled on the engine's thread, before the host completes the step before (the draw
     still waits for the next step's inputs): what the mask worker takes off that thread."""
+
     def now(self, *args):
         done = Future()
         done.set_result(self.bitmask(*args))
@@ -125,31 +133,56 @@ def fill_here():
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--forward-ms", type=float, default=2.5, help="the simulated forward pass of a decode step")
+    parser.add_argument(
+        "--forward-ms", type=float, default=2.5, help="the simulated forward pass of a decode step"
+    )
     parser.add_argument("--sample-ms", type=float, default=0.05, help="the simulated draw")
-    parser.add_argument("--fill-threads", type=int, default=None, help="xgrammar's threads filling a mask, whatever "
-                        "the vocabulary (default: the engine's choice; more than the rows' work pays for slow it down)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of both modes, alternating: the fastest of each")
+    parser.add_argument(
+        "--fill-threads",
+        type=int,
+        default=None,
+        help="xgrammar's threads filling a mask, whatever "
+        "the vocabulary (default: the engine's choice; more than the rows' work pays for slow it down)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs of both modes, alternating: the fastest of each"
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.fill_threads is not None:
         structured.FILL_THREADS, structured.POOL_VOCAB = args.fill_threads, 0
-    structured.Grammars.fill_on_worker = True  # the placement whose fill this compares: draws held back
+    structured.Grammars.fill_on_worker = (
+        True  # the placement whose fill this compares: draws held back
+    )
     path = model_for_shape("tiny-qwen3", "cpu")
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 500, (32,), generator=g).tolist() for _ in range(args.batch)]
     free = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    constrained = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True,
-                                 structured_outputs={"json": LONG})
-    with LLM(path, device="cpu", max_num_seqs=args.batch, max_model_len=48 + args.max_tokens,
-             overlap_scheduling=True) as llm:
+    constrained = SamplingParams(
+        temperature=0.0,
+        max_tokens=args.max_tokens,
+        ignore_eos=True,
+        structured_outputs={"json": LONG},
+    )
+    with LLM(
+        path,
+        device="cpu",
+        max_num_seqs=args.batch,
+        max_model_len=48 + args.max_tokens,
+        overlap_scheduling=True,
+    ) as llm:
         simulate(llm, args.forward_ms / 1e3, args.sample_ms / 1e3)
         runs = []
         for _ in range(args.repeat):
-            run = {mode: measure(llm, prompts, p) for mode, p in (("free", free), ("constrained", constrained))}
+            run = {
+                mode: measure(llm, prompts, p)
+                for mode, p in (("free", free), ("constrained", constrained))
+            }
             with fill_here():
                 run["constrained_fill_here"] = measure(llm, prompts, constrained)
             runs.append(run)
@@ -157,18 +190,35 @@ def main() -> None:
     for mode in runs[0]:  # the fastest of the runs: the least disturbed by other processes
         row[f"{mode}_ms"] = round(min(run[mode][0] for run in runs), 3)
         row[f"{mode}_engine_thread_cpu_ms"] = round(min(run[mode][1] for run in runs), 3)
-    row |= {"ratio": round(row["constrained_ms"] / row["free_ms"], 3),
-            "ratio_fill_here": round(row["constrained_fill_here_ms"] / row["free_ms"], 3)}
+    row |= {
+        "ratio": round(row["constrained_ms"] / row["free_ms"], 3),
+        "ratio_fill_here": round(row["constrained_fill_here_ms"] / row["free_ms"], 3),
+    }
     threads = "the engine's choice" if args.fill_threads is None else args.fill_threads
-    print(f"simulated device {args.forward_ms} + {args.sample_ms} ms, batch {args.batch}, fill threads {threads}: "
-          f"step (engine thread's CPU) ms", flush=True)
+    print(
+        f"simulated device {args.forward_ms} + {args.sample_ms} ms, batch {args.batch}, fill threads {threads}: "
+        f"step (engine thread's CPU) ms",
+        flush=True,
+    )
     for mode in runs[0]:
-        print(f"  {mode:22} {row[f'{mode}_ms']:6.2f} ({row[f'{mode}_engine_thread_cpu_ms']:.2f})", flush=True)
+        print(
+            f"  {mode:22} {row[f'{mode}_ms']:6.2f} ({row[f'{mode}_engine_thread_cpu_ms']:.2f})",
+            flush=True,
+        )
     if args.out:
-        record = {"benchmark": "structured_host", "batch": args.batch, "max_tokens": args.max_tokens,
-                  "forward_ms": args.forward_ms, "sample_ms": args.sample_ms, "fill_threads": args.fill_threads,
-                  "repeat": args.repeat, "cpu_count": os.cpu_count(), **row, "versions": versions(),
-                  "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        record = {
+            "benchmark": "structured_host",
+            "batch": args.batch,
+            "max_tokens": args.max_tokens,
+            "forward_ms": args.forward_ms,
+            "sample_ms": args.sample_ms,
+            "fill_threads": args.fill_threads,
+            "repeat": args.repeat,
+            "cpu_count": os.cpu_count(),
+            **row,
+            "versions": versions(),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         with open(args.out, "w") as f:
             json.dump(record, f, indent=2)
 

@@ -68,11 +68,11 @@ def median_us(fn, repeat: int) -> float:
 
 def measure(runner_cls, seqs: list, repeat: int) -> dict:
     runner = SimpleNamespace(block_size=BLOCK_SIZE)  # prepare() reads only the block size
-    prepare = lambda: runner_cls.prepare(runner, seqs)  # noqa: E731
+    prepare = lambda: runner_cls.prepare(runner, seqs)
     old_message = pickle.dumps(("run", (seqs,)))
     step = prepare()
     new_message = pickle.dumps(("execute", (step,)))
-    old_worker = lambda: runner_cls.prepare(runner, pickle.loads(old_message)[1][0])  # noqa: E731
+    old_worker = lambda: runner_cls.prepare(runner, pickle.loads(old_message)[1][0])
     return {
         "num_seqs": len(seqs),
         "num_tokens": int(len(step.input_ids)),
@@ -91,15 +91,19 @@ def measure(runner_cls, seqs: list, repeat: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engine", default="07_tensor_parallel")
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--out")
     args = parser.parse_args()
     engine, st = resolve_engine(args.engine)
     runner_cls = importlib.import_module(f"{st.__name__}.engine.model_runner").ModelRunner
-    st = SimpleNamespace(Sequence=importlib.import_module(f"{st.__name__}.engine.sequence").Sequence,
-                         SamplingParams=st.SamplingParams)
+    st = SimpleNamespace(
+        Sequence=importlib.import_module(f"{st.__name__}.engine.sequence").Sequence,
+        SamplingParams=st.SamplingParams,
+    )
     prompts, params = make_workload("nanovllm", vocab_size=151936)
     record = {
         "benchmark": "tp_message_cost",
@@ -115,11 +119,15 @@ def main() -> None:
     }
     for name in ("decode", "prefill"):
         r = record[name]
-        print(f"{name}: {r['num_seqs']} seqs, {r['num_tokens']} tokens fed, {r['context_tokens']} in context")
+        print(
+            f"{name}: {r['num_seqs']} seqs, {r['num_tokens']} tokens fed, {r['context_tokens']} in context"
+        )
         for when in ("before", "after"):
             m = r[when]
-            print(f"  {when:6s} message {m['message_bytes'] / 1024:8.1f} KiB   rank 0 {m['rank0_us'] / 1e3:7.2f} ms"
-                  f"   worker {m['worker_us'] / 1e3:7.2f} ms")
+            print(
+                f"  {when:6s} message {m['message_bytes'] / 1024:8.1f} KiB   rank 0 {m['rank0_us'] / 1e3:7.2f} ms"
+                f"   worker {m['worker_us'] / 1e3:7.2f} ms"
+            )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=2)

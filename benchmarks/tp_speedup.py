@@ -45,20 +45,45 @@ def rows(tag: str, results: Path = RESULTS) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tag", default="h200x2", help="the machine tag in the file names")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="the folder holding the records (default: %(default)s)")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="the folder holding the records (default: %(default)s)",
+    )
     parser.add_argument("--out", help="write the JSON here")
-    parser.add_argument("--note", help="a remark stored with the rows (e.g. which code the runs used)")
+    parser.add_argument(
+        "--note", help="a remark stored with the rows (e.g. which code the runs used)"
+    )
     args = parser.parse_args()
     table = rows(args.tag, args.results)
     for row in table:
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
-        tp1 = f"{row['tp1_output_tokens_per_s']:,.0f}" if row["tp1_output_tokens_per_s"] else row["tp1_error"]
-        tp2 = f"{row['tp2_output_tokens_per_s']:,.0f}" if row["tp2_output_tokens_per_s"] else row["tp2_error"]
-        print(f"{row['shape']:14s} {row['num_parameters'] / 1e9:5.2f}B  TP=1 {tp1:>10s}  TP=2 {tp2:>10s}  {speedup}")
+        tp1 = (
+            f"{row['tp1_output_tokens_per_s']:,.0f}"
+            if row["tp1_output_tokens_per_s"]
+            else row["tp1_error"]
+        )
+        tp2 = (
+            f"{row['tp2_output_tokens_per_s']:,.0f}"
+            if row["tp2_output_tokens_per_s"]
+            else row["tp2_error"]
+        )
+        print(
+            f"{row['shape']:14s} {row['num_parameters'] / 1e9:5.2f}B  TP=1 {tp1:>10s}  TP=2 {tp2:>10s}  {speedup}"
+        )
     if args.out:
-        record = {"benchmark": "tp_speedup", "tag": args.tag, "source": "benchmarks/gpu_suite.sh tp", "note": args.note, "rows": table}
+        record = {
+            "benchmark": "tp_speedup",
+            "tag": args.tag,
+            "source": "benchmarks/gpu_suite.sh tp",
+            "note": args.note,
+            "rows": table,
+        }
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
 
 

@@ -19,13 +19,24 @@ from mkdocs.structure.files import File, Files
 
 PREFIX = "repo"  # where files from outside notebooks/ land in the book
 IMAGES = {".png", ".svg", ".jpg", ".jpeg", ".gif"}
-LANGUAGES = {".py": "python", ".json": "json", ".toml": "toml", ".yml": "yaml", ".yaml": "yaml", ".sh": "bash",
-             ".txt": "text", ".cfg": "ini", "": "text"}
+LANGUAGES = {
+    ".py": "python",
+    ".json": "json",
+    ".toml": "toml",
+    ".yml": "yaml",
+    ".yaml": "yaml",
+    ".sh": "bash",
+    ".txt": "text",
+    ".cfg": "ini",
+    "": "text",
+}
 MAX_BYTES = 400_000  # larger files are not copied into the book
 LINK = re.compile(r"(\]\(\s*<?)([^)\s>]+)(>?(?:\s+\"[^\"]*\")?\s*\))|((?:href|src)=\")([^\"]+)(\")")
 ROW_LINK = re.compile(r"^\|\s*\[([^\]]+)\]\(([^)#\s]+\.ipynb)\)")
 
-WORKER = "assets/iframe-worker.js"  # docs/iframe-worker.js: mkdocs.yml names it among extra.polyfills
+WORKER = (
+    "assets/iframe-worker.js"  # docs/iframe-worker.js: mkdocs.yml names it among extra.polyfills
+)
 _state: dict = {}
 
 
@@ -40,8 +51,11 @@ def _split(target: str) -> tuple[str, str]:
 
 def syllabus(readme: Path) -> list[dict[str, str]]:
     """The notebooks of the syllabus table, in order: [{link text: notebook file}]."""
-    return [{m.group(1).strip("`* "): m.group(2)} for line in readme.read_text().splitlines()
-            if (m := ROW_LINK.match(line.strip()))]
+    return [
+        {m.group(1).strip("`* "): m.group(2)}
+        for line in readme.read_text().splitlines()
+        if (m := ROW_LINK.match(line.strip()))
+    ]
 
 
 def on_config(config):
@@ -59,8 +73,13 @@ def _links(path: Path) -> list[str]:
 
         cells = json.loads(text)["cells"]
         parts = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
-        parts += ["".join(o["data"][kind]) for c in cells for o in c.get("outputs", [])  # links drawn by code
-                  for kind in ("text/html", "text/markdown") if kind in o.get("data", {})]
+        parts += [
+            "".join(o["data"][kind])
+            for c in cells
+            for o in c.get("outputs", [])  # links drawn by code
+            for kind in ("text/html", "text/markdown")
+            if kind in o.get("data", {})
+        ]
         text = "\n".join(parts)
     return [m.group(2) or m.group(5) for m in LINK.finditer(text)]
 
@@ -75,7 +94,11 @@ def _text(path: Path) -> str | None:
 
 
 def _listed(path: Path) -> list[Path]:
-    return sorted(p for p in path.iterdir() if not p.name.startswith((".", "__pycache__")) and not p.name.endswith(".egg-info"))
+    return sorted(
+        p
+        for p in path.iterdir()
+        if not p.name.startswith((".", "__pycache__")) and not p.name.endswith(".egg-info")
+    )
 
 
 class _Collector:
@@ -129,7 +152,9 @@ class _Collector:
         here, rows = os.path.dirname(self.uri(path) + "/index.md"), []
         for p in _listed(path):
             if (f := self.add(p)) is not None:
-                rows.append(f"- [`{p.name}{'/' if p.is_dir() else ''}`]({os.path.relpath(f.src_uri, here)})")
+                rows.append(
+                    f"- [`{p.name}{'/' if p.is_dir() else ''}`]({os.path.relpath(f.src_uri, here)})"
+                )
         return f"# `{path.relative_to(self.root).as_posix()}/`\n\n" + "\n".join(rows) + "\n"
 
     def follow(self, start: list[Path]) -> None:
@@ -149,9 +174,17 @@ class _Collector:
 
 
 def on_files(files: Files, config) -> Files:
-    files.append(File.generated(config, WORKER, abs_src_path=str(_state["root"] / "docs" / "iframe-worker.js")))
+    files.append(
+        File.generated(
+            config, WORKER, abs_src_path=str(_state["root"] / "docs" / "iframe-worker.js")
+        )
+    )
     collector = _Collector(config, files)
-    pages = [Path(f.abs_src_path).resolve() for f in files if f.abs_src_path and f.src_uri.endswith((".md", ".ipynb"))]
+    pages = [
+        Path(f.abs_src_path).resolve()
+        for f in files
+        if f.abs_src_path and f.src_uri.endswith((".md", ".ipynb"))
+    ]
     collector.follow(pages)
     _state["collector"] = collector
     return files
@@ -182,7 +215,9 @@ def _rewrite(text: str, page, to) -> str:
 def on_page_markdown(markdown: str, page, config, files):
     # Markdown pages: point links at the book's source files; MkDocs then turns them into URLs.
     here = os.path.dirname(page.file.src_uri)
-    return _rewrite(markdown, page, lambda f, anchor: os.path.relpath(f.src_uri, here or ".") + anchor)
+    return _rewrite(
+        markdown, page, lambda f, anchor: os.path.relpath(f.src_uri, here or ".") + anchor
+    )
 
 
 def on_page_content(html: str, page, config, files):
@@ -195,8 +230,12 @@ def on_page_content(html: str, page, config, files):
 
 
 def _plain(inner_html: str) -> str:
-    text = re.sub(r"<a class=\"anchor-link\".*?</a>", "", inner_html, flags=re.S)  # the heading's permalink
-    return re.sub(r"<[^>]+>", "", text).strip()  # entities stay escaped: the theme inserts titles as HTML
+    text = re.sub(
+        r"<a class=\"anchor-link\".*?</a>", "", inner_html, flags=re.S
+    )  # the heading's permalink
+    return re.sub(
+        r"<[^>]+>", "", text
+    ).strip()  # entities stay escaped: the theme inserts titles as HTML
 
 
 def _match_toc(toc, headings: list[tuple[str, str]]) -> None:

@@ -22,16 +22,35 @@ def add_options(parser: argparse.ArgumentParser, cls: type, title: str, prefix: 
     --no-x when it is on by default); a list is given by repeating the flag."""
     group = parser.add_argument_group(title)
     for o in options(cls):
-        name, dest, spec = ("engine_seed" if prefix and o.name == "seed" else o.name), prefix + o.name, o.spec
+        name, dest, spec = (
+            ("engine_seed" if prefix and o.name == "seed" else o.name),
+            prefix + o.name,
+            o.spec,
+        )
         if spec.kind is bool:
             action = argparse.BooleanOptionalAction if o.default else "store_true"
             group.add_argument(flag(name), dest=dest, action=action, default=None, help=o.help)
         elif spec.kind is list:
-            group.add_argument(flag(name), dest=dest, action="append", type=spec.items, metavar=spec.items.__name__.upper(), help=o.help)
+            group.add_argument(
+                flag(name),
+                dest=dest,
+                action="append",
+                type=spec.items,
+                metavar=spec.items.__name__.upper(),
+                help=o.help,
+            )
         else:
             kind = spec.kind or str
-            default = "" if o.default is None else f" (default: {o.default})"  # None: the help says what happens
-            group.add_argument(flag(name), dest=dest, type=kind, metavar=kind.__name__.upper(), help=o.help + default)
+            default = (
+                "" if o.default is None else f" (default: {o.default})"
+            )  # None: the help says what happens
+            group.add_argument(
+                flag(name),
+                dest=dest,
+                type=kind,
+                metavar=kind.__name__.upper(),
+                help=o.help + default,
+            )
 
 
 def given(args: argparse.Namespace, cls: type, prefix: str = "") -> dict:
@@ -41,7 +60,12 @@ def given(args: argparse.Namespace, cls: type, prefix: str = "") -> dict:
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    add_options(parser, EngineConfig, "engine options (LLM(model, **options); see nanovllm_final's README)", "engine_")
+    add_options(
+        parser,
+        EngineConfig,
+        "engine options (LLM(model, **options); see nanovllm_final's README)",
+        "engine_",
+    )
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -50,7 +74,11 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    add_options(parser, SamplingParams, "sampling (SamplingParams; unset: the checkpoint's generation_config.json, else vLLM's defaults)")
+    add_options(
+        parser,
+        SamplingParams,
+        "sampling (SamplingParams; unset: the checkpoint's generation_config.json, else vLLM's defaults)",
+    )
 
 
 def sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:

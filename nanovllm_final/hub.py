@@ -10,7 +10,9 @@ def hub_cache_dir() -> pathlib.Path:
     """The hub cache huggingface_hub uses, read from the environment now (HF_HUB_CACHE, else HF_HOME/hub)."""
     if os.environ.get("HF_HUB_CACHE"):
         return pathlib.Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"
+    )
     return pathlib.Path(home).expanduser() / "hub"
 
 

@@ -32,18 +32,28 @@ class LLM:
         checkpoint whose config.json or generation_config.json holds a value the engine cannot
         take, is a ValueError naming the option, or the file and the field."""
         self._lock = threading.RLock()  # the engine and the tokenizer: one caller at a time
-        self._routes: dict[str, deque[RequestOutput]] = {}  # request id -> the outputs its caller has not read
-        self._streams = 0  # callers that read every output (stream); generate reads the final ones only
+        self._routes: dict[
+            str, deque[RequestOutput]
+        ] = {}  # request id -> the outputs its caller has not read
+        self._streams = (
+            0  # callers that read every output (stream); generate reads the final ones only
+        )
         self._stepping = False
-        self._abandoned: list[str] = []  # requests of a caller that left during a step: aborted by the next
+        self._abandoned: list[
+            str
+        ] = []  # requests of a caller that left during a step: aborted by the next
         self.model_name = str(model)
         path = resolve_model(model)
         self.config = EngineConfig.from_options(path, **options)
         self.model_config = ModelConfig.from_dir(path)
         check_architecture(self.model_config)
-        self.config.max_model_len = min(self.config.max_model_len, self.model_config.max_position_embeddings)
+        self.config.max_model_len = min(
+            self.config.max_model_len, self.model_config.max_position_embeddings
+        )
         if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-            raise FileNotFoundError(f"{path} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
+            raise FileNotFoundError(
+                f"{path} has no tokenizer files (tokenizer.json / tokenizer_config.json)"
+            )
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.engine = LLMEngine(self.config, self.model_config, self.tokenizer)
 
@@ -63,7 +73,9 @@ class LLM:
         with self._lock:
             return self._engine().metrics_summary()
 
-    def encode_chat(self, messages: Messages, chat_template_kwargs: dict | None = None) -> list[int]:
+    def encode_chat(
+        self, messages: Messages, chat_template_kwargs: dict | None = None
+    ) -> list[int]:
         """The token ids of a conversation in the model's chat template, ending with the
         assistant's generation prompt (`chat_template_kwargs`, e.g. {"enable_thinking": False},
         go to the template). A message's content is a string or a list of text parts
@@ -127,10 +139,18 @@ class LLM:
                 if c.delta_token_ids or c.delta_text or ended:
                     if ended:
                         reported.add((out.request_id, c.index))
-                    yield {"index": index[out.request_id], "completion": c.index, "text": c.delta_text,
-                           "token_ids": c.delta_token_ids, "finished": c.finished, "finish_reason": c.finish_reason}
+                    yield {
+                        "index": index[out.request_id],
+                        "completion": c.index,
+                        "text": c.delta_text,
+                        "token_ids": c.delta_token_ids,
+                        "finished": c.finished,
+                        "finish_reason": c.finish_reason,
+                    }
 
-    def _run(self, request_ids: list[str], box: deque[RequestOutput], stream: bool = False) -> Iterator[RequestOutput]:
+    def _run(
+        self, request_ids: list[str], box: deque[RequestOutput], stream: bool = False
+    ) -> Iterator[RequestOutput]:
         """The one loop: yield these requests' outputs as they come, stepping the engine when none
         is waiting in `box` (another caller's step may have filled it). If the caller stops early
         (an exception, or a stream left unfinished), the rest are aborted."""
@@ -138,7 +158,9 @@ class LLM:
         try:
             while waiting:
                 if not box and not self._step() and not box:
-                    raise RuntimeError(f"the engine has no work left, but requests {sorted(waiting)} did not finish")
+                    raise RuntimeError(
+                        f"the engine has no work left, but requests {sorted(waiting)} did not finish"
+                    )
                 while box:
                     out = box.popleft()
                     if out.finished:
@@ -156,7 +178,9 @@ class LLM:
             self._abandoned.clear()
             self._stepping = True
             try:
-                outputs = engine.step(finished_only=not self._streams)  # no text decoded that nobody reads
+                outputs = engine.step(
+                    finished_only=not self._streams
+                )  # no text decoded that nobody reads
             finally:
                 self._stepping = False
             for out in outputs:
@@ -172,7 +196,9 @@ class LLM:
             self._streams -= stream
             if not waiting or self.engine is None:
                 return
-            if self._stepping:  # a stream collected in the middle of a step (by this thread): the next step aborts
+            if (
+                self._stepping
+            ):  # a stream collected in the middle of a step (by this thread): the next step aborts
                 self._abandoned += waiting
                 return
             for rid in waiting:
@@ -182,7 +208,9 @@ class LLM:
 
     # ---- input checks: every problem is reported before any work starts ----
 
-    def _submit(self, prompts: list[Prompt], sampling_params, stream: bool = False) -> tuple[list[str], deque[RequestOutput]]:
+    def _submit(
+        self, prompts: list[Prompt], sampling_params, stream: bool = False
+    ) -> tuple[list[str], deque[RequestOutput]]:
         """Tokenize and check every prompt with its params (engine/front_end.py), then queue
         them all; returns their request ids and the box their outputs will be routed to."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
@@ -192,7 +220,10 @@ class LLM:
             engine = self._engine()
             token_lists = [front_end.tokenize(self.tokenizer, p) for p in prompts]
             front_end.check_requests(token_lists, params, self.config, self.model_config)
-            request_ids, box = [engine.enqueue(ids, p) for ids, p in zip(token_lists, params)], deque()
+            request_ids, box = (
+                [engine.enqueue(ids, p) for ids, p in zip(token_lists, params)],
+                deque(),
+            )
             self._routes |= dict.fromkeys(request_ids, box)
             self._streams += stream
             return request_ids, box
@@ -205,7 +236,9 @@ class LLM:
         if not isinstance(sampling_params, (list, tuple)):
             return [sampling_params] * n
         if len(sampling_params) != n:
-            raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts; pass one, or one per prompt")
+            raise ValueError(
+                f"got {len(sampling_params)} SamplingParams for {n} prompts; pass one, or one per prompt"
+            )
         return list(sampling_params)
 
     # ---- resources ----

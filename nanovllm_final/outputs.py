@@ -22,14 +22,29 @@ class CompletionSource(Protocol):
 class CompletionOutput:
     """One of a request's n completions: what this step added to it."""
 
-    __slots__ = ("index", "delta_token_ids", "delta_logprobs", "finish_reason", "_source", "_delta_text")
+    __slots__ = (
+        "index",
+        "delta_token_ids",
+        "delta_logprobs",
+        "finish_reason",
+        "_source",
+        "_delta_text",
+    )
 
-    def __init__(self, index: int, delta_token_ids: list[int], delta_logprobs: list[dict] | None,
-                 finish_reason: str | None, source: CompletionSource):
+    def __init__(
+        self,
+        index: int,
+        delta_token_ids: list[int],
+        delta_logprobs: list[dict] | None,
+        finish_reason: str | None,
+        source: CompletionSource,
+    ):
         self.index = index  # 0..n-1
         self.delta_token_ids = delta_token_ids  # tokens new in this step
         self.delta_logprobs = delta_logprobs  # per new token {"token_id", "logprob", "top_logprobs": {id: logprob}}; None if not asked
-        self.finish_reason = finish_reason  # None while running; "stop" | "length" | "abort" | "error"
+        self.finish_reason = (
+            finish_reason  # None while running; "stop" | "length" | "abort" | "error"
+        )
         self._source, self._delta_text = source, None
 
     @property
@@ -57,7 +72,12 @@ class CompletionOutput:
         return self._source.logprobs()
 
     def as_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason, "logprobs": self.logprobs}
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "logprobs": self.logprobs,
+        }
 
 
 @dataclass
@@ -65,7 +85,9 @@ class RequestMetrics:
     ttft_s: float | None  # arrival to first generated token
     tpot_s: float | None  # mean time per generated token after the first
     prompt_tokens: int
-    cached_prompt_tokens: int  # prompt tokens found in the prefix cache (the most any completion found)
+    cached_prompt_tokens: (
+        int  # prompt tokens found in the prefix cache (the most any completion found)
+    )
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

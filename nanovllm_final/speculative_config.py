@@ -34,7 +34,9 @@ class SpeculativeConfig:
 def _int(value: dict, key: str, default: int | None, low: int = 1) -> int:
     got = value.get(key, default)
     if not is_int(got) or got < low:
-        raise Problem(f"{FIELD}.{key} must be an integer >= {low}, got {show(got)}", f"{FIELD}.{key}")
+        raise Problem(
+            f"{FIELD}.{key} must be an integer >= {low}, got {show(got)}", f"{FIELD}.{key}"
+        )
     return got
 
 

@@ -7,11 +7,30 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 MAX_DEPTH = 32  # nesting of a JSON schema: deeper ones take the compiler seconds to minutes
-MAX_PROPERTIES = 1024  # in a whole schema: 10,000 optional ones take the compiler minutes (1,000: about 0.5 s)
+MAX_PROPERTIES = (
+    1024  # in a whole schema: 10,000 optional ones take the compiler minutes (1,000: about 0.5 s)
+)
 # keywords the grammar engine would ignore without a word: refused, so no output breaks a schema silently
-UNSUPPORTED = frozenset({"not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains",
-                         "dependentRequired", "dependentSchemas", "dependencies", "propertyNames", "patternProperties",
-                         "unevaluatedProperties", "unevaluatedItems", "multipleOf"})
+UNSUPPORTED = frozenset(
+    {
+        "not",
+        "if",
+        "then",
+        "else",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "propertyNames",
+        "patternProperties",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "multipleOf",
+    }
+)
 SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keyword -> {name: schema}
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # keyword -> [schema, ...]
 SCHEMA_ONE = ("items", "additionalProperties")  # keyword -> schema (or a bool)
@@ -40,9 +59,14 @@ class StructuredOutputsParams:
             object.__setattr__(self, "json", check_schema(value))
         elif kind == "json_object" and value is not True:
             raise ValueError(f"json_object must be True, got {value!r}")
-        elif kind == "choice" and (not isinstance(value, (list, tuple)) or not value
-                                   or not all(isinstance(c, str) and c for c in value)):
-            raise ValueError(f"choice must be a non-empty list of non-empty strings, got {value!r:.80}")
+        elif kind == "choice" and (
+            not isinstance(value, (list, tuple))
+            or not value
+            or not all(isinstance(c, str) and c for c in value)
+        ):
+            raise ValueError(
+                f"choice must be a non-empty list of non-empty strings, got {value!r:.80}"
+            )
         elif kind in ("regex", "grammar") and (not isinstance(value, str) or not value):
             raise ValueError(f"{kind} must be a non-empty string, got {value!r:.80}")
         if kind == "choice":
@@ -77,11 +101,15 @@ def check_schema(value: dict | str) -> dict:
     value = json_object(value, "json must be a JSON schema (an object, or its JSON text)")
     num_properties = 0
     for schema, where, depth in subschemas(value):
-        num_properties += len(schema["properties"]) if isinstance(schema.get("properties"), dict) else 0
+        num_properties += (
+            len(schema["properties"]) if isinstance(schema.get("properties"), dict) else 0
+        )
         if num_properties > MAX_PROPERTIES:
             raise ValueError(f"json schema has more than {MAX_PROPERTIES} properties")
         if depth > MAX_DEPTH:
-            raise ValueError(f"json schema is nested more than {MAX_DEPTH} levels deep (at {where[:120]})")
+            raise ValueError(
+                f"json schema is nested more than {MAX_DEPTH} levels deep (at {where[:120]})"
+            )
         bad = sorted(UNSUPPORTED & schema.keys())
         if bad:
             raise ValueError(f"json schema keyword {bad[0]!r} at {where} is not supported")
@@ -99,10 +127,14 @@ def subschemas(schema: dict) -> Iterator[tuple[dict, str, int]]:
         yield schema, where, depth
         for key in SCHEMA_MAPS:
             if isinstance(schema.get(key), dict):
-                stack += [(sub, f"{where}/{key}/{name}", depth + 1) for name, sub in schema[key].items()]
+                stack += [
+                    (sub, f"{where}/{key}/{name}", depth + 1) for name, sub in schema[key].items()
+                ]
         for key in SCHEMA_LISTS:
             if isinstance(schema.get(key), list):
-                stack += [(sub, f"{where}/{key}/{i}", depth + 1) for i, sub in enumerate(schema[key])]
+                stack += [
+                    (sub, f"{where}/{key}/{i}", depth + 1) for i, sub in enumerate(schema[key])
+                ]
         stack += [(schema[key], f"{where}/{key}", depth + 1) for key in SCHEMA_ONE if key in schema]
 
 
@@ -111,7 +143,9 @@ def to_structured(value) -> StructuredOutputsParams | None:
     that dict's JSON text, as the command line's --structured-outputs gives it)."""
     if value is None or isinstance(value, StructuredOutputsParams):
         return value
-    value = json_object(value, "must be a StructuredOutputsParams or a dict of its fields (or its JSON text)")
+    value = json_object(
+        value, "must be a StructuredOutputsParams or a dict of its fields (or its JSON text)"
+    )
     unknown = sorted(set(value) - {f.name for f in fields(StructuredOutputsParams)})
     if unknown:
         raise ValueError(f"unknown field {unknown[0]!r}")

@@ -30,18 +30,45 @@ from .kernels import tuning
 
 # decode attention: heads, kv heads, head_dim, q/k norms (Qwen3-0.6B, Llama-3.2-1B)
 DECODE_SHAPES = {"bf16": [(16, 8, 128, True), (32, 8, 64, False)], "fp8": [(16, 8, 128, True)]}
-DECODE_TILES = [(64, 4, 3), (64, 2, 3), (64, 2, 2), (128, 4, 2), (128, 2, 2), (128, 4, 3), (32, 2, 2), (64, 1, 2),
-                (32, 1, 2)]  # BLOCK_N, num_warps, num_stages
+DECODE_TILES = [
+    (64, 4, 3),
+    (64, 2, 3),
+    (64, 2, 2),
+    (128, 4, 2),
+    (128, 2, 2),
+    (128, 4, 3),
+    (32, 2, 2),
+    (64, 1, 2),
+    (32, 1, 2),
+]  # BLOCK_N, num_warps, num_stages
 PROGRAMS_PER_SM = (1, 2, 4, 6, 8)
-PREFILL_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2), (128, 64, 8, 2), (128, 64, 4, 2), (64, 32, 4, 2)]
+PREFILL_TILES = [
+    (64, 64, 4, 2),
+    (64, 64, 4, 3),
+    (64, 64, 8, 2),
+    (128, 64, 8, 2),
+    (128, 64, 4, 2),
+    (64, 32, 4, 2),
+]
 # dense projections (N, K) of a decoder layer: Qwen3-0.6B's and Llama-3.2-1B's
-GEMV_SHAPES = {"linear": [(4096, 1024), (1024, 2048), (3072, 2048), (2048, 2048)],
-               "gate_up": [(6144, 1024), (16384, 2048)], "down": [(1024, 3072), (2048, 8192)]}
-GEMV_TILES = [(bn, bk, w) for bn in (1, 2, 4) for bk in (1024, 2048, 4096) for w in (2, 4) if bn * bk <= 8192]
+GEMV_SHAPES = {
+    "linear": [(4096, 1024), (1024, 2048), (3072, 2048), (2048, 2048)],
+    "gate_up": [(6144, 1024), (16384, 2048)],
+    "down": [(1024, 3072), (2048, 8192)],
+}
+GEMV_TILES = [
+    (bn, bk, w) for bn in (1, 2, 4) for bk in (1024, 2048, 4096) for w in (2, 4) if bn * bk <= 8192
+]
 MOE_SHAPE = (128, 2048, 768, 8)  # Qwen3-30B-A3B: experts, hidden, expert width, top_k
 MOE_TILES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3)]
-MOE_GEMV_TILES = [(4, 1024, 4, 2, 256), (8, 256, 4, 2, 256), (16, 128, 4, 2, 128), (8, 512, 4, 2, 256),
-                  (4, 1024, 8, 2, 1024), (2, 2048, 4, 2, 512)]  # BLOCK_N, BLOCK_K, num_warps, DOWN_BLOCK_N, _K
+MOE_GEMV_TILES = [
+    (4, 1024, 4, 2, 256),
+    (8, 256, 4, 2, 256),
+    (16, 128, 4, 2, 128),
+    (8, 512, 4, 2, 256),
+    (4, 1024, 8, 2, 1024),
+    (2, 2048, 4, 2, 512),
+]  # BLOCK_N, BLOCK_K, num_warps, DOWN_BLOCK_N, _K
 
 
 @dataclass
@@ -59,7 +86,9 @@ class Plan:
     gemv_tiles: list = field(default_factory=lambda: GEMV_TILES)
     gemv_rows: tuple = (1, 2, 3, 4, 6, 8)
     moe_shape: tuple = MOE_SHAPE
-    moe_sizes: dict = field(default_factory=lambda: {"2048": 256, "8192": 1024, "65536": 4096})  # key: tokens
+    moe_sizes: dict = field(
+        default_factory=lambda: {"2048": 256, "8192": 1024, "65536": 4096}
+    )  # key: tokens
     moe_tiles: list = field(default_factory=lambda: MOE_TILES)
     moe_gemv_tiles: list = field(default_factory=lambda: MOE_GEMV_TILES)
     moe_small_tokens: tuple = (1, 2, 4, 8, 16)
@@ -67,13 +96,22 @@ class Plan:
 
 
 DRY_PLAN = Plan(
-    decode_shapes={"bf16": [(4, 2, 32, True)], "fp8": [(4, 2, 32, False)]}, decode_batches=((3, 40),),
-    decode_tiles=[(16, 1, 1), (32, 1, 1)], programs_per_sm=(1, 2), split_context=40, prefill_batch=(2, 20),
-    prefill_tiles=[(16, 16, 1, 1), (32, 32, 1, 1)], gemv_shapes={"linear": [(24, 40)], "gate_up": [(32, 40)],
-                                                                 "down": [(40, 16)]},
-    gemv_tiles=[(4, 16, 1), (8, 32, 1)], gemv_rows=(1, 2), moe_shape=(4, 32, 16, 2), moe_sizes={"64": 3},
-    moe_tiles=[(16, 16, 1, 1), (32, 16, 1, 1)], moe_gemv_tiles=[(8, 32, 1, 32, 16), (16, 16, 1, 16, 16)],
-    moe_small_tokens=(1, 2), reps=1,
+    decode_shapes={"bf16": [(4, 2, 32, True)], "fp8": [(4, 2, 32, False)]},
+    decode_batches=((3, 40),),
+    decode_tiles=[(16, 1, 1), (32, 1, 1)],
+    programs_per_sm=(1, 2),
+    split_context=40,
+    prefill_batch=(2, 20),
+    prefill_tiles=[(16, 16, 1, 1), (32, 32, 1, 1)],
+    gemv_shapes={"linear": [(24, 40)], "gate_up": [(32, 40)], "down": [(40, 16)]},
+    gemv_tiles=[(4, 16, 1), (8, 32, 1)],
+    gemv_rows=(1, 2),
+    moe_shape=(4, 32, 16, 2),
+    moe_sizes={"64": 3},
+    moe_tiles=[(16, 16, 1, 1), (32, 16, 1, 1)],
+    moe_gemv_tiles=[(8, 32, 1, 32, 16), (16, 16, 1, 16, 16)],
+    moe_small_tokens=(1, 2),
+    reps=1,
 )
 
 
@@ -86,7 +124,11 @@ class Timer:
     def ms(self, fn: Callable) -> float:
         from .kernels.timing import graph_time_ms, wall_time_ms
 
-        return graph_time_ms(fn, self.reps) if self.device.type == "cuda" else wall_time_ms(fn, self.reps)
+        return (
+            graph_time_ms(fn, self.reps)
+            if self.device.type == "cuda"
+            else wall_time_ms(fn, self.reps)
+        )
 
     def fastest(self, candidates: dict[str, list[Callable]]) -> tuple[str, dict]:
         """The name of the candidate whose calls take the least time summed, and every candidate's
@@ -108,7 +150,9 @@ def _dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def decode_inputs(batch: int, context: int, shape: tuple, fp8: bool, device: torch.device, seed: int = 0):
+def decode_inputs(
+    batch: int, context: int, shape: tuple, fp8: bool, device: torch.device, seed: int = 0
+):
     """A decode step's attention arguments, as the engine passes them: `batch` sequences of contexts
     around `context` in shuffled blocks of 16, their new K/V and slots, RoPE (and q/k norms)."""
     from .layers.rotary import RotaryEmbedding
@@ -120,19 +164,31 @@ def decode_inputs(batch: int, context: int, shape: tuple, fp8: bool, device: tor
     tables = torch.randperm(batch * per_seq, generator=g).view(batch, per_seq).to(torch.int32)
     cache = torch.randn(batch * per_seq, 16, kv_heads, head_dim, generator=g).to(_dtype(device))
     cache = cache.to(torch.float8_e4m3fn) if fp8 else cache
-    q, k, v = (torch.randn(batch, n, head_dim, generator=g).to(_dtype(device)) for n in (heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(batch, n, head_dim, generator=g).to(_dtype(device))
+        for n in (heads, kv_heads, kv_heads)
+    )
     positions = lens - 1
     slots = tables.gather(1, (positions // 16)[:, None]).squeeze(1).long() * 16 + positions % 16
     rotary = RotaryEmbedding(head_dim, int(lens.max()) + 1, 1e6, None)
     norm_w = (torch.ones(head_dim, dtype=_dtype(device)),) * 2 if qk_norm else (None, None)
     rope = (positions, rotary.cos, rotary.sin, *norm_w, 1e-6 if qk_norm else 0.0)
-    moved = [t.to(device) if isinstance(t, torch.Tensor) else t for t in (q, cache, cache.clone(), lens.to(torch.int32),
-                                                                          tables, k, v, slots, *rope)]
+    moved = [
+        t.to(device) if isinstance(t, torch.Tensor) else t
+        for t in (q, cache, cache.clone(), lens.to(torch.int32), tables, k, v, slots, *rope)
+    ]
     q, k_cache, v_cache, lens, tables, k, v, slots = moved[:8]
-    scales = {"k_scale": torch.full((kv_heads,), 0.5, device=device),
-              "v_scale": torch.full((kv_heads,), 0.5, device=device)} if fp8 else {}
-    return (q, k_cache, v_cache, lens, tables, head_dim**-0.5), dict(new_kv=(k, v, slots), rope=tuple(moved[8:]),
-                                                                      **scales)
+    scales = (
+        {
+            "k_scale": torch.full((kv_heads,), 0.5, device=device),
+            "v_scale": torch.full((kv_heads,), 0.5, device=device),
+        }
+        if fp8
+        else {}
+    )
+    return (q, k_cache, v_cache, lens, tables, head_dim**-0.5), dict(
+        new_kv=(k, v, slots), rope=tuple(moved[8:]), **scales
+    )
 
 
 def tune_decode(timer: Timer, plan: Plan, record: dict) -> dict:
@@ -152,21 +208,45 @@ def tune_decode(timer: Timer, plan: Plan, record: dict) -> dict:
                 counters = SplitCounters()
                 return lambda: paged_decode_attention(*args, **kwargs, counters=counters, **launch)
 
-            tiles = {f"{bn}w{w}s{s}": [call(*step, BLOCK_N=bn, num_warps=w, num_stages=s) for step in steps]
-                     for bn, w, s in plan.decode_tiles}
+            tiles = {
+                f"{bn}w{w}s{s}": [
+                    call(*step, BLOCK_N=bn, num_warps=w, num_stages=s) for step in steps
+                ]
+                for bn, w, s in plan.decode_tiles
+            }
             best, times = timer.fastest(tiles)
             bn, w, s = next(t for t in plan.decode_tiles if f"{t[0]}w{t[1]}s{t[2]}" == best)
-            small = [decode_inputs(max(1, k * sms // kv_heads), plan.split_context, shape, fp8, timer.device, seed=k)
-                     for k in (1, 3, 6)]
+            small = [
+                decode_inputs(
+                    max(1, k * sms // kv_heads),
+                    plan.split_context,
+                    shape,
+                    fp8,
+                    timer.device,
+                    seed=k,
+                )
+                for k in (1, 3, 6)
+            ]
 
             def split_call(args, kwargs, per_sm):
-                splits = default_num_splits(args[0].shape[0], kv_heads, args[4].shape[1] * 16, timer.device, bn, per_sm)
+                splits = default_num_splits(
+                    args[0].shape[0], kv_heads, args[4].shape[1] * 16, timer.device, bn, per_sm
+                )
                 return call(args, kwargs, num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=s)
 
-            per_sm, split_times = timer.fastest({str(p): [split_call(*step, p) for step in small]
-                                                 for p in plan.programs_per_sm})
-            out[kind][str(shape[2])] = {"BLOCK_N": bn, "num_warps": w, "num_stages": s, "programs_per_sm": int(per_sm)}
-            record[f"decode_attention.{kind}.{shape[2]}"] = {"tiles_ms": times, "programs_per_sm_ms": split_times}
+            per_sm, split_times = timer.fastest(
+                {str(p): [split_call(*step, p) for step in small] for p in plan.programs_per_sm}
+            )
+            out[kind][str(shape[2])] = {
+                "BLOCK_N": bn,
+                "num_warps": w,
+                "num_stages": s,
+                "programs_per_sm": int(per_sm),
+            }
+            record[f"decode_attention.{kind}.{shape[2]}"] = {
+                "tiles_ms": times,
+                "programs_per_sm_ms": split_times,
+            }
     return out
 
 
@@ -178,16 +258,25 @@ def tune_prefill(timer: Timer, plan: Plan, record: dict) -> dict:
     prompts, tokens = plan.prefill_batch
     per_seq, dtype, device = (tokens + 15) // 16, _dtype(timer.device), timer.device
     for heads, kv_heads, head_dim, _ in plan.decode_shapes["bf16"]:
-        k_cache, v_cache = (torch.randn(prompts * per_seq, 16, kv_heads, head_dim, dtype=dtype, device=device)
-                            for _ in range(2))
-        tables = torch.randperm(prompts * per_seq, device=device).view(prompts, per_seq).to(torch.int32)
+        k_cache, v_cache = (
+            torch.randn(prompts * per_seq, 16, kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(2)
+        )
+        tables = (
+            torch.randperm(prompts * per_seq, device=device).view(prompts, per_seq).to(torch.int32)
+        )
         lens = torch.full((prompts,), tokens, dtype=torch.int32, device=device)
         cu = torch.arange(prompts + 1, dtype=torch.int32, device=device) * tokens
         q = torch.randn(prompts * tokens, heads, head_dim, dtype=dtype, device=device)
         args = (q, k_cache, v_cache, cu, lens, tables, head_dim**-0.5, tokens)
-        best, times = timer.fastest({
-            f"{m}x{n}w{w}s{s}": [lambda m=m, n=n, w=w, s=s: paged_prefill_attention(*args, m, n, w, s)]
-            for m, n, w, s in plan.prefill_tiles})
+        best, times = timer.fastest(
+            {
+                f"{m}x{n}w{w}s{s}": [
+                    lambda m=m, n=n, w=w, s=s: paged_prefill_attention(*args, m, n, w, s)
+                ]
+                for m, n, w, s in plan.prefill_tiles
+            }
+        )
         m, n, w, s = next(t for t in plan.prefill_tiles if "{}x{}w{}s{}".format(*t) == best)
         out[str(head_dim)] = {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
         record[f"prefill_attention.{head_dim}"] = {"tiles_ms": times}
@@ -202,25 +291,40 @@ def tune_gemv(timer: Timer, plan: Plan, record: dict) -> dict:
     from .kernels.gemv import dense_gate_up, gemv
 
     out, dtype = {}, _dtype(timer.device)
-    weights = {kind: [torch.randn(n, k, dtype=dtype, device=timer.device) * 0.02 for n, k in shapes]
-               for kind, shapes in plan.gemv_shapes.items()}
+    weights = {
+        kind: [torch.randn(n, k, dtype=dtype, device=timer.device) * 0.02 for n, k in shapes]
+        for kind, shapes in plan.gemv_shapes.items()
+    }
     kernel = {"linear": gemv, "gate_up": dense_gate_up, "down": gemv}
 
     def calls(kind, rows, tiles=None):
-        xs = [torch.randn(rows, w.shape[1], dtype=dtype, device=timer.device) for w in weights[kind]]
+        xs = [
+            torch.randn(rows, w.shape[1], dtype=dtype, device=timer.device) for w in weights[kind]
+        ]
         fn = kernel[kind] if tiles else F.linear
-        return [lambda x=x, w=w: fn(x, w, tiles) if tiles else fn(x, w) for x, w in zip(xs, weights[kind])]
+        return [
+            lambda x=x, w=w: fn(x, w, tiles) if tiles else fn(x, w)
+            for x, w in zip(xs, weights[kind])
+        ]
 
     for kind in weights:
-        choices = {"{}x{}w{}".format(*t): [fn for rows in (1, 2) for fn in calls(kind, rows, _gemv_tiles(t))]
-                   for t in plan.gemv_tiles}
+        choices = {
+            "{}x{}w{}".format(*t): [
+                fn for rows in (1, 2) for fn in calls(kind, rows, _gemv_tiles(t))
+            ]
+            for t in plan.gemv_tiles
+        }
         best, times = timer.fastest(choices)
         out[kind] = _gemv_tiles(next(t for t in plan.gemv_tiles if "{}x{}w{}".format(*t) == best))
         record[f"gemv.{kind}"] = {"tiles_ms": times}
     out["rows"] = 0
     for rows in plan.gemv_rows:
-        _, times = timer.fastest({"kernels": [fn for kind in weights for fn in calls(kind, rows, out[kind])],
-                                  "cublas": [fn for kind in weights for fn in calls(kind, rows)]})
+        _, times = timer.fastest(
+            {
+                "kernels": [fn for kind in weights for fn in calls(kind, rows, out[kind])],
+                "cublas": [fn for kind in weights for fn in calls(kind, rows)],
+            }
+        )
         record[f"gemv.rows.{rows}"] = times
         if times["kernels"] > times["cublas"]:
             break
@@ -235,8 +339,10 @@ def _gemv_tiles(t: tuple) -> dict:
 def moe_weights(plan: Plan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The plan's experts' stacked gate/up and down weights, drawn on the device."""
     experts, hidden, inter, _ = plan.moe_shape
-    return tuple(torch.randn(shape, device=device).to(_dtype(device)) * 0.02
-                 for shape in ((experts, 2 * inter, hidden), (experts, hidden, inter)))
+    return tuple(
+        torch.randn(shape, device=device).to(_dtype(device)) * 0.02
+        for shape in ((experts, 2 * inter, hidden), (experts, hidden, inter))
+    )
 
 
 def moe_inputs(tokens: int, plan: Plan, weights: tuple, seed: int = 0) -> list:
@@ -259,24 +365,40 @@ def tune_moe(timer: Timer, plan: Plan, record: dict) -> dict:
     grouped, weights = {}, moe_weights(plan, timer.device)
     for key, tokens in plan.moe_sizes.items():
         args = moe_inputs(tokens, plan, weights)
-        tiles = {"{}x{}w{}s{}".format(*t): dict(zip(("BLOCK_N", "BLOCK_K", "num_warps", "num_stages"), t))
-                 for t in plan.moe_tiles}
-        best, times = timer.fastest({name: [lambda t=t: fused_experts(*args, tiles=t, small=False)]
-                                     for name, t in tiles.items()})
+        tiles = {
+            "{}x{}w{}s{}".format(*t): dict(
+                zip(("BLOCK_N", "BLOCK_K", "num_warps", "num_stages"), t)
+            )
+            for t in plan.moe_tiles
+        }
+        best, times = timer.fastest(
+            {
+                name: [lambda t=t: fused_experts(*args, tiles=t, small=False)]
+                for name, t in tiles.items()
+            }
+        )
         grouped[key] = tiles[best]
         record[f"moe.grouped.{key}"] = {"tiles_ms": times}
     fields = ("BLOCK_N", "BLOCK_K", "num_warps", "DOWN_BLOCK_N", "DOWN_BLOCK_K")
     gemv_tiles = {"{}x{}w{}/{}x{}".format(*t): dict(zip(fields, t)) for t in plan.moe_gemv_tiles}
     small = [moe_inputs(tokens, plan, weights, seed=tokens) for tokens in (1, 4)]
-    best, times = timer.fastest({name: [lambda a=a, t=t: fused_experts(*a, tiles=t, small=True) for a in small]
-                                 for name, t in gemv_tiles.items()})
+    best, times = timer.fastest(
+        {
+            name: [lambda a=a, t=t: fused_experts(*a, tiles=t, small=True) for a in small]
+            for name, t in gemv_tiles.items()
+        }
+    )
     record["moe.gemv"] = {"tiles_ms": times}
     small_pairs = 0
     with tuning.override({"moe": {"grouped": grouped}}):
         for tokens in plan.moe_small_tokens:
             args = moe_inputs(tokens, plan, weights, seed=tokens)
-            _, times = timer.fastest({"gemv": [lambda: fused_experts(*args, tiles=gemv_tiles[best], small=True)],
-                                      "grouped": [lambda: fused_experts(*args, small=False)]})
+            _, times = timer.fastest(
+                {
+                    "gemv": [lambda: fused_experts(*args, tiles=gemv_tiles[best], small=True)],
+                    "grouped": [lambda: fused_experts(*args, small=False)],
+                }
+            )
             record[f"moe.small_pairs.{tokens}"] = times
             if times["gemv"] > times["grouped"]:
                 break
@@ -284,17 +406,22 @@ def tune_moe(timer: Timer, plan: Plan, record: dict) -> dict:
     return {"small_pairs": small_pairs, "gemv": gemv_tiles[best], "grouped": grouped}
 
 
-SECTIONS = {"decode_attention": tune_decode, "prefill_attention": tune_prefill, "gemv": tune_gemv, "moe": tune_moe}
+SECTIONS = {
+    "decode_attention": tune_decode,
+    "prefill_attention": tune_prefill,
+    "gemv": tune_gemv,
+    "moe": tune_moe,
+}
 NOTES = {
     "method": "each choice is the fastest candidate (GPU time of CUDA-graph replays, summed over the shapes) "
-              "of python -m nanovllm_final.tune's lists; measured_ms has every time",
+    "of python -m nanovllm_final.tune's lists; measured_ms has every time",
     "decode_attention": "the decode kernel as the engine calls it (new K/V stored, q/k norms and RoPE applied) on "
-                        "batches of 256, 64 and 16 sequences; programs_per_sm: the split-K rule's target, timed on "
-                        "batches of 1, 3 and 6 programs per SM",
+    "batches of 256, 64 and 16 sequences; programs_per_sm: the split-K rule's target, timed on "
+    "batches of 1, 3 and 6 programs per SM",
     "decode_splits": "not timed: 2 waves of programs_per_sm programs on every SM, at most 32 splits",
     "gemv.rows": "the most rows (counting up) at which the matrix-vector kernels took no longer than cuBLAS",
     "moe.small_pairs": "the most (token, expert) pairs (counting up) at which the matrix-vector path beat the "
-                       "grouped one",
+    "grouped one",
 }
 
 
@@ -305,7 +432,9 @@ def candidates(plan: Plan) -> dict[str, int]:
         "decode_attention": shapes * (len(plan.decode_tiles) + len(plan.programs_per_sm)),
         "prefill_attention": len(plan.decode_shapes["bf16"]) * len(plan.prefill_tiles),
         "gemv": len(plan.gemv_shapes) * len(plan.gemv_tiles) + 2 * len(plan.gemv_rows),
-        "moe": len(plan.moe_sizes) * len(plan.moe_tiles) + len(plan.moe_gemv_tiles) + 2 * len(plan.moe_small_tokens),
+        "moe": len(plan.moe_sizes) * len(plan.moe_tiles)
+        + len(plan.moe_gemv_tiles)
+        + 2 * len(plan.moe_small_tokens),
     }
 
 
@@ -318,21 +447,37 @@ def tune(device: torch.device, plan: Plan, only: list[str] | None = None) -> dic
     dev = tuning.describe(device)
     present = tuning.choose(dev)
     measured: dict = {}
-    config = {"device": dev.name, **{name: present.config[name] for name in SECTIONS if only and name not in only}}
+    config = {
+        "device": dev.name,
+        **{name: present.config[name] for name in SECTIONS if only and name not in only},
+    }
     timed = [name for name in SECTIONS if name not in config]
-    with tqdm(total=sum(candidates(plan)[name] for name in timed), desc=f"tuning {dev.name}", unit="timing") as bar:
+    with tqdm(
+        total=sum(candidates(plan)[name] for name in timed),
+        desc=f"tuning {dev.name}",
+        unit="timing",
+    ) as bar:
         timer = Timer(device, plan.reps, bar)
         for name in timed:
             bar.set_postfix_str(name)
             config[name] = SECTIONS[name](timer, plan, measured)
-        bar.update(bar.total - bar.n)  # the counts that stopped early (gemv rows, small pairs) were not timed
+        bar.update(
+            bar.total - bar.n
+        )  # the counts that stopped early (gemv rows, small pairs) were not timed
     config["decode_splits"] = {"waves": 2, "max_splits": 32}
     kept = [name for name in SECTIONS if name not in timed]
-    notes = {**NOTES, "kept": f"{', '.join(kept)}: not timed, as they were ({present.source})"} if kept else NOTES
+    notes = (
+        {**NOTES, "kept": f"{', '.join(kept)}: not timed, as they were ({present.source})"}
+        if kept
+        else NOTES
+    )
     config["record"] = {
-        "made_by": "python -m nanovllm_final.tune" + (f" --reps {plan.reps}" if plan.reps != Plan.reps else ""),
+        "made_by": "python -m nanovllm_final.tune"
+        + (f" --reps {plan.reps}" if plan.reps != Plan.reps else ""),
         "device": str(dev),
-        "torch": torch.__version__, "triton": _triton_version(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "notes": notes,
         "measured_ms": measured,
     }
@@ -347,33 +492,59 @@ def _triton_version() -> str:
 
 def add_parser(commands) -> None:
     """`nanovllm tune`: this module's command line as a subcommand."""
-    parser = commands.add_parser("tune", help="time the kernels' tile choices on this GPU and write its config file",
-                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = commands.add_parser(
+        "tune",
+        help="time the kernels' tile choices on this GPU and write its config file",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, help="where to write the file (default: kernels/configs/<GPU>.json)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="tiny shapes and two candidates each, on the CPU under Triton's interpreter (a test)")
+    parser.add_argument(
+        "--out", type=Path, help="where to write the file (default: kernels/configs/<GPU>.json)"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="tiny shapes and two candidates each, on the CPU under Triton's interpreter (a test)",
+    )
     parser.add_argument("--reps", type=int, help="timed replays per candidate (default 10)")
-    parser.add_argument("--only", nargs="+", choices=tuple(SECTIONS),
-                        help="time these kernels only; the others keep this GPU's present choices")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=tuple(SECTIONS),
+        help="time these kernels only; the others keep this GPU's present choices",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
     if args.dry_run:
         if args.out is None:
             raise SystemExit("error: --dry-run needs --out (a dry run's file describes no GPU)")
-        if os.environ.get("TRITON_INTERPRET") != "1":  # read as triton is imported: run again with it set
-            argv = [sys.executable, "-m", "nanovllm_final.tune", "--dry-run", "--out", str(args.out)]
+        if (
+            os.environ.get("TRITON_INTERPRET") != "1"
+        ):  # read as triton is imported: run again with it set
+            argv = [
+                sys.executable,
+                "-m",
+                "nanovllm_final.tune",
+                "--dry-run",
+                "--out",
+                str(args.out),
+            ]
             env = {**os.environ, "TRITON_INTERPRET": "1"}
-            argv += (["--reps", str(args.reps)] if args.reps else []) + (["--only", *args.only] if args.only else [])
+            argv += (["--reps", str(args.reps)] if args.reps else []) + (
+                ["--only", *args.only] if args.only else []
+            )
             raise SystemExit(subprocess.run(argv, env=env).returncode)
         device, plan = torch.device("cpu"), DRY_PLAN
     elif not torch.cuda.is_available():
-        raise SystemExit("error: tuning times kernels on a CUDA GPU (--dry-run runs tiny shapes on the CPU)")
+        raise SystemExit(
+            "error: tuning times kernels on a CUDA GPU (--dry-run runs tiny shapes on the CPU)"
+        )
     else:
         device, plan = torch.device("cuda", torch.cuda.current_device()), Plan()
     if args.reps:
@@ -386,8 +557,11 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m nanovllm_final.tune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m nanovllm_final.tune",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     run(parser.parse_args())
 

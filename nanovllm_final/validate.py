@@ -43,7 +43,12 @@ def show(value) -> str:
 
 
 def _bound(value) -> str:
-    return _NAMES.get(value, f"{value:g}".replace("e+0", "e").replace("e-0", "e-") if isinstance(value, float) else str(value))
+    return _NAMES.get(
+        value,
+        f"{value:g}".replace("e+0", "e").replace("e-0", "e-")
+        if isinstance(value, float)
+        else str(value),
+    )
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,9 @@ class Spec:
     items: type | None = None
     choices: tuple = ()
     pattern: str | None = None  # a str must match it whole
-    convert: Callable[[Any], Any] | None = None  # normalizes a value before the check (ValueError: refused)
+    convert: Callable[[Any], Any] | None = (
+        None  # normalizes a value before the check (ValueError: refused)
+    )
     rule: str = ""  # says what the value must be, instead of the generated text
 
     def _in_range(self, value) -> bool:
@@ -75,8 +82,12 @@ class Spec:
         if kind is bool:
             return isinstance(value, bool)
         if kind is str:
-            return (isinstance(value, str) and bool(value) and (not self.choices or value in self.choices)
-                    and (self.pattern is None or re.fullmatch(self.pattern, value) is not None))
+            return (
+                isinstance(value, str)
+                and bool(value)
+                and (not self.choices or value in self.choices)
+                and (self.pattern is None or re.fullmatch(self.pattern, value) is not None)
+            )
         return True
 
     def accepts(self, value) -> bool:
@@ -98,11 +109,15 @@ class Spec:
         elif self.choices:
             text = "one of " + ", ".join(map(repr, self.choices))
         else:
-            text = f"a list of {noun}s" if list_of else ("an " if noun[0] in "aeiou" else "a ") + noun
+            text = (
+                f"a list of {noun}s" if list_of else ("an " if noun[0] in "aeiou" else "a ") + noun
+            )
             if kind is int and not list_of and self.low == 1 and self.high is not None:
                 text = f"a positive integer (at most {_bound(self.high)})"
             elif self.low is not None and self.high is not None:
-                text += f" in {'(' if self.low_open else '['}{_bound(self.low)}, {_bound(self.high)}]"
+                text += (
+                    f" in {'(' if self.low_open else '['}{_bound(self.low)}, {_bound(self.high)}]"
+                )
             elif self.low is not None:
                 text += f" {'>' if self.low_open else '>='} {_bound(self.low)}"
         return text + (" or None" if self.optional else "")
@@ -114,7 +129,9 @@ class Spec:
             try:
                 value = self.convert(value)
             except ValueError as err:
-                if isinstance(err, Problem) and (err.param or "").startswith(name):  # names a part of the value already
+                if isinstance(err, Problem) and (err.param or "").startswith(
+                    name
+                ):  # names a part of the value already
                     raise err from None
                 raise Problem(f"{name}: {err}", name) from None
         if not self.accepts(value):
@@ -156,4 +173,8 @@ class Option:
 
 def options(cls: type) -> list[Option]:
     """The options of a Checked dataclass (SamplingParams, EngineConfig) with their help and type."""
-    return [Option(f.name, f.metadata["help"], f.default, f.type, f.metadata["spec"]) for f in fields(cls) if "spec" in f.metadata]
+    return [
+        Option(f.name, f.metadata["help"], f.default, f.type, f.metadata["spec"])
+        for f in fields(cls)
+        if "spec" in f.metadata
+    ]

@@ -62,8 +62,14 @@ def nanovllm(
     then its ids, then every max_tokens) from random.Random(seed), so with the defaults and
     a vocabulary above 10000 this is exactly nano-vllm's workload. Token ids are capped at
     vocab_size - 1; the minimum lengths shrink when the maxima are set below them."""
-    _check(vocab_size, num_seqs=num_seqs, max_input_len=max_input_len, max_output_len=max_output_len,
-           min_input_len=min_input_len, min_output_len=min_output_len)
+    _check(
+        vocab_size,
+        num_seqs=num_seqs,
+        max_input_len=max_input_len,
+        max_output_len=max_output_len,
+        min_input_len=min_input_len,
+        min_output_len=min_output_len,
+    )
     rng = random.Random(seed)
     high = min(max_token_id, vocab_size - 1)
     min_in, min_out = min(min_input_len, max_input_len), min(min_output_len, max_output_len)
@@ -85,9 +91,17 @@ def tiny_cpu(
 ) -> Workload:
     """A small mixed batch for the tiny models on CPU (vocab 512): nano-vllm's draws with
     shorter lengths, over the whole vocabulary."""
-    return nanovllm(vocab_size, num_seqs=num_seqs, max_input_len=max_input_len, max_output_len=max_output_len,
-                    min_input_len=min_input_len, min_output_len=min_output_len, max_token_id=vocab_size - 1,
-                    temperature=temperature, seed=seed)
+    return nanovllm(
+        vocab_size,
+        num_seqs=num_seqs,
+        max_input_len=max_input_len,
+        max_output_len=max_output_len,
+        min_input_len=min_input_len,
+        min_output_len=min_output_len,
+        max_token_id=vocab_size - 1,
+        temperature=temperature,
+        seed=seed,
+    )
 
 
 def shared_prefix(
@@ -104,12 +118,20 @@ def shared_prefix(
     """One shared prefix (a "system prompt") of prefix_len tokens, then 4..16 tokens unique
     to each prompt; every request generates exactly max_output_len tokens. With prefix
     caching the prefix's full KV blocks are computed once instead of num_seqs times."""
-    _check(vocab_size, num_seqs=num_seqs, prefix_len=prefix_len, max_suffix_len=max_suffix_len,
-           max_output_len=max_output_len)
+    _check(
+        vocab_size,
+        num_seqs=num_seqs,
+        prefix_len=prefix_len,
+        max_suffix_len=max_suffix_len,
+        max_output_len=max_output_len,
+    )
     rng = random.Random(seed)
     prefix = _ids(rng, prefix_len, vocab_size - 1)
     min_suffix = min(min_suffix_len, max_suffix_len)
-    prompts = [prefix + _ids(rng, rng.randint(min_suffix, max_suffix_len), vocab_size - 1) for _ in range(num_seqs)]
+    prompts = [
+        prefix + _ids(rng, rng.randint(min_suffix, max_suffix_len), vocab_size - 1)
+        for _ in range(num_seqs)
+    ]
     params = [_sampling(max_output_len, temperature) for _ in range(num_seqs)]
     return prompts, params
 
@@ -132,15 +154,24 @@ def long_prompts(
     prompt is one huge step that stalls every running decode; with it, the prompt is split
     across steps (set the engine option max_num_batched_tokens below max_input_len to see it).
     The defaults fit the engines' default max_model_len (4096)."""
-    _check(vocab_size, num_seqs=num_seqs, max_input_len=max_input_len, max_output_len=max_output_len,
-           min_short_len=min_short_len, min_output_len=min_output_len)
+    _check(
+        vocab_size,
+        num_seqs=num_seqs,
+        max_input_len=max_input_len,
+        max_output_len=max_output_len,
+        min_short_len=min_short_len,
+        min_output_len=min_output_len,
+    )
     if not 0 <= num_long <= num_seqs:
         raise ValueError(f"num_long must be in [0, num_seqs={num_seqs}], got {num_long}")
     rng = random.Random(seed)
     long_at = {i * num_seqs // num_long for i in range(num_long)} if num_long else set()
     max_short = min(max_short_len, max_input_len)
     min_short, min_out = min(min_short_len, max_short), min(min_output_len, max_output_len)
-    lengths = [max_input_len if i in long_at else rng.randint(min_short, max_short) for i in range(num_seqs)]
+    lengths = [
+        max_input_len if i in long_at else rng.randint(min_short, max_short)
+        for i in range(num_seqs)
+    ]
     prompts = [_ids(rng, n, vocab_size - 1) for n in lengths]
     params = [_sampling(rng.randint(min_out, max_output_len), temperature) for _ in range(num_seqs)]
     return prompts, params
@@ -171,7 +202,9 @@ def resolve_params(name: str, **overrides) -> dict:
     known = parameters(name)
     unknown = sorted(set(overrides) - set(known))
     if unknown:
-        raise ValueError(f"workload {name!r} has no parameter(s) {unknown}; its parameters are: {', '.join(known)}")
+        raise ValueError(
+            f"workload {name!r} has no parameter(s) {unknown}; its parameters are: {', '.join(known)}"
+        )
     return known | overrides
 
 

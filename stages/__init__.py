@@ -23,7 +23,11 @@ FINAL_PACKAGE = "nanovllm_final"
 
 def names() -> list[str]:
     """All stage folder names in ladder order, e.g. ['01_naive', '02_kvcache', ...]."""
-    return sorted(p.name for p in _HERE.iterdir() if p.is_dir() and p.name[:2].isdigit() and (p / "__init__.py").exists())
+    return sorted(
+        p.name
+        for p in _HERE.iterdir()
+        if p.is_dir() and p.name[:2].isdigit() and (p / "__init__.py").exists()
+    )
 
 
 def resolve(name: str | int | pathlib.Path, choices: list[str]) -> str:
@@ -33,7 +37,9 @@ def resolve(name: str | int | pathlib.Path, choices: list[str]) -> str:
     ending in the folder, and "final" or "nanovllm_final". Raises ValueError otherwise."""
     if isinstance(name, bool) or not isinstance(name, (str, int, pathlib.PurePath)):
         raise ValueError(f"a stage is named by a string or a number, got {name!r}")
-    key = str(name).strip().replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]  # a path: its last folder
+    key = (
+        str(name).strip().replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    )  # a path: its last folder
     key = key.removeprefix("stages.")
     key = FINAL if key == FINAL_PACKAGE else key
 

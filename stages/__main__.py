@@ -13,7 +13,10 @@ import stages
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"{__doc__.strip()}\n\nstages: {', '.join(stages.names())}, {stages.FINAL}", file=sys.stdout if argv else sys.stderr)
+        print(
+            f"{__doc__.strip()}\n\nstages: {', '.join(stages.names())}, {stages.FINAL}",
+            file=sys.stdout if argv else sys.stderr,
+        )
         raise SystemExit(0 if argv else 2)
     try:
         stage = stages.load(argv[0])

@@ -28,9 +28,13 @@ def level(name: str) -> int:
 # name -> factory arguments; each covers a different corner of the two architectures
 TINY_MODELS = {
     "qwen3": dict(arch="qwen3"),  # tied head, GQA, explicit head_dim
-    "qwen3-untied-mha": dict(arch="qwen3", tie_word_embeddings=False, num_key_value_heads=4, attention_bias=True, seed=1),
+    "qwen3-untied-mha": dict(
+        arch="qwen3", tie_word_embeddings=False, num_key_value_heads=4, attention_bias=True, seed=1
+    ),
     "llama": dict(arch="llama", tie_word_embeddings=False, seed=2),  # untied, GQA
-    "llama3-rope": dict(arch="llama", rope_scaling="llama3", derive_head_dim=True, config_layout="hf5", seed=3),
+    "llama3-rope": dict(
+        arch="llama", rope_scaling="llama3", derive_head_dim=True, config_layout="hf5", seed=3
+    ),
 }
 
 
@@ -51,7 +55,9 @@ def generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens: int = 24
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert len(outs) == len(prompts)
     for i, (prompt, out) in enumerate(zip(prompts, outs)):
-        assert out["token_ids"] == hf_greedy(path, tuple(prompt), max_tokens), f"prompt {i} ({len(prompt)} tokens)"
+        assert out["token_ids"] == hf_greedy(path, tuple(prompt), max_tokens), (
+            f"prompt {i} ({len(prompt)} tokens)"
+        )
 
 
 def total(llm, key: str) -> int:
@@ -67,7 +73,9 @@ def check_preemption(engine: str, path, hf_greedy, seed: int) -> None:
     """A KV budget of 12 blocks of 4 tokens cannot hold six growing sequences at once."""
     st = load_engine(engine)
     prompts = random_prompts([10, 12, 8, 14, 9, 11], seed=seed)
-    with st.LLM(path, device="cpu", max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=12) as llm:
+    with st.LLM(
+        path, device="cpu", max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=12
+    ) as llm:
         generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=30)
         if level(engine) >= 3:
             assert total(llm, "preemptions") > 0
@@ -77,7 +85,9 @@ def check_chunked_prefill(engine: str, path, hf_greedy, seed: int) -> None:
     """A budget of 16 tokens a step splits the 40-token prompts."""
     st = load_engine(engine)
     prompts = random_prompts([40, 3, 37, 21], seed=seed)
-    with st.LLM(path, device="cpu", max_model_len=128, max_num_batched_tokens=16, kvcache_block_size=4) as llm:
+    with st.LLM(
+        path, device="cpu", max_model_len=128, max_num_batched_tokens=16, kvcache_block_size=4
+    ) as llm:
         generate_and_compare(st, llm, path, prompts, hf_greedy)
         if level(engine) >= 5:
             assert total(llm, "chunked_prefills") > 0

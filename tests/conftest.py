@@ -21,15 +21,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import functools  # noqa: E402
-import logging  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
+from common import TINY_MODELS  # noqa: E402
 from filelock import FileLock  # noqa: E402
 
-from common import TINY_MODELS  # noqa: E402
 from tools.tiny_model import build_if_missing  # noqa: E402
 
 
@@ -85,13 +85,20 @@ def hf_greedy(tmp_path_factory):
             models[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            out = models[path].generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+            out = models[path].generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+            )
         return out[0, len(prompt) :].tolist()
 
     @functools.cache
     def run(path: pathlib.Path, prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
         path = pathlib.Path(path)
-        key = json.dumps([fingerprint(path), transformers.__version__, list(prompt), max_new_tokens])
+        key = json.dumps(
+            [fingerprint(path), transformers.__version__, list(prompt), max_new_tokens]
+        )
         file = cache / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
         with FileLock(f"{file}.lock"):  # a worker asking for the same reference waits for it
             if not file.exists():

@@ -17,7 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAX_MODEL_LEN = 1024
-ENGINE_ARGS = ["--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN), "--num-kvcache-blocks", "2048"]
+ENGINE_ARGS = [
+    "--device",
+    "cpu",
+    "--max-model-len",
+    str(MAX_MODEL_LEN),
+    "--num-kvcache-blocks",
+    "2048",
+]
 WORDS = "lighthouse harbour bread flour water salt engine numbers music market apples onions basket token cache memory".split()
 START_TIMEOUT_S = 180
 NAME = "tiny-qwen3"
@@ -25,20 +32,44 @@ NAME = "tiny-qwen3"
 
 # ---- a server process ----
 
+
 class ServerProcess:
-    def __init__(self, model: pathlib.Path, log_path: pathlib.Path, *extra: str, entry: tuple[str, ...] = ("-m", "nanovllm_final.server")):
+    def __init__(
+        self,
+        model: pathlib.Path,
+        log_path: pathlib.Path,
+        *extra: str,
+        entry: tuple[str, ...] = ("-m", "nanovllm_final.server"),
+    ):
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "wb")
-        args = [sys.executable, *entry, str(model), "--port", str(self.port),
-                "--served-model-name", NAME, "--shutdown-timeout", "1", *ENGINE_ARGS, *extra]
+        args = [
+            sys.executable,
+            *entry,
+            str(model),
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            NAME,
+            "--shutdown-timeout",
+            "1",
+            *ENGINE_ARGS,
+            *extra,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            assert self.proc.poll() is None, f"the server exited with {self.proc.returncode}:\n{self.output()}"
-            assert time.monotonic() < deadline, f"the server did not start in {START_TIMEOUT_S} s:\n{self.output()}"
+            assert self.proc.poll() is None, (
+                f"the server exited with {self.proc.returncode}:\n{self.output()}"
+            )
+            assert time.monotonic() < deadline, (
+                f"the server did not start in {START_TIMEOUT_S} s:\n{self.output()}"
+            )
             try:
                 if get(self.base + "/health", timeout=1)[0] == 200:
                     break
@@ -69,8 +100,11 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
-            if m["nanovllm_server_requests_in_flight"] == 0 and m["nanovllm_num_requests_running"] == 0 \
-                    and m["nanovllm_kv_cache_blocks_used"] == baseline_blocks:
+            if (
+                m["nanovllm_server_requests_in_flight"] == 0
+                and m["nanovllm_num_requests_running"] == 0
+                and m["nanovllm_kv_cache_blocks_used"] == baseline_blocks
+            ):
                 return m
             assert time.monotonic() < deadline, f"the server did not go idle in {timeout} s: {m}"
             time.sleep(0.05)
@@ -83,7 +117,9 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-                raise AssertionError(f"the server did not stop within {timeout} s of {signal.Signals(sig).name}:\n{self.output()}")
+                raise AssertionError(
+                    f"the server did not stop within {timeout} s of {signal.Signals(sig).name}:\n{self.output()}"
+                )
         self.log.close()
         return self.proc.returncode
 
@@ -116,7 +152,9 @@ class RawRequest:
     """A completion request over a bare socket, so that the test can hang up mid-request
     (`rcvbuf`: a small receive buffer, for a client that stops reading)."""
 
-    def __init__(self, port: int, body: dict, path: str = "/v1/completions", rcvbuf: int | None = None):
+    def __init__(
+        self, port: int, body: dict, path: str = "/v1/completions", rcvbuf: int | None = None
+    ):
         self.sock = socket.socket()
         if rcvbuf:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -130,8 +168,12 @@ class RawRequest:
     def read_all(self, timeout: float = 30.0) -> bytes:
         """Everything until the server closes the connection or ends the stream."""
         deadline = time.monotonic() + timeout
-        while not (b"data: [DONE]\n\n" in self.received and self.received.endswith(b"\r\n0\r\n\r\n")):  # the last chunk
-            assert time.monotonic() < deadline, f"the stream did not end within {timeout} s: {self.received[-500:]!r}"
+        while not (
+            b"data: [DONE]\n\n" in self.received and self.received.endswith(b"\r\n0\r\n\r\n")
+        ):  # the last chunk
+            assert time.monotonic() < deadline, (
+                f"the stream did not end within {timeout} s: {self.received[-500:]!r}"
+            )
             chunk = self.sock.recv(65536)
             if not chunk:
                 break
@@ -140,13 +182,18 @@ class RawRequest:
 
     def events(self) -> list[dict]:
         """The data events received so far, parsed as strict JSON (no NaN)."""
-        return [json.loads(line[len(b"data: "):], parse_constant=_no_constant) for line in self.received.split(b"\n")
-                if line.startswith(b"data: {")]
+        return [
+            json.loads(line[len(b"data: ") :], parse_constant=_no_constant)
+            for line in self.received.split(b"\n")
+            if line.startswith(b"data: {")
+        ]
 
     def read_until(self, count: int, marker: bytes = b"data: {", timeout: float = 30.0) -> bytes:
         deadline = time.monotonic() + timeout
         while self.received.count(marker) < count:
-            assert time.monotonic() < deadline, f"no {count} x {marker!r} within {timeout} s: {self.received[-500:]!r}"
+            assert time.monotonic() < deadline, (
+                f"no {count} x {marker!r} within {timeout} s: {self.received[-500:]!r}"
+            )
             chunk = self.sock.recv(65536)
             assert chunk, f"the server closed the stream: {self.received[-500:]!r}"
             self.received += chunk
@@ -166,8 +213,11 @@ async def stream_text(port: int, body: dict, timeout: float = 60.0) -> tuple[str
 
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     data = json.dumps({"stream": True, **body}).encode()
-    writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+    writer.write(
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+        + data
+    )
     raw = await asyncio.wait_for(reader.read(-1), timeout)
     writer.close()
     head, _, rest = raw.partition(b"\r\n\r\n")
@@ -175,7 +225,7 @@ async def stream_text(port: int, body: dict, timeout: float = 60.0) -> tuple[str
     text, usage = "", None
     for line in rest.split(b"\n"):  # chunked framing lines interleave; data lines are whole
         if line.startswith(b"data: {"):
-            event = json.loads(line[len(b"data: "):])
+            event = json.loads(line[len(b"data: ") :])
             assert "error" not in event, event
             text += "".join(c["text"] for c in event["choices"])
             usage = event.get("usage") or usage
@@ -189,7 +239,9 @@ def children(pid: int) -> set[int]:
     for entry in pathlib.Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid and alive(int(entry.name)):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid and alive(
+                    int(entry.name)
+                ):
                     found.add(int(entry.name))
             except (OSError, ValueError, IndexError):
                 pass
@@ -231,6 +283,7 @@ def alive(pid: int) -> bool:
 
 
 def prompts(count: int, seed: int) -> list[str]:
-    return [" ".join(WORDS[(seed + i * 7 + j * 3) % len(WORDS)] for j in range(3 + i % 5)) for i in range(count)]
-
-
+    return [
+        " ".join(WORDS[(seed + i * 7 + j * 3) % len(WORDS)] for j in range(3 + i % 5))
+        for i in range(count)
+    ]

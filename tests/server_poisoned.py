@@ -5,7 +5,9 @@ multiprocessing spawns and which imports this main module again, gets the fault 
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # this checkout's nanovllm_final
+sys.path.insert(
+    0, str(pathlib.Path(__file__).resolve().parents[1])
+)  # this checkout's nanovllm_final
 
 from nanovllm_final.engine import llm_engine  # noqa: E402
 

@@ -4,7 +4,6 @@ import json
 import shutil
 
 import pytest
-
 from common import ENGINES, load_engine, random_prompts, stage_view
 
 
@@ -30,9 +29,13 @@ def test_outputs_in_prompt_order_with_text(st, llm):
     prompts = ["hello world", "the cat", "a"]
     outs = llm.generate(prompts, st.SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)
     for out in outs:  # the final engine's results add keys (finish_reason, metrics, ...)
-        assert sorted(out) == ["text", "token_ids"] or (st.__name__ == "nanovllm_final" and {"text", "token_ids"} < set(out))
+        assert sorted(out) == ["text", "token_ids"] or (
+            st.__name__ == "nanovllm_final" and {"text", "token_ids"} < set(out)
+        )
     for prompt, out in zip(prompts, outs):
-        single = llm.generate([prompt], st.SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)
+        single = llm.generate(
+            [prompt], st.SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False
+        )
         assert stage_view([out]) == stage_view(single)
         assert out["text"] == llm.tokenizer.decode(out["token_ids"], skip_special_tokens=True)
 
@@ -46,7 +49,9 @@ def test_string_and_token_prompts_agree(st, llm):
 
 def test_max_tokens_and_ignore_eos(st, llm):
     prompts = random_prompts([4, 6], seed=1)
-    outs = llm.generate(prompts, st.SamplingParams(temperature=0.7, max_tokens=9, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(
+        prompts, st.SamplingParams(temperature=0.7, max_tokens=9, ignore_eos=True), use_tqdm=False
+    )
     assert [len(o["token_ids"]) for o in outs] == [9, 9]
 
 
@@ -54,7 +59,11 @@ def test_stops_at_eos(st, llm):
     """With EOS allowed, a completion ends at its first EOS id or at max_tokens."""
     eos = set(llm.model_config.eos_token_ids)
     assert len(eos) == 2  # config and generation_config name different ids; both count
-    outs = llm.generate(random_prompts([3] * 12, seed=2), st.SamplingParams(temperature=1.0, max_tokens=40), use_tqdm=False)
+    outs = llm.generate(
+        random_prompts([3] * 12, seed=2),
+        st.SamplingParams(temperature=1.0, max_tokens=40),
+        use_tqdm=False,
+    )
     for out in outs:
         ids = out["token_ids"]
         hits = [i for i, t in enumerate(ids) if t in eos]
@@ -70,7 +79,11 @@ def test_per_prompt_sampling_params(st, llm):
 def test_stats_mark_prefill_steps(st, llm):
     """From 02 on, a step that feeds whole prompts is a prefill; the steps after it decode."""
     before = len(llm.stats)
-    llm.generate(random_prompts([5, 3], seed=5), st.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    llm.generate(
+        random_prompts([5, 3], seed=5),
+        st.SamplingParams(max_tokens=4, ignore_eos=True),
+        use_tqdm=False,
+    )
     steps = llm.stats[before:]
     if st.__name__.endswith("01_naive"):  # no cache: every step feeds every token
         assert all("is_prefill" not in step for step in steps)
@@ -84,7 +97,9 @@ def test_empty_generate(st, llm):
 
 def test_generation_stops_at_max_model_len(st, llm):
     prompt = random_prompts([60], seed=4)[0]
-    out = llm.generate([prompt], st.SamplingParams(max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate([prompt], st.SamplingParams(max_tokens=50, ignore_eos=True), use_tqdm=False)[
+        0
+    ]
     assert len(prompt) + len(out["token_ids"]) == 64
 
 
@@ -107,10 +122,16 @@ def test_bad_prompts(st, llm, prompts, params, message):
     with pytest.raises(ValueError, match=message):
         llm.generate(prompts, params, use_tqdm=False)
     engine = llm.engine  # nothing was queued by a rejected call
-    assert not engine.has_unfinished_requests() if st.__name__ == "nanovllm_final" else engine.is_finished()
+    assert (
+        not engine.has_unfinished_requests()
+        if st.__name__ == "nanovllm_final"
+        else engine.is_finished()
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [(dict(temperature=-0.1), "temperature"), (dict(max_tokens=0), "max_tokens")])
+@pytest.mark.parametrize(
+    "kwargs, message", [(dict(temperature=-0.1), "temperature"), (dict(max_tokens=0), "max_tokens")]
+)
 def test_bad_sampling_params(st, kwargs, message):
     with pytest.raises(ValueError, match=message):
         st.SamplingParams(**kwargs)
@@ -121,7 +142,14 @@ def test_missing_model_dir(st, tmp_path):
         st.LLM(tmp_path / "nope", device="cpu")
 
 
-@pytest.mark.parametrize("remove, message", [("config.json", "config.json"), ("model.safetensors", "safetensors"), ("tokenizer.json", "tokenizer")])
+@pytest.mark.parametrize(
+    "remove, message",
+    [
+        ("config.json", "config.json"),
+        ("model.safetensors", "safetensors"),
+        ("tokenizer.json", "tokenizer"),
+    ],
+)
 def test_incomplete_model_dir(st, model_dir, tmp_path, remove, message):
     path = tmp_path / "m"
     shutil.copytree(model_dir("qwen3"), path)
@@ -181,7 +209,19 @@ def test_command_line(st, model_dir, capsys):
     import importlib
 
     main = importlib.import_module(st.__name__ + ".__main__").main
-    main(["--model", str(model_dir("qwen3")), "--prompt", "hello", "--max-tokens", "4", "--device", "cpu", "--chat"])
+    main(
+        [
+            "--model",
+            str(model_dir("qwen3")),
+            "--prompt",
+            "hello",
+            "--max-tokens",
+            "4",
+            "--device",
+            "cpu",
+            "--chat",
+        ]
+    )
     assert capsys.readouterr().out.startswith("### hello\n")
     with pytest.raises(SystemExit) as exit_info:
         main(["--model", "/no/such/dir", "--prompt", "hi"])

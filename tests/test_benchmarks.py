@@ -7,10 +7,10 @@ import sys
 
 import pytest
 import torch
+from common import ROOT
 
 from benchmarks import run, workloads
 from benchmarks.results import load_results, plot_throughput, table
-from common import ROOT
 from tools.tiny_model import make_model
 
 VOCAB = 512
@@ -31,6 +31,7 @@ def one_thread():
 
 
 # ---- workloads ----
+
 
 @pytest.mark.parametrize("name", list(workloads.WORKLOADS))
 def test_workloads_are_deterministic_by_seed(name):
@@ -104,21 +105,53 @@ def test_unknown_workload_parameter_is_a_clear_error():
 # ---- runner ----
 
 EXPECTED_KEYS = {
-    "engine", "stage", "device", "device_name", "model", "dtype", "workload", "num_seqs",
-    "input_tokens", "output_tokens", "seconds", "output_tokens_per_s", "total_tokens_per_s",
-    "engine_options", "peak_memory", "versions", "timestamp", "git_commit", "stats",
+    "engine",
+    "stage",
+    "device",
+    "device_name",
+    "model",
+    "dtype",
+    "workload",
+    "num_seqs",
+    "input_tokens",
+    "output_tokens",
+    "seconds",
+    "output_tokens_per_s",
+    "total_tokens_per_s",
+    "engine_options",
+    "peak_memory",
+    "versions",
+    "timestamp",
+    "git_commit",
+    "stats",
 }
 
 
 def test_runner_writes_a_record(tiny_model, tmp_path, capsys, one_thread):
     out = tmp_path / "results" / "tiny.json"
-    argv = ["--engine", "02_kvcache", "--workload", "tiny-cpu", "--model", str(tiny_model),
-            "--num-seqs", "6", "--device", "cpu", "--option", "max_num_seqs=8", "--out", str(out)]
+    argv = [
+        "--engine",
+        "02_kvcache",
+        "--workload",
+        "tiny-cpu",
+        "--model",
+        str(tiny_model),
+        "--num-seqs",
+        "6",
+        "--device",
+        "cpu",
+        "--option",
+        "max_num_seqs=8",
+        "--out",
+        str(out),
+    ]
     assert run.main(argv) == 0
     record = json.loads(out.read_text())
     assert EXPECTED_KEYS <= set(record)
     assert record["engine"] == "02_kvcache" and record["stage"] == 2 and record["device"] == "cpu"
-    assert record["workload"]["name"] == "tiny-cpu" and record["workload"]["params"]["num_seqs"] == 6
+    assert (
+        record["workload"]["name"] == "tiny-cpu" and record["workload"]["params"]["num_seqs"] == 6
+    )
     assert record["num_seqs"] == 6 and record["input_tokens"] > 0
     assert record["output_tokens"] == record["requested_output_tokens"]  # ignore_eos
     assert record["seconds"] > 0 and record["output_tokens_per_s"] > 0
@@ -137,9 +170,26 @@ def test_runner_writes_a_record(tiny_model, tmp_path, capsys, one_thread):
 
 def test_runner_runs_several_engines_into_a_list(tiny_model, tmp_path, one_thread):
     out = tmp_path / "two.json"
-    argv = ["--engine", "01_naive", "--engine", "2", "--workload", "shared-prefix", "--model", str(tiny_model),
-            "--num-seqs", "3", "--param", "prefix_len=16", "--param", "max_output_len=8", "--device", "cpu",
-            "--out", str(out)]
+    argv = [
+        "--engine",
+        "01_naive",
+        "--engine",
+        "2",
+        "--workload",
+        "shared-prefix",
+        "--model",
+        str(tiny_model),
+        "--num-seqs",
+        "3",
+        "--param",
+        "prefix_len=16",
+        "--param",
+        "max_output_len=8",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     assert run.main(argv) == 0
     records = json.loads(out.read_text())
     assert [r["engine"] for r in records] == ["01_naive", "02_kvcache"]
@@ -150,8 +200,20 @@ def test_runner_runs_several_engines_into_a_list(tiny_model, tmp_path, one_threa
 def test_runner_usage_errors_exit_2(tiny_model, capsys):
     cases = {
         "unknown engine 'nope'": ["--engine", "nope", "--workload", "tiny-cpu"],
-        "has no parameter": ["--engine", "02_kvcache", "--workload", "shared-prefix", "--max-input-len", "9"],
-        "max_model_len": ["--engine", "02_kvcache", "--workload", "nanovllm"],  # 2048 > the tiny model's 1024
+        "has no parameter": [
+            "--engine",
+            "02_kvcache",
+            "--workload",
+            "shared-prefix",
+            "--max-input-len",
+            "9",
+        ],
+        "max_model_len": [
+            "--engine",
+            "02_kvcache",
+            "--workload",
+            "nanovllm",
+        ],  # 2048 > the tiny model's 1024
     }
     for message, argv in cases.items():
         with pytest.raises(SystemExit) as exit_info:
@@ -163,8 +225,22 @@ def test_runner_usage_errors_exit_2(tiny_model, capsys):
 def test_unknown_engine_from_the_command_line(tiny_model):
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--engine", "99_nope", "--workload", "tiny-cpu", "--model", str(tiny_model)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.run",
+            "--engine",
+            "99_nope",
+            "--workload",
+            "tiny-cpu",
+            "--model",
+            str(tiny_model),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 2
     assert "unknown engine '99_nope'" in done.stderr and "02_kvcache" in done.stderr
@@ -174,13 +250,21 @@ def test_plot_throughput(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    base = {"workload": {"name": "tiny-cpu"}, "device_name": "cpu", "model": {"shape": "tiny-qwen3"}}
-    records = [base | {"engine": "01_naive", "output_tokens_per_s": 100.0},
-               base | {"engine": "02_kvcache", "output_tokens_per_s": 300.0}]
+    base = {
+        "workload": {"name": "tiny-cpu"},
+        "device_name": "cpu",
+        "model": {"shape": "tiny-qwen3"},
+    }
+    records = [
+        base | {"engine": "01_naive", "output_tokens_per_s": 100.0},
+        base | {"engine": "02_kvcache", "output_tokens_per_s": 300.0},
+    ]
     ax = plot_throughput(records)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["01_naive", "02_kvcache"]
     assert [p.get_height() for p in ax.patches] == [100.0, 300.0]
-    (tmp_path / "kernel_bench.json").write_text(json.dumps({"decode": []}))  # another schema: skipped
+    (tmp_path / "kernel_bench.json").write_text(
+        json.dumps({"decode": []})
+    )  # another schema: skipped
     assert load_results(directory=tmp_path) == []
 
 
@@ -190,7 +274,11 @@ def test_plot_throughput(tmp_path):
 def test_generated_tables_and_index_match_the_records():
     from benchmarks import tables
 
-    stale = [str(path.relative_to(ROOT)) for path, text in tables.outputs().items() if path.read_text(encoding="utf-8") != text]
+    stale = [
+        str(path.relative_to(ROOT))
+        for path, text in tables.outputs().items()
+        if path.read_text(encoding="utf-8") != text
+    ]
     assert not stale, f"out of date (run `python -m benchmarks.tables`): {stale}"
     assert tables.main(["--check"]) == 0
 
@@ -215,12 +303,20 @@ def test_index_names_every_file_and_its_command():
     index = (ROOT / "benchmarks" / "results" / "README.md").read_text(encoding="utf-8")
     files = tables.result_files()
     assert files and all(f"[`{rel}`]({rel})" in index for rel in files)
-    assert not [rel for rel in files if rel.endswith(".log") and "test" not in rel and "rows" not in rel]  # logs are evidence only
+    assert not [
+        rel for rel in files if rel.endswith(".log") and "test" not in rel and "rows" not in rel
+    ]  # logs are evidence only
     for rel in files:
         what, command = tables.describe(rel)
         assert what and command and "/tmp/" not in command and "/root/" not in command, rel
     names = " ".join(files)
-    for word in ("round", "session", "call2", "before_overlap", "issue"):  # named by what they measure
+    for word in (
+        "round",
+        "session",
+        "call2",
+        "before_overlap",
+        "issue",
+    ):  # named by what they measure
         assert word not in names
 
 
@@ -238,7 +334,8 @@ def test_clean_command():
 
     raw = "/opt/venv/bin/python3 -m benchmarks.run --engine 07 --out /tmp/x/ladder_07.json"
     assert clean_command(raw, "nanovllm_qwen3-0.6b_07_h200.json") == (
-        "python -m benchmarks.run --engine 07 --out benchmarks/results/nanovllm_qwen3-0.6b_07_h200.json")
+        "python -m benchmarks.run --engine 07 --out benchmarks/results/nanovllm_qwen3-0.6b_07_h200.json"
+    )
 
 
 def test_gpu_suite_parts_match_the_index():
@@ -250,9 +347,16 @@ def test_gpu_suite_parts_match_the_index():
     parts = {p for p in re.findall(r"^    ([a-z-]+)\)", text, re.M) if not p.startswith("-")}
     assert {"tests", "throughput", "tp", "serve", "latency"} <= parts
     index = (ROOT / "benchmarks" / "results" / "README.md").read_text(encoding="utf-8")
-    named = {p for group in re.findall(r"gpu_suite\.sh ([a-z -]+)`", index) for p in group.split() if not p.startswith("-")}
+    named = {
+        p
+        for group in re.findall(r"gpu_suite\.sh ([a-z -]+)`", index)
+        for p in group.split()
+        if not p.startswith("-")
+    }
     assert named and named <= parts, named - parts
-    help_text = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True).stdout
+    help_text = subprocess.run(
+        ["bash", str(script), "--help"], capture_output=True, text=True
+    ).stdout
     assert all(f"  {part} " in help_text for part in parts)
     for args in ([], ["no-such-part"], ["--bogus"]):
         assert subprocess.run(["bash", str(script), *args], capture_output=True).returncode == 2
@@ -287,12 +391,30 @@ def two_request_record() -> tuple[dict, list[int], list[int]]:
     parameters), with its prompt and output lengths."""
     from nanovllm_final.workloads import make_workload
 
-    params = {"num_seqs": 2, "max_input_len": 8, "max_output_len": 6, "min_input_len": 4, "min_output_len": 3, "seed": 1}
+    params = {
+        "num_seqs": 2,
+        "max_input_len": 8,
+        "max_output_len": 6,
+        "min_input_len": 4,
+        "min_output_len": 3,
+        "seed": 1,
+    }
     prompts, sampling = make_workload("tiny-cpu", 64, **params)
     ins, outs = [len(p) for p in prompts], [s["max_tokens"] for s in sampling]
-    model = {"vocab_size": 64, "num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 8, "dtype": "bfloat16",
-             "num_parameters": 1000, "model_type": "llama"}
-    record = {"model": model, "workload": {"name": "tiny-cpu", "params": params}, "engine_options": {}}
+    model = {
+        "vocab_size": 64,
+        "num_hidden_layers": 3,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "dtype": "bfloat16",
+        "num_parameters": 1000,
+        "model_type": "llama",
+    }
+    record = {
+        "model": model,
+        "workload": {"name": "tiny-cpu", "params": params},
+        "engine_options": {},
+    }
     return record, ins, outs
 
 
@@ -308,16 +430,22 @@ def test_workload_limit_counts_what_the_workload_must_move():
     steps = [[i + t for i, o in zip(ins, outs) if o > t] for t in range(1, max(outs))]
     limit = workload_limit(record, bandwidth=1e6, peak_flops=1e9)
     assert limit["kv_s"] == pytest.approx(sum(sum(live) for live in steps) * per_token / 1e6)
-    assert limit["weights_s"] == pytest.approx(1000 * 2 * len(steps) / 1e6)  # 2 us of FLOPs a sequence: bytes bound
+    assert limit["weights_s"] == pytest.approx(
+        1000 * 2 * len(steps) / 1e6
+    )  # 2 us of FLOPs a sequence: bytes bound
     assert limit["gemm_bound_steps"] == 0 and limit["decode_steps"] == len(steps)
     assert limit["prefill_s"] == pytest.approx(2 * 1000 * sum(ins) / 1e9)
     total = limit["kv_s"] + limit["weights_s"] + limit["prefill_s"]
     assert limit["output_tokens_per_s"] == pytest.approx(sum(outs) / total)
-    slow = workload_limit(record, bandwidth=1e6, peak_flops=1e6)  # 2 ms of FLOPs a sequence: two are GEMM bound
+    slow = workload_limit(
+        record, bandwidth=1e6, peak_flops=1e6
+    )  # 2 ms of FLOPs a sequence: two are GEMM bound
     assert slow["weights_s"] == pytest.approx(sum(max(2e-3, 2e-3 * len(live)) for live in steps))
     assert slow["gemm_bound_steps"] == sum(len(live) > 1 for live in steps) > 0
     record["engine_options"] = {"kv_cache_dtype": "fp8"}
-    assert workload_limit(record, bandwidth=1e6, peak_flops=1e9)["kv_s"] == pytest.approx(limit["kv_s"] / 2)
+    assert workload_limit(record, bandwidth=1e6, peak_flops=1e9)["kv_s"] == pytest.approx(
+        limit["kv_s"] / 2
+    )
 
 
 def test_workload_limit_takes_the_devices_own_peaks():

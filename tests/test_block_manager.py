@@ -1,7 +1,6 @@
 """Unit tests of the paged stages' block manager and scheduler (stage 03 and later)."""
 
 import pytest
-
 from common import ENGINES, engine_module, level, load_engine, random_prompts
 
 PAGED = [e for e in ENGINES if level(e) >= 3]
@@ -118,8 +117,19 @@ def test_no_block_leaks_and_no_lost_requests(engine, model_dir):
     st = load_engine(engine)
     prefix = random_prompts([12], seed=1)[0]
     prompts = [prefix + p for p in random_prompts([3, 9, 1, 14, 6, 2, 11, 5], seed=2)]
-    with st.LLM(model_dir("qwen3"), device="cpu", max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=14, max_num_seqs=4) as llm:
-        outs = llm.generate(prompts, st.SamplingParams(temperature=0.8, max_tokens=20, ignore_eos=True), use_tqdm=False)
+    with st.LLM(
+        model_dir("qwen3"),
+        device="cpu",
+        max_model_len=48,
+        kvcache_block_size=4,
+        num_kvcache_blocks=14,
+        max_num_seqs=4,
+    ) as llm:
+        outs = llm.generate(
+            prompts,
+            st.SamplingParams(temperature=0.8, max_tokens=20, ignore_eos=True),
+            use_tqdm=False,
+        )
         bm = llm.engine.block_manager
         assert [len(o["token_ids"]) for o in outs] == [20] * len(prompts)
         assert bm.num_free_blocks == bm.num_blocks
@@ -132,7 +142,11 @@ def test_no_block_leaks_and_no_lost_requests(engine, model_dir):
 def test_scheduler_prefers_prefill_and_caps_batch(engine, model_dir):
     st = load_engine(engine)
     with st.LLM(model_dir("qwen3"), device="cpu", max_model_len=64, max_num_seqs=2) as llm:
-        llm.generate(random_prompts([5, 6, 7], seed=3), st.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+        llm.generate(
+            random_prompts([5, 6, 7], seed=3),
+            st.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+            use_tqdm=False,
+        )
         first = llm.stats[0]
         assert first["is_prefill"] and first["num_seqs"] == 2 and first["waiting"] == 1
         assert all(s["num_seqs"] <= 2 for s in llm.stats)
@@ -145,7 +159,13 @@ def test_scheduler_prefers_prefill_and_caps_batch(engine, model_dir):
 def test_kv_budget_too_small_is_a_startup_error(engine, model_dir):
     st = load_engine(engine)
     with pytest.raises(ValueError, match="one sequence of max_model_len=64 needs 16"):
-        st.LLM(model_dir("qwen3"), device="cpu", max_model_len=64, kvcache_block_size=4, num_kvcache_blocks=10)
+        st.LLM(
+            model_dir("qwen3"),
+            device="cpu",
+            max_model_len=64,
+            kvcache_block_size=4,
+            num_kvcache_blocks=10,
+        )
     with pytest.raises(ValueError, match="KV cache"):
         st.LLM(model_dir("qwen3"), device="cpu", max_model_len=64, cpu_kvcache_bytes=1000)
 
@@ -153,12 +173,20 @@ def test_kv_budget_too_small_is_a_startup_error(engine, model_dir):
 def test_contiguous_cache_too_big_is_a_startup_error(model_dir):
     st = load_engine("02_kvcache")
     with pytest.raises(ValueError, match="lower max_num_seqs or max_model_len"):
-        st.LLM(model_dir("qwen3"), device="cpu", max_model_len=512, max_num_seqs=64, cpu_kvcache_bytes=1 << 20)
+        st.LLM(
+            model_dir("qwen3"),
+            device="cpu",
+            max_model_len=512,
+            max_num_seqs=64,
+            cpu_kvcache_bytes=1 << 20,
+        )
 
 
 @pytest.mark.parametrize("engine", [e for e in ENGINES if level(e) >= 6])
 def test_cudagraph_ladder(engine):
-    runner = engine_module(engine, "engine.cuda_graphs" if engine == "final" else "engine.model_runner")
+    runner = engine_module(
+        engine, "engine.cuda_graphs" if engine == "final" else "engine.model_runner"
+    )
     assert runner.graph_batch_sizes(256) == [1, 2, 4, 8, *range(16, 257, 16)]
     assert runner.graph_batch_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
     assert runner.graph_batch_sizes(1000)[-1] == 512

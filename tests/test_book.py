@@ -38,7 +38,9 @@ pytestmark = pytest.mark.xdist_group("book")  # one worker builds the book once 
 
 def _requirements() -> str | None:
     """Why the book cannot be tested here, or None."""
-    missing = [m for m in ("mkdocs", "material", "mkdocs_jupyter") if importlib.util.find_spec(m) is None]
+    missing = [
+        m for m in ("mkdocs", "material", "mkdocs_jupyter") if importlib.util.find_spec(m) is None
+    ]
     if missing:
         return f"the book extra is not installed (missing {', '.join(missing)}): pip install -e '.[book]'"
     if not any(shutil.which(b) for b in BROWSERS):
@@ -55,8 +57,14 @@ def site(tmp_path_factory) -> Path:
         pytest.skip(reason)
     out = tmp_path_factory.mktemp("book") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
     return out
 
@@ -106,13 +114,17 @@ def test_book_has_the_syllabus(site: Path):
     listed = [file for entry in hooks.syllabus(NOTEBOOKS / "README.md") for file in entry.values()]
     assert listed[0] == "01_naive.ipynb" and listed[-1] == "final.ipynb", listed
     unlisted = sorted({p.name for p in NOTEBOOKS.glob("*.ipynb")} - set(listed))
-    assert not unlisted, f"not in the syllabus table of notebooks/README.md (its rows are the book's contents): {unlisted}"
+    assert not unlisted, (
+        f"not in the syllabus table of notebooks/README.md (its rows are the book's contents): {unlisted}"
+    )
     for nb in listed:
         assert (NOTEBOOKS / nb).exists(), f"the syllabus lists {nb}, which is not in notebooks/"
         assert (site / nb.replace(".ipynb", ".html")).exists(), f"{nb} has no page in the book"
     index = (site / "index.html").read_text(encoding="utf-8")
     for nb in listed:  # the navigation lists every notebook, in the syllabus' order
-        assert f'href="{nb.replace(".ipynb", ".html")}"' in index, f"{nb} is not in the book's navigation"
+        assert f'href="{nb.replace(".ipynb", ".html")}"' in index, (
+            f"{nb} is not in the book's navigation"
+        )
     positions = [index.index(f'href="{nb.replace(".ipynb", ".html")}"') for nb in listed]
     assert positions == sorted(positions), "the navigation is not in the syllabus' order"
 
@@ -128,13 +140,23 @@ def test_no_internal_link_is_broken(site: Path):
             if parts.scheme or parts.netloc or link.startswith(("mailto:", "data:", "javascript:")):
                 continue
             url = urlsplit(urljoin(base, link))
-            target = _file_for(site, url.path) if url.path != base or not link.startswith("#") else page
+            target = (
+                _file_for(site, url.path) if url.path != base or not link.startswith("#") else page
+            )
             if url.path.endswith("/") or (site / unquote(url.path).lstrip("/")).is_dir():
-                broken.append(f"{_url_path(site, page)}: {link} (a folder: read from disk, a directory listing)")
+                broken.append(
+                    f"{_url_path(site, page)}: {link} (a folder: read from disk, a directory listing)"
+                )
             elif target is None:
                 broken.append(f"{_url_path(site, page)}: {link} (no such file in the book)")
-            elif url.fragment and target.suffix == ".html" and unquote(url.fragment) not in ids.get(target, set()):
-                broken.append(f"{_url_path(site, page)}: {link} (no element with id {url.fragment!r})")
+            elif (
+                url.fragment
+                and target.suffix == ".html"
+                and unquote(url.fragment) not in ids.get(target, set())
+            ):
+                broken.append(
+                    f"{_url_path(site, page)}: {link} (no element with id {url.fragment!r})"
+                )
     assert not broken, f"{len(broken)} broken internal links:\n" + "\n".join(broken[:50])
     assert len(parsed) > 10, f"only {len(parsed)} pages were built"
 
@@ -169,15 +191,32 @@ class _Chromium:
 
         def fds():  # the protocol reads fd 3 and writes fd 4 (close_fds=False keeps them: other fds are
             # not inheritable, PEP 446); moved above 10 first, as the pipes may themselves be fds 3 to 6
-            read, write = fcntl.fcntl(to_child_r, fcntl.F_DUPFD, 10), fcntl.fcntl(from_child_w, fcntl.F_DUPFD, 10)
+            read, write = (
+                fcntl.fcntl(to_child_r, fcntl.F_DUPFD, 10),
+                fcntl.fcntl(from_child_w, fcntl.F_DUPFD, 10),
+            )
             os.dup2(read, 3)
             os.dup2(write, 4)
 
         self.proc = subprocess.Popen(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-             "--disable-extensions", "--mute-audio", "--remote-debugging-pipe", f"--user-data-dir={profile}",
-             "about:blank"],
-            preexec_fn=fds, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--disable-extensions",
+                "--mute-audio",
+                "--remote-debugging-pipe",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            preexec_fn=fds,
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self._buffer, self._events, self._next_id = b"", [], 0
@@ -185,7 +224,9 @@ class _Chromium:
     def new_tab(self) -> str:
         """A new page; returns its session id."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
         self.call("Page.enable", session=session)
         self.call("Runtime.enable", session=session)
         return session
@@ -202,8 +243,13 @@ class _Chromium:
         message, self._buffer = self._buffer.split(b"\0", 1)
         return json.loads(message)
 
-    def call(self, method: str, params: dict | None = None, session: str | None = None,
-             timeout: float = PAGE_TIMEOUT_S) -> dict:
+    def call(
+        self,
+        method: str,
+        params: dict | None = None,
+        session: str | None = None,
+        timeout: float = PAGE_TIMEOUT_S,
+    ) -> dict:
         self._next_id += 1
         message = {"id": self._next_id, "method": method, "params": params or {}}
         if session:
@@ -227,8 +273,14 @@ class _Chromium:
             self._events.append(self._read(deadline))
 
     def take_events(self, method: str, session: str) -> list[dict]:
-        taken = [e for e in self._events if e.get("method") == method and e.get("sessionId") == session]
-        self._events = [e for e in self._events if not (e.get("method") == method and e.get("sessionId") == session)]
+        taken = [
+            e for e in self._events if e.get("method") == method and e.get("sessionId") == session
+        ]
+        self._events = [
+            e
+            for e in self._events
+            if not (e.get("method") == method and e.get("sessionId") == session)
+        ]
         return taken
 
     def open_all(self, urls: list[str], tabs: int = 4) -> dict[str, dict]:
@@ -245,11 +297,17 @@ class _Chromium:
                 loading[session] = url
             session = self._next_event("Page.loadEventFired", set(loading))["sessionId"]
             url = loading.pop(session)
-            result = self.call("Runtime.evaluate", {"expression": REPORT, "awaitPromise": True, "returnByValue": True},
-                               session=session)
+            result = self.call(
+                "Runtime.evaluate",
+                {"expression": REPORT, "awaitPromise": True, "returnByValue": True},
+                session=session,
+            )
             if "exceptionDetails" in result:
                 raise RuntimeError(f"{url}: {result['exceptionDetails']}")
-            errors = [e["params"]["exceptionDetails"].get("text") for e in self.take_events("Runtime.exceptionThrown", session)]
+            errors = [
+                e["params"]["exceptionDetails"].get("text")
+                for e in self.take_events("Runtime.exceptionThrown", session)
+            ]
             shown[url] = {**result["result"]["value"], "errors": errors}
             idle.append(session)
         return shown
@@ -270,7 +328,12 @@ class _Chromium:
 
 def _image_outputs(notebook: Path) -> int:
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    return sum(1 for c in cells for o in c.get("outputs", []) if {"image/png", "image/jpeg"} & set(o.get("data", {})))
+    return sum(
+        1
+        for c in cells
+        for o in c.get("outputs", [])
+        if {"image/png", "image/jpeg"} & set(o.get("data", {}))
+    )
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -299,16 +362,23 @@ def _search(browser: "_Chromium", url: str, query: str) -> dict:
     session = browser.new_tab()
     browser.call("Page.navigate", {"url": url}, session=session)
     browser._next_event("Page.loadEventFired", {session})
-    result = browser.call("Runtime.evaluate", {"expression": SEARCH % json.dumps(query), "awaitPromise": True,
-                                               "returnByValue": True}, session=session)
+    result = browser.call(
+        "Runtime.evaluate",
+        {"expression": SEARCH % json.dumps(query), "awaitPromise": True, "returnByValue": True},
+        session=session,
+    )
     return result["result"].get("value") or {"error": str(result.get("exceptionDetails"))}
 
 
 @pytest.mark.parametrize("mode", ["http", "file"])
 def test_every_page_renders_with_its_figures(site: Path, tmp_path: Path, mode: str):
     binary = next(shutil.which(b) for b in BROWSERS if shutil.which(b))
-    browser = _Chromium(binary, tmp_path / "profile")  # started before the server's thread (it forks)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
+    browser = _Chromium(
+        binary, tmp_path / "profile"
+    )  # started before the server's thread (it forks)
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site))
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}" if mode == "http" else site.as_uri()
     problems, figures = [], 0
@@ -323,13 +393,17 @@ def test_every_page_renders_with_its_figures(site: Path, tmp_path: Path, mode: s
             if not shown["search"]:
                 problems.append(f"{path}: no search box shown")
             if not shown["title"] or shown["text"] < 20:
-                problems.append(f"{path}: blank (title {shown['title']!r}, {shown['text']} characters of text)")
+                problems.append(
+                    f"{path}: blank (title {shown['title']!r}, {shown['text']} characters of text)"
+                )
             for img in shown["images"]:
                 if not img["src"] or img["width"] == 0 or img["height"] == 0:
                     problems.append(f"{path}: image not loaded: {img['src']!r}")
             problems += [f"{path}: script error: {error}" for error in shown["errors"]]
             if shown["clipped"]:
-                problems.append(f"{path}: {shown['clipped']} tables wider than the page, clipped (no scrolling)")
+                problems.append(
+                    f"{path}: {shown['clipped']} tables wider than the page, clipped (no scrolling)"
+                )
             notebook = NOTEBOOKS / (path.strip("/").removesuffix(".html") + ".ipynb")
             if notebook.exists() and path.count("/") == 1:
                 expected = _image_outputs(notebook)

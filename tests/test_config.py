@@ -4,9 +4,8 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from common import ENGINES, ROOT, engine_module, load_engine
+from safetensors.torch import load_file
 
 CONFIGS = ROOT / "tools" / "configs"
 
@@ -14,15 +13,24 @@ CONFIGS = ROOT / "tools" / "configs"
 def read(name: str) -> tuple[dict, dict]:
     folder = CONFIGS / name
     gen = folder / "generation_config.json"
-    return json.loads((folder / "config.json").read_text()), json.loads(gen.read_text()) if gen.exists() else {}
+    return json.loads((folder / "config.json").read_text()), json.loads(
+        gen.read_text()
+    ) if gen.exists() else {}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_real_checkpoint_configs(engine):
     ModelConfig = engine_module(engine, "config").ModelConfig
     qwen = ModelConfig.from_dict(*read("qwen3-0.6b"))
-    assert (qwen.head_dim, qwen.tie_word_embeddings, qwen.torch_dtype) == (128, True, torch.bfloat16)
-    assert qwen.eos_token_ids == [151645, 151643]  # config's eos first, then generation_config's others
+    assert (qwen.head_dim, qwen.tie_word_embeddings, qwen.torch_dtype) == (
+        128,
+        True,
+        torch.bfloat16,
+    )
+    assert qwen.eos_token_ids == [
+        151645,
+        151643,
+    ]  # config's eos first, then generation_config's others
     llama = ModelConfig.from_dict(*read("llama-3.2-1b"))
     assert llama.rope_scaling["rope_type"] == "llama3" and llama.rope_theta == 500000.0
     tiny = ModelConfig.from_dict(*read("tinyllama-1.1b"))
@@ -38,7 +46,11 @@ def test_transformers5_layout(engine):
     raw["rope_parameters"] = {**scaling, "rope_theta": raw.pop("rope_theta")}
     raw["dtype"] = raw.pop("torch_dtype")
     cfg = ModelConfig.from_dict(raw)
-    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling["factor"] == 32.0 and cfg.torch_dtype == torch.bfloat16
+    assert (
+        cfg.rope_theta == 500000.0
+        and cfg.rope_scaling["factor"] == 32.0
+        and cfg.torch_dtype == torch.bfloat16
+    )
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -61,8 +73,13 @@ def test_loader_fills_fused_parameters(engine, model_dir):
         attn = model.model.layers[1].self_attn
         expected = torch.cat([weights[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
         assert torch.equal(attn.qkv_proj.weight, expected)
-        assert torch.equal(attn.qkv_proj.bias, torch.cat([weights[f"model.layers.1.self_attn.{p}_proj.bias"] for p in "qkv"]))
+        assert torch.equal(
+            attn.qkv_proj.bias,
+            torch.cat([weights[f"model.layers.1.self_attn.{p}_proj.bias"] for p in "qkv"]),
+        )
         mlp = model.model.layers[0].mlp
-        gate_up = torch.cat([weights[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")])
+        gate_up = torch.cat(
+            [weights[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")]
+        )
         assert torch.equal(mlp.gate_up_proj.weight, gate_up)
         assert torch.equal(model.lm_head.weight, weights["lm_head.weight"])

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 import torch
+from common import ENGINES, ROOT, generate_and_compare, level, load_engine
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from common import ENGINES, ROOT, generate_and_compare, level, load_engine
 from tools.course_model import stories
 from tools.tiny_model import make_model
 
@@ -28,7 +28,8 @@ def prompts(tokenizer) -> list[list[int]]:
     """A story opening, a chat request, and the opening again with more words (a shared prefix)."""
     chat = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Tell me a story about a brave fox named Rusty."}],
-        tokenize=False, add_generation_prompt=True,
+        tokenize=False,
+        add_generation_prompt=True,
     )
     texts = [OPENING, chat, OPENING + " there lived a shy girl named"]
     return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
@@ -44,8 +45,10 @@ def hf_greedy_text(path, tokenizer, prompt: str, max_new_tokens: int) -> str:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 def test_checkpoint_is_the_recorded_run():
@@ -64,7 +67,9 @@ def test_greedy_matches_hf(engine, prompts, hf_greedy):
     """Block size 4 and two batch slots: the third prompt runs after the first, whose opening it
     shares; from 04 on, it reuses the first prompt's cached blocks."""
     st = load_engine(engine)
-    with st.LLM(COURSE_MODEL, device="cpu", max_model_len=256, kvcache_block_size=4, max_num_seqs=2) as llm:
+    with st.LLM(
+        COURSE_MODEL, device="cpu", max_model_len=256, kvcache_block_size=4, max_num_seqs=2
+    ) as llm:
         generate_and_compare(st, llm, COURSE_MODEL, prompts, hf_greedy, max_tokens=MAX_TOKENS)
         if level(engine) >= 4:
             assert sum(step.get("prefix_hit_blocks", 0) for step in llm.stats) > 0
@@ -80,9 +85,22 @@ def test_greedy_story_is_english(tokenizer):
 def test_english_check_catches_a_broken_checkpoint(tmp_path, tokenizer):
     """The same shape and tokenizer with random weights writes text the check rejects."""
     config = json.loads((COURSE_MODEL / "config.json").read_text())
-    shape = {k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                                    "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")}
-    broken = make_model(tmp_path / "broken", arch="llama", tie_word_embeddings=True, init_std=0.2, **shape)
+    shape = {
+        k: config[k]
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "max_position_embeddings",
+        )
+    }
+    broken = make_model(
+        tmp_path / "broken", arch="llama", tie_word_embeddings=True, init_std=0.2, **shape
+    )
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(COURSE_MODEL / name, broken / name)
     text = hf_greedy_text(broken, tokenizer, OPENING, max_new_tokens=60)
@@ -94,5 +112,8 @@ def test_stories_are_deterministic_and_in_the_vocabulary():
     assert first == stories.stories(200) and len(set(first)) == 200
     assert stories.stories(5, seed=1) != first[:5]
     assert stories.stories(3, start=7) == first[7:10]
-    assert {w for s in first for w in stories.words(s.replace("<|im_start|>", " ").replace("<|im_end|>", " "))} \
-        <= stories.vocabulary()
+    assert {
+        w
+        for s in first
+        for w in stories.words(s.replace("<|im_start|>", " ").replace("<|im_end|>", " "))
+    } <= stories.vocabulary()

@@ -6,9 +6,9 @@ import hashlib
 import json
 
 import pytest
+from common import ROOT, generate_and_compare, load_engine
 
 from benchmarks import draft_agreement
-from common import ROOT, generate_and_compare, load_engine
 
 COURSE_MODEL = ROOT / "models" / "course-llama"
 DRAFT = ROOT / "models" / "course-llama-draft"
@@ -43,11 +43,16 @@ def test_greedy_matches_hf(hf_greedy):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(DRAFT)
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Tell me a story about a kind cat."}],
-                                         tokenize=False, add_generation_prompt=True)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Tell me a story about a kind cat."}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     prompts = [tokenizer.encode(t, add_special_tokens=False) for t in (OPENING, chat)]
     st = load_engine("final")
-    with st.LLM(DRAFT, device="cpu", max_model_len=128, kvcache_block_size=4, max_num_seqs=2) as llm:
+    with st.LLM(
+        DRAFT, device="cpu", max_model_len=128, kvcache_block_size=4, max_num_seqs=2
+    ) as llm:
         generate_and_compare(st, llm, DRAFT, prompts, hf_greedy, max_tokens=16)
 
 

@@ -22,7 +22,10 @@ def paged_case(seqs, block_size=4, heads=8, kv_heads=2, dim=16, seed=0):
     tables = torch.full((len(seqs), max(counts) + 1), -1, dtype=torch.int32)
     for i, ((ctx, _), n) in enumerate(zip(seqs, counts)):
         tables[i, :n] = torch.tensor([order.pop() for _ in range(n)], dtype=torch.int32)
-        slots = tables[i].long()[torch.arange(ctx) // block_size] * block_size + torch.arange(ctx) % block_size
+        slots = (
+            tables[i].long()[torch.arange(ctx) // block_size] * block_size
+            + torch.arange(ctx) % block_size
+        )
         k_cache.view(-1, kv_heads, dim)[slots] = torch.randn(ctx, kv_heads, dim, generator=g)
         v_cache.view(-1, kv_heads, dim)[slots] = torch.randn(ctx, kv_heads, dim, generator=g)
     q = torch.randn(sum(n for _, n in seqs), heads, dim, generator=g)
@@ -31,17 +34,22 @@ def paged_case(seqs, block_size=4, heads=8, kv_heads=2, dim=16, seed=0):
     return q, k_cache, v_cache, cu, lens, tables
 
 
-@pytest.mark.parametrize("seqs", [
-    [(9, 1)],  # one decoding sequence
-    [(9, 1), (30, 1), (1, 1), (17, 1)],  # a decode batch of uneven contexts
-    [(12, 5)],  # a verify step: 1 + 4 tokens
-    [(12, 5), (33, 5), (5, 5)],  # verify steps of several sequences
-    [(20, 20), (13, 3), (7, 0), (40, 1)],  # a mixed step: a prompt, a chunk, nothing, a decode
-])
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        [(9, 1)],  # one decoding sequence
+        [(9, 1), (30, 1), (1, 1), (17, 1)],  # a decode batch of uneven contexts
+        [(12, 5)],  # a verify step: 1 + 4 tokens
+        [(12, 5), (33, 5), (5, 5)],  # verify steps of several sequences
+        [(20, 20), (13, 3), (7, 0), (40, 1)],  # a mixed step: a prompt, a chunk, nothing, a decode
+    ],
+)
 def test_batched_attention_matches_the_reference(seqs):
     q, k_cache, v_cache, cu, lens, tables = paged_case(seqs)
     want = ref.paged_attention(q, k_cache, v_cache, cu, lens, tables, 0.3)
-    got = ref.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, 0.3, max(n for _, n in seqs))
+    got = ref.paged_prefill_attention(
+        q, k_cache, v_cache, cu, lens, tables, 0.3, max(n for _, n in seqs)
+    )
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     if all(n == 1 for _, n in seqs):
         got = ref.paged_decode_attention(q, k_cache, v_cache, lens, tables, 0.3)
@@ -54,7 +62,9 @@ def test_batched_attention_in_chunks(monkeypatch):
     q, k_cache, v_cache, cu, lens, tables = paged_case(seqs, seed=2)
     whole = ref.paged_decode_attention(q, k_cache, v_cache, lens, tables, 0.3)
     monkeypatch.setattr(ref, "SCORES_PER_CHUNK", 2 * 8 * 31)  # two sequences a chunk
-    torch.testing.assert_close(ref.paged_decode_attention(q, k_cache, v_cache, lens, tables, 0.3), whole)
+    torch.testing.assert_close(
+        ref.paged_decode_attention(q, k_cache, v_cache, lens, tables, 0.3), whole
+    )
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 64])
@@ -68,4 +78,6 @@ def test_cpu_linear_matches_f_linear(rows, bias):
     with torch.no_grad():  # a changed weight is packed again
         w.mul_(-2)
     torch.testing.assert_close(cpu_linear.linear(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
-    assert cpu_linear.linear(x.double(), w.double()).dtype == torch.float64  # other dtypes: F.linear
+    assert (
+        cpu_linear.linear(x.double(), w.double()).dtype == torch.float64
+    )  # other dtypes: F.linear

@@ -33,7 +33,9 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False, verbose=False)
 
 
-def stream(tokenizer, ids: list[int], stop=(), min_tokens: int = 0) -> tuple[list[str], IncrementalDetokenizer, int | None]:
+def stream(
+    tokenizer, ids: list[int], stop=(), min_tokens: int = 0
+) -> tuple[list[str], IncrementalDetokenizer, int | None]:
     """Feed ids one per step as the engine does; the deltas, the detokenizer, the step a stop string ended it."""
     detok = IncrementalDetokenizer(tokenizer, encode(tokenizer, "Say:"), list(stop), min_tokens)
     deltas = []
@@ -48,7 +50,9 @@ def stream(tokenizer, ids: list[int], stop=(), min_tokens: int = 0) -> tuple[lis
 
 def test_multibyte_characters_split_over_tokens_come_out_whole(tokenizer):
     ids = encode(tokenizer, TEXT)
-    assert tokenizer.decode(ids[:1]) != TEXT[:1] or len(ids) > len(TEXT.split()) * 2  # characters take several tokens
+    assert (
+        tokenizer.decode(ids[:1]) != TEXT[:1] or len(ids) > len(TEXT.split()) * 2
+    )  # characters take several tokens
     deltas, detok, _ = stream(tokenizer, ids)
     assert "".join(deltas) == TEXT == detok.text
     assert not any("\ufffd" in d for d in deltas)
@@ -62,9 +66,14 @@ def test_a_stop_string_spanning_tokens_cuts_the_text_and_is_never_streamed(token
     want = TEXT[: TEXT.index(stop)]
     assert at is not None and detok.stopped and detok.text == want
     assert "".join(deltas) == want
-    assert tokenizer.decode(ids[: at + 1]).find(stop) != -1 and tokenizer.decode(ids[:at]).find(stop) == -1  # ends where it completes
+    assert (
+        tokenizer.decode(ids[: at + 1]).find(stop) != -1
+        and tokenizer.decode(ids[:at]).find(stop) == -1
+    )  # ends where it completes
     seen = ""
-    for d in deltas:  # no prefix of the stop string reached the client before the text moved past it
+    for (
+        d
+    ) in deltas:  # no prefix of the stop string reached the client before the text moved past it
         seen += d
         assert stop not in seen
 
@@ -73,16 +82,24 @@ def test_a_held_back_prefix_is_released_when_the_stop_string_does_not_follow(tok
     text = "one abc two abd three ab"
     deltas, detok, at = stream(tokenizer, encode(tokenizer, text), stop=["abx"])
     assert at is None and "".join(deltas) == text == detok.text
-    held = [i for i, d in enumerate(deltas) if "".join(deltas[: i + 1]) != text[: len("".join(deltas[: i + 1]))]]
+    held = [
+        i
+        for i, d in enumerate(deltas)
+        if "".join(deltas[: i + 1]) != text[: len("".join(deltas[: i + 1]))]
+    ]
     assert not held  # every delta is a prefix extension of the text
     partial = "".join(deltas[:-1])
-    assert not partial.endswith("ab") and text.startswith(partial)  # the final "ab" waited for the end
+    assert not partial.endswith("ab") and text.startswith(
+        partial
+    )  # the final "ab" waited for the end
 
 
 def test_stop_strings_count_only_from_min_tokens(tokenizer):
     ids = encode(tokenizer, "stop here, then stop again and end")
     early = stream(tokenizer, ids, stop=["stop"])[1].text
-    late_deltas, late, _ = stream(tokenizer, ids, stop=["stop"], min_tokens=len(encode(tokenizer, "stop here,")) + 1)
+    late_deltas, late, _ = stream(
+        tokenizer, ids, stop=["stop"], min_tokens=len(encode(tokenizer, "stop here,")) + 1
+    )
     assert early == ""
     assert late.text == "stop here, then " and "".join(late_deltas) == late.text
 
@@ -126,5 +143,13 @@ def test_the_fast_decoder_says_what_the_tokenizer_says(tokenizer):
 
 def test_the_held_back_tail_is_the_longest_one_that_could_start_a_stop_string(tokenizer):
     detok = IncrementalDetokenizer(tokenizer, [], ["abcab", "bx", "zz"])
-    for unsent, held in [("xxabca", 4), ("xxabcab", 2), ("xxb", 1), ("xxa", 1), ("xxq", 0), ("z", 1), ("", 0)]:
+    for unsent, held in [
+        ("xxabca", 4),
+        ("xxabcab", 2),
+        ("xxb", 1),
+        ("xxa", 1),
+        ("xxq", 0),
+        ("z", 1),
+        ("", 0),
+    ]:
         assert detok._stop_prefix_len(unsent) == held, unsent

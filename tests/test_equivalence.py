@@ -6,9 +6,17 @@ yet are ignored by it, and the output must still match. Where a stage has the
 mechanism, the test also asserts that the mechanism actually ran."""
 
 import pytest
-
-from common import (ENGINES, TINY_MODELS, check_chunked_prefill, check_preemption, check_shared_prefix, generate_and_compare,
-                    level, load_engine, random_prompts)
+from common import (
+    ENGINES,
+    TINY_MODELS,
+    check_chunked_prefill,
+    check_preemption,
+    check_shared_prefix,
+    generate_and_compare,
+    level,
+    load_engine,
+    random_prompts,
+)
 
 MAX_TOKENS = 24
 
@@ -61,6 +69,12 @@ def test_triton_backend_matches_hf(engine, model_dir, hf_greedy):
     preemption and an odd block size so every kernel path runs."""
     st, path = load_engine(engine), model_dir("llama")
     prompts = random_prompts([10, 7, 13], seed=60)
-    options = dict(device="cpu", max_model_len=48, kvcache_block_size=3, num_kvcache_blocks=16, attention_backend="triton")
+    options = dict(
+        device="cpu",
+        max_model_len=48,
+        kvcache_block_size=3,
+        num_kvcache_blocks=16,
+        attention_backend="triton",
+    )
     with st.LLM(path, **options) as llm:
         generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=12)

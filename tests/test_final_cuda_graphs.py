@@ -52,10 +52,16 @@ class AttentionOnly(nn.Module):
         self.rotary = RotaryEmbedding(HEAD_DIM, 512, 10000.0, None)
 
     def forward(self, input_ids, positions):
-        qkv = self.qkv(input_ids) + positions[:, None] * 1e-2  # (tokens, (heads + 2 kv_heads) * head_dim)
+        qkv = (
+            self.qkv(input_ids) + positions[:, None] * 1e-2
+        )  # (tokens, (heads + 2 kv_heads) * head_dim)
         q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
         n = len(input_ids)
-        q, k, v = q.view(n, HEADS, HEAD_DIM), k.view(n, KV_HEADS, HEAD_DIM), v.reshape(n, KV_HEADS, HEAD_DIM)
+        q, k, v = (
+            q.view(n, HEADS, HEAD_DIM),
+            k.view(n, KV_HEADS, HEAD_DIM),
+            v.reshape(n, KV_HEADS, HEAD_DIM),
+        )
         return self.attn(positions, q, k, v, self.rotary).flatten(1)
 
 
@@ -74,7 +80,9 @@ class Recorded:
 
 
 def _seq(length: int, cached: int, first_block: int) -> Sequence:
-    seq = Sequence([(7 * i + length) % VOCAB for i in range(length)], SamplingParams(max_tokens=4).resolve({}))
+    seq = Sequence(
+        [(7 * i + length) % VOCAB for i in range(length)], SamplingParams(max_tokens=4).resolve({})
+    )
     seq.block_table = list(range(first_block, first_block + -(-length // BLOCK)))
     seq.num_cached_tokens, seq.num_scheduled_tokens = cached, length - cached
     return seq
@@ -85,15 +93,28 @@ def _tensor(array) -> torch.Tensor:
 
 
 def _context(step) -> Context:
-    t = {name: _tensor(getattr(step, name)) for name in ("cu_seqlens_q", "slot_mapping", "context_lens", "block_tables", "decode_order")}
-    return Context(t["cu_seqlens_q"], t["slot_mapping"], t["context_lens"], t["block_tables"], step.max_seqlen_q, step.is_decode,
-                   t["decode_order"] if step.is_decode else None)
+    t = {
+        name: _tensor(getattr(step, name))
+        for name in ("cu_seqlens_q", "slot_mapping", "context_lens", "block_tables", "decode_order")
+    }
+    return Context(
+        t["cu_seqlens_q"],
+        t["slot_mapping"],
+        t["context_lens"],
+        t["block_tables"],
+        step.max_seqlen_q,
+        step.is_decode,
+        t["decode_order"] if step.is_decode else None,
+    )
 
 
 # (length, cached) per sequence: a step with prompts (decodes, a chunk after a cached prefix,
 # a whole new prompt of more than two query tiles), and a decode step
 STEPS = {"with prompts": [(9, 8), (13, 5), (140, 0), (6, 5)], "decode": [(9, 8), (30, 29), (5, 4)]}
-EXTRA = {"with prompts": (12, 0), "decode": (12, 11)}  # one more sequence: the same graph, a larger step
+EXTRA = {
+    "with prompts": (12, 0),
+    "decode": (12, 11),
+}  # one more sequence: the same graph, a larger step
 
 
 def _steps(kind: str):
@@ -111,20 +132,35 @@ def test_replay_through_padded_buffers_matches_eager(kind):
     """Replayed after a larger step of the same graph, whose rows the smaller one must pad away."""
     torch.manual_seed(0)
     model = AttentionOnly().to(DEVICE)
-    graphs = CUDAGraphs(max_num_seqs=8, max_prompt_tokens=256, max_model_len=256, block_size=BLOCK,
-                        hidden_size=HEADS * HEAD_DIM, dtype=torch.float32, device=DEVICE)
-    graphs.graphs = {key: Recorded(graphs, model, key) for key in
-                     [(False, n) for n in graphs.token_sizes] + [(True, bs) for bs in graphs.sizes]}
+    graphs = CUDAGraphs(
+        max_num_seqs=8,
+        max_prompt_tokens=256,
+        max_model_len=256,
+        block_size=BLOCK,
+        hidden_size=HEADS * HEAD_DIM,
+        dtype=torch.float32,
+        device=DEVICE,
+    )
+    graphs.graphs = {
+        key: Recorded(graphs, model, key)
+        for key in [(False, n) for n in graphs.token_sizes] + [(True, bs) for bs in graphs.sizes]
+    }
     step, larger, num_blocks = _steps(kind)
     assert step.is_decode == larger.is_decode == (kind == "decode")
     sizes = graphs.sizes if step.is_decode else graphs.token_sizes
     assert graph_for(step.num_tokens, sizes) == graph_for(larger.num_tokens, sizes)
-    cache = torch.randn(2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM, device=DEVICE)  # the cached prefixes (and stale slots)
+    cache = torch.randn(
+        2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM, device=DEVICE
+    )  # the cached prefixes (and stale slots)
     outputs, caches = [], []
 
-    def replay(step):  # a decode step goes through write_decode, a step with prompts through the buffers' copies
+    def replay(
+        step,
+    ):  # a decode step goes through write_decode, a step with prompts through the buffers' copies
         if step.is_decode:
-            assert graphs.can_replay_decode(step.num_tokens) and not graphs.can_replay(_context(step), step.num_tokens)
+            assert graphs.can_replay_decode(step.num_tokens) and not graphs.can_replay(
+                _context(step), step.num_tokens
+            )
             t = graphs.write_decode(step)
             assert torch.equal(t["input_ids"].cpu(), torch.from_numpy(step.input_ids))
             return graphs.replay_decode(step.num_tokens)
@@ -151,8 +187,15 @@ def test_replay_through_padded_buffers_matches_eager(kind):
 
 
 def test_larger_steps_run_eagerly():
-    graphs = CUDAGraphs(max_num_seqs=4, max_prompt_tokens=32, max_model_len=64, block_size=BLOCK,
-                        hidden_size=8, dtype=torch.float32, device=DEVICE)
+    graphs = CUDAGraphs(
+        max_num_seqs=4,
+        max_prompt_tokens=32,
+        max_model_len=64,
+        block_size=BLOCK,
+        hidden_size=8,
+        dtype=torch.float32,
+        device=DEVICE,
+    )
     graphs.graphs = {(False, 32): None}
     step = build_step_input([_seq(33, 0, 0)], BLOCK)
     assert not graphs.can_replay(_context(step), step.num_tokens)
@@ -167,15 +210,22 @@ def test_decode_inputs_rows_padding_and_tables():
     from nanovllm_final.engine.decode_inputs import DecodeInputs
 
     inputs = DecodeInputs(rows=8, max_blocks=6, device=DEVICE)
-    wider = build_step_input([_seq(20, 19, 0), _seq(9, 8, 5), _seq(13, 12, 8), _seq(5, 4, 12)], BLOCK)
+    wider = build_step_input(
+        [_seq(20, 19, 0), _seq(9, 8, 5), _seq(13, 12, 8), _seq(5, 4, 12)], BLOCK
+    )
     inputs.write(wider, 4)
-    chunk = _seq(9, 4, 3)  # a prompt fed one token short of its end: a decode-shaped step's row that samples nothing
+    chunk = _seq(
+        9, 4, 3
+    )  # a prompt fed one token short of its end: a decode-shaped step's row that samples nothing
     chunk.num_scheduled_tokens = 1
     step = build_step_input([_seq(9, 8, 0), chunk, _seq(5, 4, 6)], BLOCK)
     assert step.is_decode and step.sample_rows.tolist() == [0, 2]
     t = inputs.write(step, 4)
     v = {name: view.cpu() for name, view in inputs.views.items()}
-    assert torch.equal(t["input_ids"].cpu(), torch.from_numpy(step.input_ids)) and len(t["carry_index"]) == 0
+    assert (
+        torch.equal(t["input_ids"].cpu(), torch.from_numpy(step.input_ids))
+        and len(t["carry_index"]) == 0
+    )
     assert t["sample_rows"].tolist() == [0, 2]
     for name in ("positions", "slot_mapping", "context_lens", "decode_order"):
         assert v[name][:3].tolist() == getattr(step, name).tolist(), name
@@ -196,18 +246,41 @@ def test_engine_decode_through_graph_inputs_matches_eager(model_dir):
     from nanovllm_final import LLM
 
     path = str(model_dir("qwen3"))
-    prompts = [[(5 * i + j) % 90 + 3 for j in range(length)] for i, length in enumerate((3, 11, 6, 17, 9))]
-    params = [SamplingParams(temperature=0.0, max_tokens=6 + i, ignore_eos=True) if i % 2 else
-              SamplingParams(temperature=0.8, top_k=20, seed=i, max_tokens=6 + i, ignore_eos=True) for i in range(len(prompts))]
-    options = dict(device=DEVICE.type, dtype="float32", enforce_eager=True, attention_backend="triton", max_model_len=64,
-                   kvcache_block_size=BLOCK, max_num_seqs=8, max_num_batched_tokens=16)
+    prompts = [
+        [(5 * i + j) % 90 + 3 for j in range(length)] for i, length in enumerate((3, 11, 6, 17, 9))
+    ]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=6 + i, ignore_eos=True)
+        if i % 2
+        else SamplingParams(temperature=0.8, top_k=20, seed=i, max_tokens=6 + i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    options = dict(
+        device=DEVICE.type,
+        dtype="float32",
+        enforce_eager=True,
+        attention_backend="triton",
+        max_model_len=64,
+        kvcache_block_size=BLOCK,
+        max_num_seqs=8,
+        max_num_batched_tokens=16,
+    )
     with LLM(path, overlap_scheduling=False, **options) as eager:
         expected = [o["token_ids"] for o in eager.generate(prompts, params, use_tqdm=False)]
     with LLM(path, **options) as llm:
         runner = llm.engine.model_runner
-        graphs = CUDAGraphs(max_num_seqs=8, max_prompt_tokens=0, max_model_len=64, block_size=BLOCK,
-                            hidden_size=llm.engine.model_config.hidden_size, dtype=runner.dtype, device=runner.device)
-        graphs.graphs = {(True, bs): Recorded(graphs, runner.model, (True, bs)) for bs in graphs.sizes}
+        graphs = CUDAGraphs(
+            max_num_seqs=8,
+            max_prompt_tokens=0,
+            max_model_len=64,
+            block_size=BLOCK,
+            hidden_size=llm.engine.model_config.hidden_size,
+            dtype=runner.dtype,
+            device=runner.device,
+        )
+        graphs.graphs = {
+            (True, bs): Recorded(graphs, runner.model, (True, bs)) for bs in graphs.sizes
+        }
         runner.cuda_graphs = graphs
         got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
         assert graphs.num_replays[True] > 0
@@ -218,5 +291,7 @@ def test_engine_decode_through_graph_inputs_matches_eager(model_dir):
         replayed = runner.execute(step)  # (2, vocab), through a graph of 4 rows
         runner.cuda_graphs = None
         assert replayed.shape[0] == 2
-        torch.testing.assert_close(replayed, runner.execute(step), atol=1e-4, rtol=1e-4)  # the padded batch's GEMMs may round otherwise
+        torch.testing.assert_close(
+            replayed, runner.execute(step), atol=1e-4, rtol=1e-4
+        )  # the padded batch's GEMMs may round otherwise
     assert got == expected

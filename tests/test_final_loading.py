@@ -7,9 +7,9 @@ import logging
 import shutil
 
 import pytest
+from common import random_prompts
 from safetensors.torch import load_file, save_file
 
-from common import random_prompts
 from nanovllm_final import LLM, SamplingParams
 from tools.tiny_model import make_model
 
@@ -50,7 +50,10 @@ def test_sharded_checkpoint(model_dir, tmp_path, hf_greedy):
     weights = load_file(path / "model.safetensors")
     (path / "model.safetensors").unlink()
     names = sorted(weights)
-    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[::2],
+        "model-00002-of-00002.safetensors": names[1::2],
+    }
     for file, keys in shards.items():
         save_file({k: weights[k] for k in keys}, path / file, metadata={"format": "pt"})
     index = {"metadata": {}, "weight_map": {k: file for file, keys in shards.items() for k in keys}}
@@ -62,7 +65,9 @@ def test_sharded_checkpoint(model_dir, tmp_path, hf_greedy):
         LLM(path, device="cpu")
 
 
-@pytest.mark.parametrize("arch, options", [("qwen2", dict(tie_word_embeddings=False)), ("llama", dict(dtype="bfloat16"))])
+@pytest.mark.parametrize(
+    "arch, options", [("qwen2", dict(tie_word_embeddings=False)), ("llama", dict(dtype="bfloat16"))]
+)
 def test_more_checkpoints_match_hf(arch, options, tmp_path, hf_greedy):
     """Qwen2 (q/k/v bias, no q/k norm) and a bfloat16 checkpoint run in float32."""
     path = make_model(tmp_path / arch, arch=arch, seed=4, **options)
@@ -74,7 +79,9 @@ def test_sliding_window_is_refused(model_dir, tmp_path):
     path = tmp_path / "m"
     shutil.copytree(model_dir("qwen3"), path)
     config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps(config | {"use_sliding_window": True, "sliding_window": 16}))
+    (path / "config.json").write_text(
+        json.dumps(config | {"use_sliding_window": True, "sliding_window": 16})
+    )
     with pytest.raises(ValueError, match="sliding"):
         LLM(path, device="cpu")
 
@@ -83,12 +90,16 @@ def test_vocab_past_the_tokenizer_warns_once(tmp_path, caplog, monkeypatch):
     from nanovllm_final.log import log_once
 
     log_once.cache_clear()  # as in a fresh process
-    path = make_model(tmp_path / "wide", arch="qwen3", vocab_size=4096)  # the tokenizer has 500 tokens
+    path = make_model(
+        tmp_path / "wide", arch="qwen3", vocab_size=4096
+    )  # the tokenizer has 500 tokens
     params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
     with caplog.at_level(logging.WARNING, logger="nanovllm_final"):
         for _ in range(2):  # a second engine in the same process does not warn again
             with LLM(path, device="cpu", max_model_len=64) as llm:
                 outs = llm.generate(random_prompts([4] * 2, seed=5), params, use_tqdm=False)
-            assert sum(t >= 500 for o in outs for t in o["token_ids"]) > 1  # most ids are past the tokenizer
+            assert (
+                sum(t >= 500 for o in outs for t in o["token_ids"]) > 1
+            )  # most ids are past the tokenizer
     warnings = [r for r in caplog.records if "tokenizer has only 500 tokens" in r.getMessage()]
     assert len(warnings) == 1

@@ -31,7 +31,9 @@ def test_cpu_eager_is_info_once_per_process(model_dir, caplog, fresh_process_not
     assert not [r for r in mine if r.levelno >= logging.WARNING]
     caplog.clear()
     model_runner.log_once.cache_clear()
-    with LLM(model_dir("qwen3"), device="cpu", max_model_len=32, enforce_eager=True):  # eager on purpose: silent
+    with LLM(
+        model_dir("qwen3"), device="cpu", max_model_len=32, enforce_eager=True
+    ):  # eager on purpose: silent
         pass
     assert not [r for r in caplog.records if r.name.startswith("nanovllm_final")]
 
@@ -48,14 +50,19 @@ def test_uncapturable_backend_on_cuda_warns_once_with_the_remedy(caplog, fresh_p
         assert [model_runner.ModelRunner.use_cudagraphs(runner) for _ in range(3)] == [False] * 3
     (record,) = [r for r in caplog.records if r.name == model_runner.__name__]
     assert record.levelname == "WARNING"
-    assert "torch attention backend" in record.getMessage() and "attention_backend='triton'" in record.getMessage()
+    assert (
+        "torch attention backend" in record.getMessage()
+        and "attention_backend='triton'" in record.getMessage()
+    )
     runner.attention_backend = types.SimpleNamespace(name="triton", capturable=True)
     assert model_runner.ModelRunner.use_cudagraphs(runner)
 
 
 def test_too_long_prompt_is_our_error_alone(model_dir, transformers_log):
     with LLM(model_dir("qwen3"), device="cpu", enforce_eager=True) as llm:
-        too_long = "the old lighthouse " * (llm.tokenizer.model_max_length // 2)  # beyond the tokenizer's limit too
+        too_long = "the old lighthouse " * (
+            llm.tokenizer.model_max_length // 2
+        )  # beyond the tokenizer's limit too
         assert len(llm.encode(too_long)) > llm.tokenizer.model_max_length
         with pytest.raises(ValueError, match="max_model_len"):
             llm.generate([too_long], use_tqdm=False)

@@ -7,8 +7,8 @@ With and without overlap."""
 
 import pytest
 import torch
-
 from common import random_prompts
+
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.engine import llm_engine, sampling
 
@@ -58,7 +58,10 @@ def drain(engine, max_steps: int = 300) -> dict:
 
 def assert_all_free(engine) -> None:
     assert not engine.has_unfinished_requests() and engine.in_flight is None
-    assert engine.num_free_blocks == engine.num_blocks and engine.num_running == engine.num_waiting == 0
+    assert (
+        engine.num_free_blocks == engine.num_blocks
+        and engine.num_running == engine.num_waiting == 0
+    )
 
 
 def test_the_failed_steps_requests_end_with_an_error_and_the_engine_goes_on(llm, poison_sampling):
@@ -73,7 +76,9 @@ def test_the_failed_steps_requests_end_with_an_error_and_the_engine_goes_on(llm,
         assert finals[rid].outputs[0].finish_reason == "error"
         assert finals[rid].error == "OverflowError: Python int too large to convert to C long"
     assert_all_free(engine)
-    assert [o["token_ids"] for o in llm.generate(prompts, GOOD, use_tqdm=False)] == expected  # served as before
+    assert [
+        o["token_ids"] for o in llm.generate(prompts, GOOD, use_tqdm=False)
+    ] == expected  # served as before
 
 
 def test_a_failure_mid_run_frees_the_blocks_of_a_request_in_flight(llm, poison_sampling):
@@ -82,7 +87,9 @@ def test_a_failure_mid_run_frees_the_blocks_of_a_request_in_flight(llm, poison_s
     prompts = random_prompts([6, 11], seed=2)
     long = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     expected = llm.generate(prompts[1:], long, use_tqdm=False)[0]["token_ids"]
-    outs = llm.generate(prompts, [poisoned(12), long], use_tqdm=False)  # returns: nobody waits for the failed one
+    outs = llm.generate(
+        prompts, [poisoned(12), long], use_tqdm=False
+    )  # returns: nobody waits for the failed one
     assert [o["finish_reason"] for o in outs] == ["error", "error"]
     # the tokens it had when its step failed; with overlap the third was still on the device
     assert len(outs[0]["token_ids"]) == (2 if llm.engine.overlap else 3)
@@ -99,8 +106,15 @@ def test_requests_outside_the_failed_step_complete_unharmed(model_dir, poison_sa
         engine = llm.engine
         ids = [engine.add_request(p, poisoned() if i == 1 else GOOD) for i, p in enumerate(prompts)]
         finals = drain(engine)
-        assert [finals[rid].outputs[0].finish_reason for rid in ids] == ["length", "error", "length"]
-        assert [finals[rid].outputs[0].token_ids for rid in (ids[0], ids[2])] == [expected[0], expected[2]]
+        assert [finals[rid].outputs[0].finish_reason for rid in ids] == [
+            "length",
+            "error",
+            "length",
+        ]
+        assert [finals[rid].outputs[0].token_ids for rid in (ids[0], ids[2])] == [
+            expected[0],
+            expected[2],
+        ]
         assert finals[ids[0]].error is None and finals[ids[2]].error is None
         assert_all_free(engine)
 
@@ -129,7 +143,9 @@ def test_a_lost_device_ends_every_request_and_stops_the_engine(model_dir, monkey
     prompts = random_prompts([5, 6, 7], seed=5)
     with LLM(model_dir("qwen3"), overlap_scheduling=overlap, max_num_seqs=2, **OPTIONS) as llm:
         engine, runner = llm.engine, llm.engine.model_runner
-        ids = [engine.add_request(p, GOOD) for p in prompts]  # the third one waits: two sequences a step
+        ids = [
+            engine.add_request(p, GOOD) for p in prompts
+        ]  # the third one waits: two sequences a step
         for _ in range(3):
             engine.step()
         real = runner.execute
@@ -138,12 +154,20 @@ def test_a_lost_device_ends_every_request_and_stops_the_engine(model_dir, monkey
             raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
         monkeypatch.setattr(runner, "execute", lost)
-        with pytest.raises(torch.AcceleratorError, match="illegal memory access"):  # the step that met it says so
+        with pytest.raises(
+            torch.AcceleratorError, match="illegal memory access"
+        ):  # the step that met it says so
             engine.step()
         finals = drain(engine)  # then every request it held ends
         assert sorted(finals) == sorted(ids)  # the waiting one too
-        assert all(out.outputs[0].finish_reason == "error" and "illegal memory access" in out.error for out in finals.values())
+        assert all(
+            out.outputs[0].finish_reason == "error" and "illegal memory access" in out.error
+            for out in finals.values()
+        )
         assert_all_free(engine)
         monkeypatch.setattr(runner, "execute", real)
-        with pytest.raises(RuntimeError, match="the engine stopped earlier: AcceleratorError: .*illegal memory access"):
+        with pytest.raises(
+            RuntimeError,
+            match="the engine stopped earlier: AcceleratorError: .*illegal memory access",
+        ):
             llm.generate(prompts[:1], GOOD, use_tqdm=False)

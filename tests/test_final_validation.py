@@ -9,12 +9,12 @@ import math
 import threading
 
 import pytest
-
 from common import ROOT, random_prompts
+
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.config import EngineConfig, ModelConfig
-from nanovllm_final.sampling_params import MAX_N
 from nanovllm_final.engine.front_end import validate_request
+from nanovllm_final.sampling_params import MAX_N
 from nanovllm_final.validate import Problem, options
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -57,14 +57,41 @@ NAN, INF = math.nan, math.inf
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("top_k", 2**63), ("seed", 2**63), ("seed", -(2**63) - 1), ("stop_token_ids", [2**63]), ("max_tokens", 2**63),
-        ("min_tokens", 2**64), ("logprobs", 2**63), ("n", MAX_N + 1), ("n", 10**6),
-        ("temperature", NAN), ("temperature", INF), ("temperature", 1e300), ("top_p", NAN), ("top_p", 0.0), ("min_p", NAN),
-        ("repetition_penalty", NAN), ("repetition_penalty", INF), ("repetition_penalty", 1e-300),
-        ("presence_penalty", NAN), ("frequency_penalty", -INF),
-        ("n", True), ("max_tokens", True), ("top_k", False), ("logprobs", True), ("stop_token_ids", [True]),
-        ("max_tokens", "5"), ("temperature", "1"), ("seed", "0"), ("ignore_eos", "yes"), ("ignore_eos", 1),
-        ("min_tokens", 1.0), ("stop", ""), ("stop", ["a", ""]), ("stop", [b"a"]), ("stop_token_ids", 5),
+        ("top_k", 2**63),
+        ("seed", 2**63),
+        ("seed", -(2**63) - 1),
+        ("stop_token_ids", [2**63]),
+        ("max_tokens", 2**63),
+        ("min_tokens", 2**64),
+        ("logprobs", 2**63),
+        ("n", MAX_N + 1),
+        ("n", 10**6),
+        ("temperature", NAN),
+        ("temperature", INF),
+        ("temperature", 1e300),
+        ("top_p", NAN),
+        ("top_p", 0.0),
+        ("min_p", NAN),
+        ("repetition_penalty", NAN),
+        ("repetition_penalty", INF),
+        ("repetition_penalty", 1e-300),
+        ("presence_penalty", NAN),
+        ("frequency_penalty", -INF),
+        ("n", True),
+        ("max_tokens", True),
+        ("top_k", False),
+        ("logprobs", True),
+        ("stop_token_ids", [True]),
+        ("max_tokens", "5"),
+        ("temperature", "1"),
+        ("seed", "0"),
+        ("ignore_eos", "yes"),
+        ("ignore_eos", 1),
+        ("min_tokens", 1.0),
+        ("stop", ""),
+        ("stop", ["a", ""]),
+        ("stop", [b"a"]),
+        ("stop_token_ids", 5),
     ],
 )
 def test_sampling_params_refuse(field, value):
@@ -84,7 +111,16 @@ def test_sampling_params_are_checked_when_set_later():
 
 
 def test_sampling_params_take_the_limits():
-    p = SamplingParams(n=MAX_N, seed=-(2**63), top_k=2**63 - 1, temperature=1e6, top_p=1e-6, repetition_penalty=1e-6, stop=[], stop_token_ids=())
+    p = SamplingParams(
+        n=MAX_N,
+        seed=-(2**63),
+        top_k=2**63 - 1,
+        temperature=1e6,
+        top_p=1e-6,
+        repetition_penalty=1e-6,
+        stop=[],
+        stop_token_ids=(),
+    )
     assert (p.n, p.stop, p.stop_token_ids) == (MAX_N, [], [])
     assert p.resolve({}, vocab_size=512).top_k == 0  # beyond the vocabulary: every token, like 0
     assert SamplingParams(top_k=511).resolve({}, vocab_size=512).top_k == 511
@@ -94,19 +130,32 @@ def test_options_list_every_field_with_help_and_type():
     listed = {o.name: o for o in options(SamplingParams)}
     assert list(listed) == [f for f in SamplingParams.__dataclass_fields__]
     assert all(o.help for o in listed.values())
-    assert listed["temperature"].annotation == float | None and listed["n"].default == 1 and listed["n"].spec.high == MAX_N
-    assert {o.name for o in options(EngineConfig)} == set(EngineConfig.__dataclass_fields__) - {"model"}
+    assert (
+        listed["temperature"].annotation == float | None
+        and listed["n"].default == 1
+        and listed["n"].spec.high == MAX_N
+    )
+    assert {o.name for o in options(EngineConfig)} == set(EngineConfig.__dataclass_fields__) - {
+        "model"
+    }
 
 
 # ---- engine options ----
 
+
 @pytest.mark.parametrize(
     "options_, field",
     [
-        (dict(gpu_memory_utilization="0.5"), "gpu_memory_utilization"), (dict(seed=2**70), "seed"), (dict(device="foo"), "device"),
-        (dict(max_model_len=True), "max_model_len"), (dict(max_num_seqs="8"), "max_num_seqs"), (dict(enforce_eager="yes"), "enforce_eager"),
-        (dict(num_kvcache_blocks=0), "num_kvcache_blocks"), (dict(distributed_port=70000), "distributed_port"),
-        (dict(distributed_timeout=NAN), "distributed_timeout"), (dict(kvcache_block_size=4.0), "kvcache_block_size"),
+        (dict(gpu_memory_utilization="0.5"), "gpu_memory_utilization"),
+        (dict(seed=2**70), "seed"),
+        (dict(device="foo"), "device"),
+        (dict(max_model_len=True), "max_model_len"),
+        (dict(max_num_seqs="8"), "max_num_seqs"),
+        (dict(enforce_eager="yes"), "enforce_eager"),
+        (dict(num_kvcache_blocks=0), "num_kvcache_blocks"),
+        (dict(distributed_port=70000), "distributed_port"),
+        (dict(distributed_timeout=NAN), "distributed_timeout"),
+        (dict(kvcache_block_size=4.0), "kvcache_block_size"),
     ],
 )
 def test_engine_options_refuse(model_dir, options_, field):
@@ -117,6 +166,7 @@ def test_engine_options_refuse(model_dir, options_, field):
 
 # ---- the checkpoint's own files ----
 
+
 def checkpoint_with(model_dir, tmp_path, name: str, edit) -> str:
     """The tiny checkpoint with one file changed (`edit(dict) -> dict`, or a str: the file's new text); the others linked."""
     source, path = model_dir("qwen3"), tmp_path / "m"
@@ -124,7 +174,9 @@ def checkpoint_with(model_dir, tmp_path, name: str, edit) -> str:
     for file in source.iterdir():
         if file.name != name:
             (path / file.name).symlink_to(file)
-    text = edit if isinstance(edit, str) else json.dumps(edit(json.loads((source / name).read_text())))
+    text = (
+        edit if isinstance(edit, str) else json.dumps(edit(json.loads((source / name).read_text())))
+    )
     (path / name).write_text(text)
     return path
 
@@ -132,19 +184,45 @@ def checkpoint_with(model_dir, tmp_path, name: str, edit) -> str:
 @pytest.mark.parametrize(
     "name, edit, fields",
     [
-        ("generation_config.json", lambda g: g | {"top_k": 2**63}, ("generation_config.json", "top_k")),
-        ("generation_config.json", lambda g: g | {"temperature": "hot"}, ("generation_config.json", "temperature")),
-        ("generation_config.json", lambda g: g | {"eos_token_id": [2, 99999]}, ("generation_config.json", "eos_token_id")),
+        (
+            "generation_config.json",
+            lambda g: g | {"top_k": 2**63},
+            ("generation_config.json", "top_k"),
+        ),
+        (
+            "generation_config.json",
+            lambda g: g | {"temperature": "hot"},
+            ("generation_config.json", "temperature"),
+        ),
+        (
+            "generation_config.json",
+            lambda g: g | {"eos_token_id": [2, 99999]},
+            ("generation_config.json", "eos_token_id"),
+        ),
         ("config.json", lambda c: c | {"eos_token_id": -1}, ("config.json", "eos_token_id")),
-        ("config.json", lambda c: c | {"max_position_embeddings": 0}, ("config.json", "max_position_embeddings")),
-        ("config.json", lambda c: c | {"num_attention_heads": True}, ("config.json", "num_attention_heads")),
-        ("config.json", lambda c: c | {"num_key_value_heads": 3}, ("config.json", "num_key_value_heads")),
+        (
+            "config.json",
+            lambda c: c | {"max_position_embeddings": 0},
+            ("config.json", "max_position_embeddings"),
+        ),
+        (
+            "config.json",
+            lambda c: c | {"num_attention_heads": True},
+            ("config.json", "num_attention_heads"),
+        ),
+        (
+            "config.json",
+            lambda c: c | {"num_key_value_heads": 3},
+            ("config.json", "num_key_value_heads"),
+        ),
         ("config.json", lambda c: c | {"rope_theta": -1.0}, ("config.json", "rope_theta")),
         ("config.json", '{"vocab_size": 512,', ("config.json", "not valid JSON")),
         ("generation_config.json", "[1, 2]", ("generation_config.json", "JSON object")),
     ],
 )
-def test_bad_checkpoint_files_are_refused_naming_file_and_field(model_dir, tmp_path, name, edit, fields):
+def test_bad_checkpoint_files_are_refused_naming_file_and_field(
+    model_dir, tmp_path, name, edit, fields
+):
     path = checkpoint_with(model_dir, tmp_path, name, edit)
     with pytest.raises(ValueError) as info:
         LLM(path, device="cpu")
@@ -164,18 +242,29 @@ def test_bad_model_argument_and_shard_index(model_dir, tmp_path):
 def test_model_config_from_dict_checks_types():
     raw = json.loads((ROOT / "tools" / "configs" / "qwen3-0.6b" / "config.json").read_text())
     ModelConfig.from_dict(raw)
-    for key, value in (("vocab_size", "151936"), ("hidden_size", 0), ("architectures", "Qwen3ForCausalLM"), ("tie_word_embeddings", "yes")):
+    for key, value in (
+        ("vocab_size", "151936"),
+        ("hidden_size", 0),
+        ("architectures", "Qwen3ForCausalLM"),
+        ("tie_word_embeddings", "yes"),
+    ):
         with pytest.raises(ValueError, match=f"config.json: {key}"):
             ModelConfig.from_dict(raw | {key: value})
 
 
 # ---- requests: the vocabulary, the context, once through validate_request ----
 
+
 def test_requests_outside_the_model_are_refused_before_any_work(llm):
     vocab, engine = llm.model_config.vocab_size, llm.engine
     cases = [
         ([5, vocab], SamplingParams(), "prompt", "invalid_value"),
-        ([5, 6], SamplingParams(min_tokens=1, stop_token_ids=[999999]), "stop_token_ids", "invalid_value"),
+        (
+            [5, 6],
+            SamplingParams(min_tokens=1, stop_token_ids=[999999]),
+            "stop_token_ids",
+            "invalid_value",
+        ),
         ([5, 6], SamplingParams(stop_token_ids=[vocab]), "stop_token_ids", "invalid_value"),
         ([5, 6], SamplingParams(logprobs=vocab + 1), "logprobs", "invalid_value"),
         (list(range(3, 67)), SamplingParams(), "prompt", "context_length_exceeded"),
@@ -185,7 +274,10 @@ def test_requests_outside_the_model_are_refused_before_any_work(llm):
     for ids, params, param, code in cases:
         problem = validate_request(ids, params, llm.config, llm.model_config)
         assert (problem.param, problem.code) == (param, code), problem.message
-        for submit in (lambda: engine.add_request(ids, params), lambda: llm.generate([ids], params, use_tqdm=False)):
+        for submit in (
+            lambda: engine.add_request(ids, params),
+            lambda: llm.generate([ids], params, use_tqdm=False),
+        ):
             with pytest.raises(Problem) as info:
                 submit()
             assert (info.value.param, info.value.code) == (param, code)
@@ -194,12 +286,21 @@ def test_requests_outside_the_model_are_refused_before_any_work(llm):
     with pytest.raises(Problem, match="prompt 2 has token ids"):
         llm.generate([[5, 6], [7, 8], [9, vocab]], SamplingParams(max_tokens=2), use_tqdm=False)
     assert not engine.has_unfinished_requests()
-    assert validate_request([5, vocab - 1], SamplingParams(stop_token_ids=[vocab - 1], logprobs=vocab), llm.config, llm.model_config) is None
+    assert (
+        validate_request(
+            [5, vocab - 1],
+            SamplingParams(stop_token_ids=[vocab - 1], logprobs=vocab),
+            llm.config,
+            llm.model_config,
+        )
+        is None
+    )
 
 
 def test_the_limits_sample_sensibly(llm):
     """top_k beyond the vocabulary keeps every token; the smallest top_p keeps the most likely one."""
     prompts = random_prompts([5, 8], seed=30)
+
     def run(**kw):
         params = SamplingParams(**({"temperature": 1.0, "seed": 3} | kw), max_tokens=6)
         return tokens(llm.generate(prompts, params, use_tqdm=False))
@@ -212,7 +313,9 @@ def test_the_limits_sample_sensibly(llm):
 def test_request_ids_never_collide(llm):
     engine, params = llm.engine, SamplingParams(max_tokens=2, **GREEDY)
     auto = engine.add_request([5, 6], params)
-    user = engine.add_request([7, 8], params, request_id=str(int(auto) + 1))  # the id the counter gives next
+    user = engine.add_request(
+        [7, 8], params, request_id=str(int(auto) + 1)
+    )  # the id the counter gives next
     nxt = engine.add_request([9, 10], params)
     assert len({auto, user, nxt}) == 3
     for bad in (4, "", b"x"):
@@ -227,7 +330,9 @@ def test_request_ids_never_collide(llm):
 def test_abort_then_re_add_never_hands_out_the_stale_abort(llm):
     engine = llm.engine
     old, new = random_prompts([9, 6], seed=31)
-    (expected,) = tokens(llm.generate([new], SamplingParams(max_tokens=5, **GREEDY), use_tqdm=False))
+    (expected,) = tokens(
+        llm.generate([new], SamplingParams(max_tokens=5, **GREEDY), use_tqdm=False)
+    )
     engine.add_request(old, SamplingParams(max_tokens=20, **GREEDY), request_id="x")
     engine.step()
     engine.abort_request("x")
@@ -241,15 +346,22 @@ def test_abort_then_re_add_never_hands_out_the_stale_abort(llm):
 
 # ---- the LLM face ----
 
+
 def test_chat_refuses_what_a_template_cannot_take(llm):
-    for messages, match in (([{"role": "user", "content": 5}], r"messages\[0\]\['content'\]"),
-                            ([{"role": 1, "content": "hi"}], r"messages\[0\]\['role'\]")):
+    for messages, match in (
+        ([{"role": "user", "content": 5}], r"messages\[0\]\['content'\]"),
+        ([{"role": 1, "content": "hi"}], r"messages\[0\]\['role'\]"),
+    ):
         with pytest.raises(ValueError, match=match):
             llm.chat(messages, use_tqdm=False)
     with pytest.raises(ValueError, match="non-empty list"):
         llm.encode_chat([])
     with pytest.raises(Problem, match="chat_template_kwargs") as info:
-        llm.chat([{"role": "user", "content": "hi"}], chat_template_kwargs={"chat_template": "{{ 'x' }}"}, use_tqdm=False)
+        llm.chat(
+            [{"role": "user", "content": "hi"}],
+            chat_template_kwargs={"chat_template": "{{ 'x' }}"},
+            use_tqdm=False,
+        )
     assert info.value.param == "chat_template_kwargs"
 
 
@@ -270,7 +382,10 @@ def test_generate_from_two_threads(llm):
     def worker(name: str, part: list[list[int]]):
         results[name] = [tokens(llm.generate(part, params, use_tqdm=False)) for _ in range(2)]
 
-    threads = [threading.Thread(target=worker, args=("a", prompts[:3])), threading.Thread(target=worker, args=("b", prompts[3:]))]
+    threads = [
+        threading.Thread(target=worker, args=("a", prompts[:3])),
+        threading.Thread(target=worker, args=("b", prompts[3:])),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -295,11 +410,18 @@ def test_interleaved_streams_each_get_all_of_their_outputs(llm):
 
     events_a, events_b = within(60, interleave)
     assert [joined(events_a), joined(events_b)] == expected
-    assert events_a[-1]["finished"] and events_b[-1]["finished"] and sum(e["finished"] for e in events_a + events_b) == 2
+    assert (
+        events_a[-1]["finished"]
+        and events_b[-1]["finished"]
+        and sum(e["finished"] for e in events_a + events_b) == 2
+    )
     # zip stops at the shorter stream: the other is closed, its request aborted and its blocks freed
     free = llm.engine.block_manager.num_free_blocks
     within(60, lambda: list(zip(llm.stream([a], params[0]), llm.stream([b], params[1]))))
-    assert not llm.engine.has_unfinished_requests() and llm.engine.block_manager.num_free_blocks == free
+    assert (
+        not llm.engine.has_unfinished_requests()
+        and llm.engine.block_manager.num_free_blocks == free
+    )
 
 
 def test_generate_while_a_stream_is_half_consumed(llm):
@@ -314,7 +436,11 @@ def test_generate_while_a_stream_is_half_consumed(llm):
         return first + list(stream), middle
 
     events, middle = within(60, mixed)
-    assert middle == expected[1:] and joined(events) == expected[0] and events[-1]["finish_reason"] == "length"
+    assert (
+        middle == expected[1:]
+        and joined(events) == expected[0]
+        and events[-1]["finish_reason"] == "length"
+    )
     assert not llm.engine.has_unfinished_requests()
 
 
@@ -339,7 +465,9 @@ def test_a_stream_closed_during_a_step_is_aborted_by_the_next(llm):
     def step(*args, **kwargs):
         del engine.step  # the real one again
         stream.close()
-        assert engine.num_running + engine.num_waiting == 2  # nothing aborted under the running step: a and b
+        assert (
+            engine.num_running + engine.num_waiting == 2
+        )  # nothing aborted under the running step: a and b
         return engine.step(*args, **kwargs)
 
     engine.step = step

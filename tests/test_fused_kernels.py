@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from common import random_prompts  # noqa: E402
+
 from nanovllm_final import LLM, SamplingParams  # noqa: E402
 from nanovllm_final.kernels import activation, dispatch, norm_rope, sampling  # noqa: E402
 from nanovllm_final.layers.activation import SiluAndMul  # noqa: E402
@@ -38,7 +39,9 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
     out = out.cpu()
     torch.testing.assert_close(out, ref, **tol(ref.dtype))
     if DEVICE == "cuda" and ref.dtype == torch.bfloat16:
-        assert (out != ref).float().mean() < 0.02, "more than 2% of the elements differ from the reference"
+        assert (out != ref).float().mean() < 0.02, (
+            "more than 2% of the elements differ from the reference"
+        )
 
 
 def reference(module, *args):
@@ -81,7 +84,9 @@ def test_fused_add_rms_norm(dtype):
     norm.weight.data = (torch.randn(dim, generator=g) * 0.3 + 1).to(dtype)
     x = torch.randn(6, dim, generator=g).to(dtype)
     residual = (torch.randn(6, dim, generator=g) * 4).to(dtype)
-    out, new_residual = norm_rope.rms_norm(x.to(DEVICE), norm.weight.to(DEVICE), norm.eps, residual.to(DEVICE))
+    out, new_residual = norm_rope.rms_norm(
+        x.to(DEVICE), norm.weight.to(DEVICE), norm.eps, residual.to(DEVICE)
+    )
     ref_out, ref_residual = reference(norm, x, residual)
     assert_matches(new_residual, ref_residual)
     assert_matches(out, ref_out)
@@ -89,8 +94,19 @@ def test_fused_add_rms_norm(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
+)
 def test_rotary(dtype, scaling):
     g = torch.Generator().manual_seed(3)
     heads, kv_heads, head_dim, tokens = 4, 2, 24, 9  # head_dim/2 = 12: masked lanes
@@ -99,8 +115,9 @@ def test_rotary(dtype, scaling):
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
     k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     positions = torch.randint(0, 512, (tokens,), generator=g)
-    q_out, k_out = norm_rope.rotary(positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE),
-                                       rope.cos.to(DEVICE), rope.sin.to(DEVICE))
+    q_out, k_out = norm_rope.rotary(
+        positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE), rope.cos.to(DEVICE), rope.sin.to(DEVICE)
+    )
     q_ref, k_ref = reference(rope, positions, q, k)
     assert q_out.is_contiguous() and k_out.is_contiguous()
     assert_matches(q_out, q_ref)
@@ -123,11 +140,25 @@ def test_qk_norm_rotary(dtype, head_dim):
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
     k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     positions = torch.randint(0, 512, (tokens,), generator=g)
-    q_out, k_out = norm_rope.rotary(positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE), rope.cos.to(DEVICE),
-                                       rope.sin.to(DEVICE), (q_norm.weight.to(DEVICE), k_norm.weight.to(DEVICE)), 1e-6)
+    q_out, k_out = norm_rope.rotary(
+        positions.to(DEVICE),
+        q.to(DEVICE),
+        k.to(DEVICE),
+        rope.cos.to(DEVICE),
+        rope.sin.to(DEVICE),
+        (q_norm.weight.to(DEVICE), k_norm.weight.to(DEVICE)),
+        1e-6,
+    )
     q_ref, k_ref = reference(rope, positions, q, k, q_norm, k_norm)
-    torch.testing.assert_close(q_ref, rope(positions, q_norm(q), k_norm(k))[0])  # the reference: norm, then rotate
-    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.is_contiguous() and k_out.is_contiguous()
+    torch.testing.assert_close(
+        q_ref, rope(positions, q_norm(q), k_norm(k))[0]
+    )  # the reference: norm, then rotate
+    assert (
+        q_out.shape == q.shape
+        and k_out.shape == k.shape
+        and q_out.is_contiguous()
+        and k_out.is_contiguous()
+    )
     assert_matches(q_out, q_ref)
     assert_matches(k_out, k_ref)
     q_plain, k_plain = reference(rope, positions, q, k)  # rotated without the norms: far from it
@@ -154,14 +185,23 @@ def test_gumbel_argmax_draws_the_samplers_tokens(dtype, vocab):
     g = torch.Generator().manual_seed(vocab)
     rows = 24
     logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
-    logits[::3] = torch.randint(-3, 4, (len(logits[::3]), vocab), generator=g).to(dtype)  # many tied maxima
+    logits[::3] = torch.randint(-3, 4, (len(logits[::3]), vocab), generator=g).to(
+        dtype
+    )  # many tied maxima
     logits[1, : vocab // 2] = float("-inf")  # suppressed tokens (min_tokens)
     logits[3, : vocab - 200] = -10.0  # a greedy row whose tied maxima are all in the last chunk
     temperatures = torch.tensor([0.0, 0.6, 1.0, 0.0, 1.3, 0.2, 0.0, 1e-7, 0.9, 0.0, 2.0, 0.7] * 2)
-    seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.randint(0, 999, (rows,), generator=g)
-    keys = seed_keys(seeds, positions)  # (rows,): the Sampler's noise for them is keyed_exponential(keys, ids)
+    seeds, positions = (
+        torch.randint(0, 2**40, (rows,), generator=g),
+        torch.randint(0, 999, (rows,), generator=g),
+    )
+    keys = seed_keys(
+        seeds, positions
+    )  # (rows,): the Sampler's noise for them is keyed_exponential(keys, ids)
     out = sampling.gumbel_argmax(logits.to(DEVICE), keys.to(DEVICE), temperatures.to(DEVICE))
-    expected = Sampler(seed=0, device=torch.device("cpu"))(logits, temperatures, seeds=seeds, positions=positions)
+    expected = Sampler(seed=0, device=torch.device("cpu"))(
+        logits, temperatures, seeds=seeds, positions=positions
+    )
     assert out.dtype == torch.int64 and torch.equal(out.cpu(), expected)
     greedy = temperatures == 0
     assert torch.equal(out.cpu()[greedy], logits[greedy].argmax(-1))  # the first of the tied maxima
@@ -174,9 +214,17 @@ def test_gumbel_argmax_hashes_the_noise_of_keyed_exponential():
     largest, random 32-bit ones) the kernel's hash picks keyed_exponential's minimum, over two
     chunks of the vocabulary."""
     vocab = 6000
-    keys = torch.cat([torch.tensor([0, 2**32 - 1, 2**31]), torch.randint(0, 2**32, (13,), generator=torch.Generator().manual_seed(1))])
-    out = sampling.gumbel_argmax(torch.zeros(len(keys), vocab, device=DEVICE), keys.to(DEVICE),
-                                     torch.ones(len(keys), device=DEVICE))
+    keys = torch.cat(
+        [
+            torch.tensor([0, 2**32 - 1, 2**31]),
+            torch.randint(0, 2**32, (13,), generator=torch.Generator().manual_seed(1)),
+        ]
+    )
+    out = sampling.gumbel_argmax(
+        torch.zeros(len(keys), vocab, device=DEVICE),
+        keys.to(DEVICE),
+        torch.ones(len(keys), device=DEVICE),
+    )
     assert torch.equal(out.cpu(), keyed_exponential(keys, torch.arange(vocab)).argmin(-1))
 
 
@@ -189,23 +237,52 @@ def test_candidates_draw_draws_the_samplers_tokens(masks, dtype):
     g = torch.Generator().manual_seed(len(masks))
     rows, vocab, k = 32, 600, 20
     logits = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
-    logits[::4] = torch.randint(-2, 3, (len(logits[::4]), vocab), generator=g).to(dtype)  # many tied candidates
+    logits[::4] = torch.randint(-2, 3, (len(logits[::4]), vocab), generator=g).to(
+        dtype
+    )  # many tied candidates
     logits[1, :500] = float("-inf")  # suppressed tokens: 100 finite ones left
     logits[2, 20:] = float("-inf")  # exactly k finite candidates
     temperatures = torch.rand(rows, generator=g) * 1.5 + 0.05
     top_k = torch.randint(1, k + 1, (rows,), generator=g) if "top_k" in masks else None
-    top_p = torch.where(torch.rand(rows, generator=g) < 0.2, 1.0, torch.rand(rows, generator=g)) if "top_p" in masks else None
-    min_p = torch.where(torch.rand(rows, generator=g) < 0.2, 0.0, torch.rand(rows, generator=g) * 0.3) if "min_p" in masks else None
-    seeds, positions = torch.randint(0, 2**40, (rows,), generator=g), torch.randint(0, 999, (rows,), generator=g)
-    expected = Sampler(seed=0, device=torch.device("cpu"))(logits, temperatures, top_k, top_p, min_p, seeds=seeds,
-                                                           positions=positions, max_k=k, greedy_rows=False)
+    top_p = (
+        torch.where(torch.rand(rows, generator=g) < 0.2, 1.0, torch.rand(rows, generator=g))
+        if "top_p" in masks
+        else None
+    )
+    min_p = (
+        torch.where(torch.rand(rows, generator=g) < 0.2, 0.0, torch.rand(rows, generator=g) * 0.3)
+        if "min_p" in masks
+        else None
+    )
+    seeds, positions = (
+        torch.randint(0, 2**40, (rows,), generator=g),
+        torch.randint(0, 999, (rows,), generator=g),
+    )
+    expected = Sampler(seed=0, device=torch.device("cpu"))(
+        logits,
+        temperatures,
+        top_k,
+        top_p,
+        min_p,
+        seeds=seeds,
+        positions=positions,
+        max_k=k,
+        greedy_rows=False,
+    )
     values, ids = top_candidates(logits, k)  # (rows, k): what the max_k path draws among
+
     def on(t):
         return None if t is None else t.to(DEVICE)
 
-    out = sampling.candidates_draw(values.to(DEVICE), ids.to(DEVICE), seed_keys(seeds, positions).to(DEVICE),
-                                       temperatures.to(DEVICE),
-                                       on(top_k), on(top_p), on(min_p))
+    out = sampling.candidates_draw(
+        values.to(DEVICE),
+        ids.to(DEVICE),
+        seed_keys(seeds, positions).to(DEVICE),
+        temperatures.to(DEVICE),
+        on(top_k),
+        on(top_p),
+        on(min_p),
+    )
     assert out.dtype == torch.int64 and torch.equal(out.cpu(), expected)
     assert len(set(out.tolist())) > rows // 2  # the draws differ from row to row
     assert not torch.equal(out.cpu(), ids[:, 0])  # not just each row's most likely token
@@ -225,8 +302,12 @@ def test_sampler_on_the_device_draws_the_cpu_samplers_tokens():
     args = (temperatures, top_k, top_p, None, seeds, positions)
 
     def draw(device):
-        return Sampler(seed=0, device=torch.device(device))(logits.to(device), *(None if a is None else a.to(device) for a in args),
-                                                            max_k=20, greedy_rows=True).cpu()
+        return Sampler(seed=0, device=torch.device(device))(
+            logits.to(device),
+            *(None if a is None else a.to(device) for a in args),
+            max_k=20,
+            greedy_rows=True,
+        ).cpu()
 
     expected = draw("cpu")
     assert torch.equal(draw(DEVICE), expected)
@@ -259,7 +340,9 @@ def test_layers_dispatch_to_kernels_on_cuda():
     assert_matches(k_out, k_ref)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Sampler uses the kernel on CUDA only")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the Sampler uses the kernel on CUDA only"
+)
 def test_sampler_draws_the_same_tokens_with_the_kernel():
     """A decode-sized batch (bf16 logits; seeded, greedy and unseeded rows): the fused draw
     equals the Sampler's PyTorch code on the same device, token for token, in the seeded and
@@ -269,35 +352,59 @@ def test_sampler_draws_the_same_tokens_with_the_kernel():
     logits = (torch.randn(rows, vocab, generator=g, device="cuda") * 3).to(torch.bfloat16)
     temperatures = torch.rand(rows, generator=g, device="cuda") + 0.3
     temperatures[::7] = 0
-    seeds = torch.where(torch.arange(rows, device="cuda") % 3 == 0, torch.arange(rows, device="cuda"), -1)
+    seeds = torch.where(
+        torch.arange(rows, device="cuda") % 3 == 0, torch.arange(rows, device="cuda"), -1
+    )
     positions = torch.randint(0, 999, (rows,), generator=g, device="cuda")
     assert dispatch.use_kernel(logits)
-    draws = [Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions)]
+    draws = [
+        Sampler(seed=1, device=torch.device("cuda"))(
+            logits, temperatures, seeds=seeds, positions=positions
+        )
+    ]
     with dispatch.reference_only():
-        draws.append(Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions))
+        draws.append(
+            Sampler(seed=1, device=torch.device("cuda"))(
+                logits, temperatures, seeds=seeds, positions=positions
+            )
+        )
     same = (seeds >= 0) | (temperatures == 0)
     assert torch.equal(draws[0][same], draws[1][same])
-    assert (draws[0] != logits.argmax(-1)).sum() > rows // 2  # the sampled rows mostly leave the argmax
-    again = Sampler(seed=1, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions)
+    assert (
+        draws[0] != logits.argmax(-1)
+    ).sum() > rows // 2  # the sampled rows mostly leave the argmax
+    again = Sampler(seed=1, device=torch.device("cuda"))(
+        logits, temperatures, seeds=seeds, positions=positions
+    )
     assert torch.equal(again, draws[0])
-    other = Sampler(seed=2, device=torch.device("cuda"))(logits, temperatures, seeds=seeds, positions=positions)
+    other = Sampler(seed=2, device=torch.device("cuda"))(
+        logits, temperatures, seeds=seeds, positions=positions
+    )
     assert (other != draws[0])[~same].sum() > (~same).sum() // 2  # another seed, other keys
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the kernels' dispatch need a GPU")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs and the kernels' dispatch need a GPU"
+)
 def test_qwen3_graphs_with_the_kernels_equal_the_reference_layers(model_dir):
     """Qwen3 (q/k norm) in float32: CUDA-graph decode steps with every fused kernel give the
     tokens the eager engine gives with the layers', the attention's and the sampler's PyTorch code, for greedy
     rows and for seeded temperature-only rows (drawn by the sampler's kernel)."""
     prompts = random_prompts([5 + i % 11 for i in range(12)], seed=9)
-    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=16, ignore_eos=True) for i in range(12)]
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=16, ignore_eos=True)
+        for i in range(12)
+    ]
     options = dict(device="cuda", dtype="float32", max_model_len=128, max_num_seqs=16)
     with LLM(model_dir("qwen3"), **options) as llm:
         fused = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
         assert llm.engine.model_runner.num_graph_replays > 0
     # every layer's PyTorch code (cuBLAS for the projections and the MLP of a few rows too), and the
     # PyTorch attention: the Triton decode kernel applies q/k norms and RoPE itself
-    with dispatch.reference_only(), LLM(model_dir("qwen3"), enforce_eager=True, attention_backend="torch", **options) as llm:
+    with (
+        dispatch.reference_only(),
+        LLM(model_dir("qwen3"), enforce_eager=True, attention_backend="torch", **options) as llm,
+    ):
         reference = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
     assert fused == reference
 

@@ -3,7 +3,6 @@ against Hugging Face, and CUDA-graph replay against eager execution."""
 
 import pytest
 import torch
-
 from common import ENGINES, generate_and_compare, level, load_engine, random_prompts, stage_view
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -16,8 +15,15 @@ def test_triton_on_cuda_matches_hf(engine, model, model_dir, hf_greedy):
     token budget that forces chunked prefill (where the stage has them)."""
     st, path = load_engine(engine), model_dir(model)
     prompts = random_prompts([40, 3, 37, 21, 9, 30], seed=70)
-    options = dict(device="cuda", dtype="float32", attention_backend="triton", max_model_len=128,
-                   kvcache_block_size=4, num_kvcache_blocks=40, max_num_batched_tokens=32)
+    options = dict(
+        device="cuda",
+        dtype="float32",
+        attention_backend="triton",
+        max_model_len=128,
+        kvcache_block_size=4,
+        num_kvcache_blocks=40,
+        max_num_batched_tokens=32,
+    )
     with st.LLM(path, **options) as llm:
         generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=32)
         if level(engine) >= 3:
@@ -46,8 +52,12 @@ def test_final_replays_steps_with_prompts(model_dir):
     only decode steps replay."""
     st, path = load_engine("final"), model_dir("llama")
     prompts = random_prompts([5 + (i * 37) % 90 for i in range(12)], seed=12)
-    params = [st.SamplingParams(temperature=0.0, max_tokens=4 + i % 9, ignore_eos=True) for i in range(12)]
-    options = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64)
+    params = [
+        st.SamplingParams(temperature=0.0, max_tokens=4 + i % 9, ignore_eos=True) for i in range(12)
+    ]
+    options = dict(
+        device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64
+    )
     with st.LLM(path, enforce_eager=True, **options) as llm:
         eager = llm.generate(prompts, params, use_tqdm=False)
     for max_tokens in (64, 0):
@@ -65,11 +75,19 @@ def test_final_freezes_what_lives_as_long_as_the_engine(model_dir):
 
     st = load_engine("final")
     gc.unfreeze()
-    with st.LLM(model_dir("llama"), device="cuda", dtype="float32", max_model_len=128, max_num_seqs=4) as llm:
+    with st.LLM(
+        model_dir("llama"), device="cuda", dtype="float32", max_model_len=128, max_num_seqs=4
+    ) as llm:
         frozen = gc.get_freeze_count()
         assert frozen > 1000
-        llm.generate(random_prompts([8, 12], seed=3), st.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
-        assert gc.get_freeze_count() <= frozen  # none of what the requests allocated (frozen objects may still be freed)
+        llm.generate(
+            random_prompts([8, 12], seed=3),
+            st.SamplingParams(max_tokens=4, ignore_eos=True),
+            use_tqdm=False,
+        )
+        assert (
+            gc.get_freeze_count() <= frozen
+        )  # none of what the requests allocated (frozen objects may still be freed)
     assert gc.get_freeze_count() == 0
 
 
@@ -84,13 +102,24 @@ def test_final_pdl_changes_no_token(model_dir, monkeypatch):
     if not launch.pdl_args(torch.device("cuda", torch.cuda.current_device()))["PDL"]:
         pytest.skip("no programmatic dependent launch on this GPU or Triton")
     prompts = random_prompts([5 + (i * 29) % 60 for i in range(11)], seed=21)
-    params = [st.SamplingParams(temperature=0.8, top_k=20 if i % 2 else 0, top_p=0.9 if i % 2 else 1.0, seed=i,
-                                max_tokens=16, ignore_eos=True) for i in range(11)]
+    params = [
+        st.SamplingParams(
+            temperature=0.8,
+            top_k=20 if i % 2 else 0,
+            top_p=0.9 if i % 2 else 1.0,
+            seed=i,
+            max_tokens=16,
+            ignore_eos=True,
+        )
+        for i in range(11)
+    ]
     outputs = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("NANOVLLM_PDL", flag)
         launch.pdl_args.cache_clear()
-        with st.LLM(path, device="cuda", dtype="bfloat16", max_model_len=128, max_num_seqs=16) as llm:
+        with st.LLM(
+            path, device="cuda", dtype="bfloat16", max_model_len=128, max_num_seqs=16
+        ) as llm:
             outputs[flag] = llm.generate(prompts, params, use_tqdm=False)
             assert llm.engine.model_runner.cuda_graphs.num_replays[False] > 0
     launch.pdl_args.cache_clear()

@@ -16,7 +16,6 @@ import time
 
 import pytest
 import torch
-
 from common import ENGINES, ROOT, level
 
 TP_ENGINES = [e for e in ENGINES if level(e) >= 7]
@@ -30,9 +29,21 @@ pytestmark = [
 
 
 def start(scenario: str, engine: str, model: pathlib.Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, str(SCRIPT), scenario, engine, str(model)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env = {
+        **os.environ,
+        "PYTHONFAULTHANDLER": "1",
+        "NCCL_NVLS_ENABLE": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), scenario, engine, str(model)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, limit: float = LIMIT_S) -> str:
@@ -52,7 +63,9 @@ def finish(proc: subprocess.Popen, limit: float = LIMIT_S) -> str:
 def run(scenario: str, engine: str, model: pathlib.Path) -> dict:
     out = finish(start(scenario, engine, model))
     print(out)  # measurements end up in the log (pytest -s)
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+    result = json.loads(
+        next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT ") :]
+    )
     return result
 
 
@@ -79,7 +92,10 @@ def test_interpreter_exit_after_graphs(engine, model_dir):
     exit_s = time.monotonic() - ready_at
     print("".join(lines) + out + f"\ninterpreter exit took {exit_s:.2f} s")
     assert exit_s < 5
-    assert not pathlib.Path(f"/proc/{pid}").exists() or "zombie" in pathlib.Path(f"/proc/{pid}/status").read_text()
+    assert (
+        not pathlib.Path(f"/proc/{pid}").exists()
+        or "zombie" in pathlib.Path(f"/proc/{pid}/status").read_text()
+    )
 
 
 def test_killed_worker_reported_within_5s(engine, model_dir):

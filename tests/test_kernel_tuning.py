@@ -53,7 +53,10 @@ def test_an_unknown_device_takes_the_rules_and_says_so_once(tmp_path, monkeypatc
     big = tuning.choose(tuning.Device("Test GPU unknown", **A100))
     tuning.choose(tuning.Device("Test GPU unknown", **A100))
     (line,) = records(caplog, "Test GPU unknown")
-    assert "no file Test_GPU_unknown.json, rules from 108 SMs, 163 KiB shared memory" in line and "40 MiB L2" in line
+    assert (
+        "no file Test_GPU_unknown.json, rules from 108 SMs, 163 KiB shared memory" in line
+        and "40 MiB L2" in line
+    )
     small = tuning.choose(tuning.Device("Test GPU small", **{**A100, "shared_memory": 99 * 1024}))
     assert big.decode(False, 128)["num_stages"] == 3 and small.decode(False, 128)["num_stages"] == 2
     assert small.moe_grouped(100)["num_stages"] == 2  # less shared memory: fewer stages in flight
@@ -66,12 +69,18 @@ def test_the_cpu_rules_are_small_valid_tiles():
     assert all(choice.gemv(kind)["BLOCK_K"] <= 32 for kind in ("linear", "gate_up", "down"))
 
 
-@pytest.mark.parametrize("damage,message", [
-    (lambda c: c["gemv"].pop("rows"), "gemv lacks 'rows'"),
-    (lambda c: c["decode_attention"]["fp8"]["128"].update(BLOCK_N="64"), "decode_attention.fp8.128.BLOCK_N must be"),
-    (lambda c: c["moe"]["grouped"].update(big={}), "moe.grouped must map sizes"),
-    (lambda c: c.pop("prefill_attention"), "the top level lacks 'prefill_attention'"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda c: c["gemv"].pop("rows"), "gemv lacks 'rows'"),
+        (
+            lambda c: c["decode_attention"]["fp8"]["128"].update(BLOCK_N="64"),
+            "decode_attention.fp8.128.BLOCK_N must be",
+        ),
+        (lambda c: c["moe"]["grouped"].update(big={}), "moe.grouped must map sizes"),
+        (lambda c: c.pop("prefill_attention"), "the top level lacks 'prefill_attention'"),
+    ],
+)
 def test_a_malformed_file_is_a_clear_error(tmp_path, damage, message):
     config = h200_config()
     damage(config)
@@ -101,8 +110,11 @@ def test_override_replaces_choices_within_its_block():
     assert tuning.for_device(cpu).gemv_rows == before
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's check of the command (on a GPU, tune itself runs: "
-                    "benchmarks/gpu_suite.sh tune); the GPU machine's older Triton interprets the decode kernel differently")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="the CPU's check of the command (on a GPU, tune itself runs: "
+    "benchmarks/gpu_suite.sh tune); the GPU machine's older Triton interprets the decode kernel differently",
+)
 def test_tune_dry_run_writes_a_file_the_tuning_reads(tmp_path):
     """The command's CPU mode: tiny shapes, two candidates each, every section timed; the file
     it writes is valid, records its timings, and its choices are candidates it timed."""
@@ -122,7 +134,9 @@ def test_tune_dry_run_writes_a_file_the_tuning_reads(tmp_path):
     assert set(timed) == {"16w1s1", "32w1s1"} and all(t > 0 for t in timed.values())
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="kernels on a CPU need Triton's interpreter")
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="kernels on a CPU need Triton's interpreter"
+)
 def test_tune_only_some_kernels_keeps_the_others():
     """--only gemv: the gemv section timed (the interpreter's kernels lose to cuBLAS at one row),
     the others as the present choices have them (a CPU's rules), which the record says."""
@@ -131,5 +145,12 @@ def test_tune_only_some_kernels_keeps_the_others():
     config = tune.tune(torch.device("cpu"), tune.DRY_PLAN, only=["gemv"])
     rules = tuning.rules(tuning.describe(torch.device("cpu")))
     assert config["decode_attention"] == rules["decode_attention"] and config["moe"] == rules["moe"]
-    assert set(config["record"]["measured_ms"]) == {"gemv.linear", "gemv.gate_up", "gemv.down", "gemv.rows.1"}
-    assert "decode_attention, prefill_attention, moe: not timed" in config["record"]["notes"]["kept"]
+    assert set(config["record"]["measured_ms"]) == {
+        "gemv.linear",
+        "gemv.gate_up",
+        "gemv.down",
+        "gemv.rows.1",
+    }
+    assert (
+        "decode_attention, prefill_attention, moe: not timed" in config["record"]["notes"]["kept"]
+    )

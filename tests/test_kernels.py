@@ -25,7 +25,10 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 ROOT = Path(stages.__file__).parent
 
 
-FINAL = {"attention_triton": "nanovllm_final.kernels.attention", "attention_torch": "nanovllm_final.layers.attention_torch"}
+FINAL = {
+    "attention_triton": "nanovllm_final.kernels.attention",
+    "attention_torch": "nanovllm_final.layers.attention_torch",
+}
 
 
 def _kernel_stages() -> list[str]:
@@ -36,8 +39,11 @@ def _kernel_stages() -> list[str]:
     for name in [*stages.names(), "final"]:
         final = ROOT.parent / "nanovllm_final"
         layers = ROOT / name / "layers"
-        paths = ((final / "kernels" / "attention.py", final / "layers" / "attention_torch.py") if name == "final"
-                 else (layers / "attention_triton.py", layers / "attention_torch.py"))
+        paths = (
+            (final / "kernels" / "attention.py", final / "layers" / "attention_torch.py")
+            if name == "final"
+            else (layers / "attention_triton.py", layers / "attention_torch.py")
+        )
         if not paths[0].exists():
             continue
         key = tuple(hashlib.sha1(path.read_bytes()).hexdigest() for path in paths)
@@ -51,7 +57,9 @@ KERNEL_STAGES = _kernel_stages()
 
 
 def _load(stage: str, name: str):
-    mod = importlib.import_module(FINAL[name] if stage == "final" else f"stages.{stage}.layers.{name}")
+    mod = importlib.import_module(
+        FINAL[name] if stage == "final" else f"stages.{stage}.layers.{name}"
+    )
     if name == "attention_triton" and not HAS_CUDA:
         # If something imported the module before TRITON_INTERPRET was set, its kernels are
         # compiled-mode JITFunctions that cannot run on a CPU: re-import them interpreted.
@@ -71,8 +79,17 @@ def mods(request):
 # --------------------------------------------------------------------------------------
 
 
-def make_paged(seqs, block_size, heads, kv_heads, head_dim, dtype=torch.float32, device=DEVICE, seed=0,
-               poison=True):
+def make_paged(
+    seqs,
+    block_size,
+    heads,
+    kv_heads,
+    head_dim,
+    dtype=torch.float32,
+    device=DEVICE,
+    seed=0,
+    poison=True,
+):
     """A random batch on a paged cache.
 
     seqs: list of (context_len, q_len). Blocks are handed out in a shuffled order with
@@ -97,7 +114,9 @@ def make_paged(seqs, block_size, heads, kv_heads, head_dim, dtype=torch.float32,
         k = torch.randn(ctx, kv_heads, head_dim, generator=g)
         v = torch.randn(ctx, kv_heads, head_dim, generator=g)
         pos = torch.arange(ctx)
-        slots = torch.tensor(ids, dtype=torch.long)[pos // block_size] * block_size + pos % block_size
+        slots = (
+            torch.tensor(ids, dtype=torch.long)[pos // block_size] * block_size + pos % block_size
+        )
         k_cache.view(-1, kv_heads, head_dim)[slots] = k.to(dtype)
         v_cache.view(-1, kv_heads, head_dim)[slots] = v.to(dtype)
         ks.append(k.to(dtype))
@@ -113,7 +132,9 @@ def make_paged(seqs, block_size, heads, kv_heads, head_dim, dtype=torch.float32,
         cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
         context_lens=torch.tensor([c for c, _ in seqs], dtype=torch.int32, device=device),
         block_tables=block_tables.to(device),
-        ks=ks, vs=vs, qs=qs,
+        ks=ks,
+        vs=vs,
+        qs=qs,
     )
 
 
@@ -125,10 +146,14 @@ def dense_causal(q, k, v, scale):
     kt = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # (H, ctx, D)
     vt = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
     if q_len == ctx:
-        out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt, is_causal=True, scale=scale
+        )
     else:  # bottom-right aligned causal mask
         mask = torch.ones(q_len, ctx, dtype=torch.bool).tril(diagonal=ctx - q_len)
-        out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask.to(q.device), scale=scale)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt, attn_mask=mask.to(q.device), scale=scale
+        )
     return out.transpose(0, 1)
 
 
@@ -146,11 +171,20 @@ SHAPES = [(4, 2, 16), (2, 2, 24), (4, 2, 24), (2, 2, 16)]  # (heads, kv_heads, h
 def test_reference_matches_dense_sdpa(mods, block_size, heads, kv_heads, head_dim):
     _, ref = mods
     case = make_paged(MIXED, block_size, heads, kv_heads, head_dim, device="cpu")
-    out = ref.paged_attention(case["q"], case["k_cache"], case["v_cache"], case["cu_seqlens_q"],
-                              case["context_lens"], case["block_tables"], 0.37)
+    out = ref.paged_attention(
+        case["q"],
+        case["k_cache"],
+        case["v_cache"],
+        case["cu_seqlens_q"],
+        case["context_lens"],
+        case["block_tables"],
+        0.37,
+    )
     cu = case["cu_seqlens_q"].tolist()
     for i, (q, k, v) in enumerate(zip(case["qs"], case["ks"], case["vs"])):
-        torch.testing.assert_close(out[cu[i]:cu[i + 1]], dense_causal(q, k, v, 0.37), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            out[cu[i] : cu[i + 1]], dense_causal(q, k, v, 0.37), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_reference_prefix_equals_tail_of_full_prefill(mods):
@@ -158,7 +192,9 @@ def test_reference_prefix_equals_tail_of_full_prefill(mods):
     _, ref = mods
     ctx, q_len = 11, 4
     full = make_paged([(ctx, ctx)], 3, 4, 2, 16, device="cpu")
-    tail = dict(full, q=full["q"][-q_len:], cu_seqlens_q=torch.tensor([0, q_len], dtype=torch.int32))
+    tail = dict(
+        full, q=full["q"][-q_len:], cu_seqlens_q=torch.tensor([0, q_len], dtype=torch.int32)
+    )
     args = ("k_cache", "v_cache", "cu_seqlens_q", "context_lens", "block_tables")
     out_full = ref.paged_attention(full["q"], *[full[a] for a in args], 0.25)
     out_tail = ref.paged_attention(tail["q"], *[tail[a] for a in args], 0.25)
@@ -191,8 +227,10 @@ def test_store_kvcache(mods, slot_dtype, dtype):
     qkv = torch.randn(num_tokens, 3, kv_heads, head_dim, generator=g).to(dtype).to(DEVICE)
     key, value = qkv[:, 1], qkv[:, 2]
     slots = torch.tensor([4, -1, 0, 14, 7, -1, 9], dtype=slot_dtype, device=DEVICE)
-    caches = [torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype).to(DEVICE)
-              for _ in range(2)]
+    caches = [
+        torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype).to(DEVICE)
+        for _ in range(2)
+    ]
     k_tri, v_tri = caches[0].clone(), caches[1].clone()
     k_ref, v_ref = caches[0].clone(), caches[1].clone()
     tri.store_kvcache(key, value, k_tri, v_tri, slots)
@@ -204,8 +242,14 @@ def test_store_kvcache(mods, slot_dtype, dtype):
 
 
 def _prefill_args(case):
-    return (case["q"], case["k_cache"], case["v_cache"], case["cu_seqlens_q"], case["context_lens"],
-            case["block_tables"])
+    return (
+        case["q"],
+        case["k_cache"],
+        case["v_cache"],
+        case["cu_seqlens_q"],
+        case["context_lens"],
+        case["block_tables"],
+    )
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 4, 16])
@@ -226,7 +270,9 @@ def test_prefill_tile_sizes(mods, block_m, block_n):
     seqs = [(70, 70), (45, 9), (3, 1), (33, 33)]
     case = make_paged(seqs, 5, 4, 2, 16, seed=3)
     expected = ref.paged_attention(*_prefill_args(case), 0.25)
-    out = tri.paged_prefill_attention(*_prefill_args(case), 0.25, 70, BLOCK_M=block_m, BLOCK_N=block_n)
+    out = tri.paged_prefill_attention(
+        *_prefill_args(case), 0.25, 70, BLOCK_M=block_m, BLOCK_N=block_n
+    )
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
@@ -243,10 +289,26 @@ def test_prefill_empty_sequence_in_batch(mods):
 DECODE_CTX = [1, 5, 17, 40, 33]
 
 
-def _decode_case(block_size, heads, kv_heads, head_dim, seed=0, ctxs=DECODE_CTX, dtype=torch.float32,
-                 device=DEVICE):
-    return make_paged([(c, 1) for c in ctxs], block_size, heads, kv_heads, head_dim, dtype=dtype,
-                      device=device, seed=seed)
+def _decode_case(
+    block_size,
+    heads,
+    kv_heads,
+    head_dim,
+    seed=0,
+    ctxs=DECODE_CTX,
+    dtype=torch.float32,
+    device=DEVICE,
+):
+    return make_paged(
+        [(c, 1) for c in ctxs],
+        block_size,
+        heads,
+        kv_heads,
+        head_dim,
+        dtype=dtype,
+        device=device,
+        seed=seed,
+    )
 
 
 def _decode_args(case):
@@ -277,7 +339,9 @@ def test_decode_launch_order(num_splits):
     expected = ref.paged_attention(*_prefill_args(case), 0.3)
     order = torch.argsort(case["context_lens"], descending=True, stable=True).to(torch.int32)
     assert order.tolist() != list(range(len(order)))  # a real permutation
-    out = tri.paged_decode_attention(*_decode_args(case), 0.3, order, num_splits=num_splits, BLOCK_N=16)
+    out = tri.paged_decode_attention(
+        *_decode_args(case), 0.3, order, num_splits=num_splits, BLOCK_N=16
+    )
     nonempty = case["context_lens"] > 0
     torch.testing.assert_close(out[nonempty], expected[nonempty], atol=1e-4, rtol=1e-4)
     assert torch.equal(out[~nonempty], torch.zeros_like(out[~nonempty]))
@@ -298,7 +362,9 @@ def test_decode_stores_and_rotates_the_new_tokens(num_splits, dtype, rope):
 
     tri, ref = _load("final", "attention_triton"), _load("final", "attention_torch")
     heads, kv_heads, head_dim, block = 8, 2, 16, 4
-    case = _decode_case(block, heads, kv_heads, head_dim, seed=7, ctxs=[1, 5, 17, 40, 0, 33], dtype=dtype)
+    case = _decode_case(
+        block, heads, kv_heads, head_dim, seed=7, ctxs=[1, 5, 17, 40, 0, 33], dtype=dtype
+    )
     g = torch.Generator().manual_seed(1)
     ctxs = case["context_lens"].tolist()
     positions = torch.tensor([max(c - 1, 0) for c in ctxs])
@@ -310,20 +376,44 @@ def test_decode_stores_and_rotates_the_new_tokens(num_splits, dtype, rope):
     # the step's inputs: q and the new K as the qkv projection gives them, slices of one tensor
     qkv = torch.randn(len(ctxs), heads + 2 * kv_heads, head_dim, generator=g).to(dtype)
     q, new_k, new_v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
-    q_rot, k_rot = rotary(positions, q, new_k, *norms) if rope else (q, new_k)  # the layers' PyTorch code
-    slots = torch.tensor([int(case["block_tables"][i, (c - 1) // block]) * block + (c - 1) % block if c else -1
-                          for i, c in enumerate(ctxs)])
+    q_rot, k_rot = (
+        rotary(positions, q, new_k, *norms) if rope else (q, new_k)
+    )  # the layers' PyTorch code
+    slots = torch.tensor(
+        [
+            int(case["block_tables"][i, (c - 1) // block]) * block + (c - 1) % block if c else -1
+            for i, c in enumerate(ctxs)
+        ]
+    )
     k_full, v_full = case["k_cache"].clone(), case["v_cache"].clone()
     ref.store_kvcache(k_rot.to(DEVICE), new_v.to(DEVICE), k_full, v_full, slots.to(DEVICE))
     expected = ref.paged_attention(q_rot.to(DEVICE), k_full, v_full, *_prefill_args(case)[3:], 0.3)
     for cache in (case["k_cache"], case["v_cache"]):  # the new token is not in the cache yet
-        cache.view(-1, kv_heads, head_dim)[slots[slots >= 0].to(DEVICE)] = float("nan") if dtype == torch.float32 else 7.0
-    extra = {"rope": rotary.to(DEVICE).kernel_args(positions.to(DEVICE), *[n and n.to(DEVICE) for n in norms])} if rope else {}
+        cache.view(-1, kv_heads, head_dim)[slots[slots >= 0].to(DEVICE)] = (
+            float("nan") if dtype == torch.float32 else 7.0
+        )
+    extra = (
+        {
+            "rope": rotary.to(DEVICE).kernel_args(
+                positions.to(DEVICE), *[n and n.to(DEVICE) for n in norms]
+            )
+        }
+        if rope
+        else {}
+    )
     new_kv = (new_k.to(DEVICE), new_v.to(DEVICE), slots.to(DEVICE))
     counters = tri.SplitCounters()
     for _ in range(2):  # twice: the second launch finds the counters at zero again
-        out = tri.paged_decode_attention(q.to(DEVICE), *_decode_args(case)[1:], 0.3, num_splits=num_splits, BLOCK_N=16,
-                                         new_kv=new_kv, counters=counters, **extra)
+        out = tri.paged_decode_attention(
+            q.to(DEVICE),
+            *_decode_args(case)[1:],
+            0.3,
+            num_splits=num_splits,
+            BLOCK_N=16,
+            new_kv=new_kv,
+            counters=counters,
+            **extra,
+        )
         torch.testing.assert_close(case["k_cache"], k_full, equal_nan=True, atol=1e-6, rtol=1e-6)
         assert torch.equal(case["v_cache"].nan_to_num(), v_full.nan_to_num())
         nonempty = case["context_lens"] > 0
@@ -351,8 +441,16 @@ def test_decode_empty_context_gives_zeros(mods, num_splits):
     case = _decode_case(4, 4, 2, 16, ctxs=[6, 9])
     context_lens = case["context_lens"].clone()
     context_lens[0] = 0
-    out = tri.paged_decode_attention(case["q"], case["k_cache"], case["v_cache"], context_lens,
-                                     case["block_tables"], 0.3, num_splits=num_splits, BLOCK_N=16)
+    out = tri.paged_decode_attention(
+        case["q"],
+        case["k_cache"],
+        case["v_cache"],
+        context_lens,
+        case["block_tables"],
+        0.3,
+        num_splits=num_splits,
+        BLOCK_N=16,
+    )
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     expected = ref.paged_attention(*_prefill_args(case), 0.3)
     torch.testing.assert_close(out[1], expected[1], atol=1e-4, rtol=1e-4)
@@ -381,19 +479,27 @@ def test_store_then_attend_roundtrip(mods):
     table = torch.tensor([[6, 2, 7, 0, 5, -1]], dtype=torch.int32, device=DEVICE)
 
     def slots(lo, hi):
-        return torch.tensor([int(table[0, p // block_size]) * block_size + p % block_size for p in range(lo, hi)],
-                            dtype=torch.int64, device=DEVICE)
+        return torch.tensor(
+            [int(table[0, p // block_size]) * block_size + p % block_size for p in range(lo, hi)],
+            dtype=torch.int64,
+            device=DEVICE,
+        )
 
     outs = []
     for lo, hi in [(0, 5), (5, total)]:  # chunked prefill: 5 tokens, then 7 more
         tri.store_kvcache(k_all[lo:hi], v_all[lo:hi], k_cache, v_cache, slots(lo, hi))
         cu = torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE)
         ctx = torch.tensor([hi], dtype=torch.int32, device=DEVICE)
-        outs.append(tri.paged_prefill_attention(q_all[lo:hi], k_cache, v_cache, cu, ctx, table, 0.3, hi - lo,
-                                                BLOCK_M=16, BLOCK_N=16))
+        outs.append(
+            tri.paged_prefill_attention(
+                q_all[lo:hi], k_cache, v_cache, cu, ctx, table, 0.3, hi - lo, BLOCK_M=16, BLOCK_N=16
+            )
+        )
     tri.store_kvcache(k_all[total:], v_all[total:], k_cache, v_cache, slots(total, total + 1))
     ctx = torch.tensor([total + 1], dtype=torch.int32, device=DEVICE)
-    outs.append(tri.paged_decode_attention(q_all[total:], k_cache, v_cache, ctx, table, 0.3, BLOCK_N=16))
+    outs.append(
+        tri.paged_decode_attention(q_all[total:], k_cache, v_cache, ctx, table, 0.3, BLOCK_N=16)
+    )
     got = torch.cat(outs)
     expected = dense_causal(q_all.cpu(), k_all.cpu(), v_all.cpu(), 0.3)
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
@@ -410,7 +516,7 @@ def test_store_then_attend_roundtrip(mods):
 def test_gpu_realistic_shapes(mods, block_size, dtype):
     tri, ref = mods
     heads, kv_heads, head_dim = 16, 8, 128
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     # prefill: full prompts, prompts after a cached prefix, and chunks of long prompts
     seqs = [(2048, 2048), (1000, 1000), (1500, 300), (777, 1), (2048, 512), (64, 64), (300, 17)]
@@ -419,8 +525,9 @@ def test_gpu_realistic_shapes(mods, block_size, dtype):
     out = tri.paged_prefill_attention(*_prefill_args(case), scale, max(q for _, q in seqs))
     torch.testing.assert_close(out, expected, **tol)
     # decode, with and without split-K
-    case = _decode_case(block_size, heads, kv_heads, head_dim, ctxs=[2048, 1, 513, 1024, 77, 1999] * 4,
-                        dtype=dtype)
+    case = _decode_case(
+        block_size, heads, kv_heads, head_dim, ctxs=[2048, 1, 513, 1024, 77, 1999] * 4, dtype=dtype
+    )
     expected = ref.paged_attention(*_prefill_args(case), scale)
     for num_splits in [None, 1, 4]:
         out = tri.paged_decode_attention(*_decode_args(case), scale, num_splits=num_splits)

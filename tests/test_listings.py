@@ -22,7 +22,9 @@ NOTEBOOKS = sorted(listings.NOTEBOOKS.glob("*.ipynb"))
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_every_listing_is_current(path: Path):
     problems = listings.stale(path)
-    assert not problems, "stale listings (python -m tools.listings write rewrites them):\n" + "\n\n".join(problems)
+    assert not problems, (
+        "stale listings (python -m tools.listings write rewrites them):\n" + "\n\n".join(problems)
+    )
 
 
 def test_the_listings_are_there():
@@ -47,7 +49,9 @@ def test_a_stale_listing_is_caught_and_rewritten(tmp_path: Path):
 
     path = _plant(tmp_path, old_free_list)
     problems = listings.stale(path)
-    assert len(problems) == 1 and "popleft()" in problems[0] and "block_manager.py" in problems[0], problems
+    assert (
+        len(problems) == 1 and "popleft()" in problems[0] and "block_manager.py" in problems[0]
+    ), problems
     assert listings.write(path) == 1 and listings.stale(path) == []
 
 
@@ -58,7 +62,9 @@ def test_a_stale_diff_table_is_caught(tmp_path: Path):
         data["text/markdown"] = data["text/markdown"].replace("| +1 −0 |", "| +2 −0 |")
 
     problems = listings.stale(_plant(tmp_path, old_counts))
-    assert len(problems) == 1 and "diff_table('03_paged', '04_prefix_cache')" in problems[0], problems
+    assert len(problems) == 1 and "diff_table('03_paged', '04_prefix_cache')" in problems[0], (
+        problems
+    )
 
 
 def test_a_listing_without_its_mark_is_caught(tmp_path: Path):

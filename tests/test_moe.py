@@ -10,18 +10,39 @@ import shutil
 
 import pytest
 import torch
+from common import (
+    ENGINES,
+    ROOT,
+    check_chunked_prefill,
+    check_preemption,
+    check_shared_prefix,
+    engine_module,
+    generate_and_compare,
+    level,
+    load_engine,
+    random_prompts,
+    total,
+)
 from filelock import FileLock
 
-from common import (ENGINES, ROOT, check_chunked_prefill, check_preemption, check_shared_prefix, engine_module, generate_and_compare,
-                    level, load_engine, random_prompts, total)
 from tools.tiny_model import build_config, build_if_missing
 
 # name -> factory arguments; the tiny MoE shape has 8 experts of width 32, 2 per token, renormalised
 MOE_MODELS = {
-    "moe": dict(arch="qwen3_moe"),  # every layer sparse; config.json as the hub ships it (num_experts)
+    "moe": dict(
+        arch="qwen3_moe"
+    ),  # every layer sparse; config.json as the hub ships it (num_experts)
     # layer 1 dense (mlp_only_layers), top-3 of 6 not renormalised; transformers 5's layout (num_local_experts)
-    "moe-mixed": dict(arch="qwen3_moe", num_hidden_layers=3, mlp_only_layers=[1], num_experts=6, num_experts_per_tok=3,
-                      norm_topk_prob=False, config_layout="hf5", seed=5),
+    "moe-mixed": dict(
+        arch="qwen3_moe",
+        num_hidden_layers=3,
+        mlp_only_layers=[1],
+        num_experts=6,
+        num_experts_per_tok=3,
+        norm_topk_prob=False,
+        config_layout="hf5",
+        seed=5,
+    ),
 }
 
 
@@ -47,29 +68,52 @@ def test_config_layouts(engine):
     ModelConfig = engine_module(engine, "config").ModelConfig
     real = json.loads((ROOT / "tools" / "configs" / "qwen3-30b-a3b" / "config.json").read_text())
     cfg = ModelConfig.from_dict(real)
-    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob) == (128, 8, 768, True)
+    assert (
+        cfg.num_experts,
+        cfg.num_experts_per_tok,
+        cfg.moe_intermediate_size,
+        cfg.norm_topk_prob,
+    ) == (128, 8, 768, True)
     assert all(cfg.is_moe_layer(i) for i in range(48))
     hf5 = build_config(**{k: v for k, v in MOE_MODELS["moe-mixed"].items() if k != "seed"})
     assert "num_local_experts" in hf5 and "num_experts" not in hf5  # what transformers 5 writes
     cfg = ModelConfig.from_dict(hf5)
-    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.mlp_only_layers) == (6, 3, False, [1])
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.mlp_only_layers) == (
+        6,
+        3,
+        False,
+        [1],
+    )
     assert [cfg.is_moe_layer(i) for i in range(3)] == [True, False, True]
     dense = ModelConfig.from_dict(build_config("qwen3"))
     assert dense.num_experts == 0 and not dense.is_moe_layer(0)
 
 
-@pytest.mark.parametrize("fields", [dict(decoder_sparse_step=2), dict(decoder_sparse_step=3, mlp_only_layers=[2]),
-                                    dict(mlp_only_layers=[0, 3])])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(decoder_sparse_step=2),
+        dict(decoder_sparse_step=3, mlp_only_layers=[2]),
+        dict(mlp_only_layers=[0, 3]),
+    ],
+)
 def test_sparse_layers_as_transformers_builds_them(fields):
     """Which layers hold experts: our rule against the modules transformers instantiates."""
     from transformers import Qwen3MoeConfig
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLayer, Qwen3MoeSparseMoeBlock
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import (
+        Qwen3MoeDecoderLayer,
+        Qwen3MoeSparseMoeBlock,
+    )
 
     raw = build_config("qwen3_moe", num_hidden_layers=6, **fields)
     ours = engine_module("01_naive", "config").ModelConfig.from_dict(raw)
-    hf = Qwen3MoeConfig(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type")})
+    hf = Qwen3MoeConfig(
+        **{k: v for k, v in raw.items() if k not in ("architectures", "model_type")}
+    )
     with torch.device("meta"):
-        theirs = [isinstance(Qwen3MoeDecoderLayer(hf, i).mlp, Qwen3MoeSparseMoeBlock) for i in range(6)]
+        theirs = [
+            isinstance(Qwen3MoeDecoderLayer(hf, i).mlp, Qwen3MoeSparseMoeBlock) for i in range(6)
+        ]
     assert [ours.is_moe_layer(i) for i in range(6)] == theirs
     assert any(theirs) and not all(theirs)
 
@@ -77,7 +121,10 @@ def test_sparse_layers_as_transformers_builds_them(fields):
 @pytest.mark.parametrize(
     "fields, message",
     [
-        (dict(num_experts_per_tok=9), "num_experts_per_tok must be an integer from 1 to num_experts=8"),
+        (
+            dict(num_experts_per_tok=9),
+            "num_experts_per_tok must be an integer from 1 to num_experts=8",
+        ),
         (dict(num_experts_per_tok=0), "num_experts_per_tok"),
         (dict(decoder_sparse_step=0), "decoder_sparse_step must be a positive integer"),
         (dict(moe_intermediate_size=None), "lacks the required field 'moe_intermediate_size'"),
@@ -104,10 +151,14 @@ def test_sparse_block_equals_transformers(engine, renormalize):
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-    raw = build_config("qwen3_moe", num_experts=6, num_experts_per_tok=3, norm_topk_prob=renormalize)
+    raw = build_config(
+        "qwen3_moe", num_experts=6, num_experts_per_tok=3, norm_topk_prob=renormalize
+    )
     cfg = engine_module(engine, "config").ModelConfig.from_dict(raw)
     ours = engine_module(engine, "models.transformer").SparseMoeBlock(cfg)
-    hf = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type")}))
+    hf = Qwen3MoeSparseMoeBlock(
+        Qwen3MoeConfig(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type")})
+    )
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in hf.parameters():
@@ -134,9 +185,16 @@ def test_captured_path_equals_the_loop(engine):
         experts.gate_up_proj.copy_(torch.randn(experts.gate_up_proj.shape, generator=g))
         experts.down_proj.copy_(torch.randn(experts.down_proj.shape, generator=g))
     x = torch.randn(5, 16, generator=g)
-    weights, ids = engine_module(engine, "layers.moe").route(torch.randn(5, 6, generator=g), 2, renormalize=False)
+    weights, ids = engine_module(engine, "layers.moe").route(
+        torch.randn(5, 6, generator=g), 2, renormalize=False
+    )
     assert len(ids.unique()) < 6  # some experts get no token
-    torch.testing.assert_close(experts.forward_every_expert(x, weights, ids), experts(x, weights, ids), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        experts.forward_every_expert(x, weights, ids),
+        experts(x, weights, ids),
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 def test_experts_on_cpu_take_the_loop(monkeypatch):
@@ -169,12 +227,21 @@ def test_every_expert_weight_is_required(engine, moe_dir, tmp_path):
     weights = load_file(path / "model.safetensors")
     del weights["model.layers.1.mlp.experts.5.up_proj.weight"]
     save_file(weights, path / "model.safetensors")
-    with pytest.raises(ValueError, match=r"lacks weights for: model\.layers\.1\.mlp\.experts\.gate_up_proj \[\(5, 'up'\)\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"lacks weights for: model\.layers\.1\.mlp\.experts\.gate_up_proj \[\(5, 'up'\)\]",
+    ):
         st.LLM(path, device="cpu", max_model_len=64)
-    weights["model.layers.1.mlp.experts.5.up_proj.weight"] = weights["model.layers.1.mlp.experts.4.up_proj.weight"].clone()
-    weights["model.layers.0.mlp.experts.8.down_proj.weight"] = weights["model.layers.0.mlp.experts.0.down_proj.weight"].clone()
+    weights["model.layers.1.mlp.experts.5.up_proj.weight"] = weights[
+        "model.layers.1.mlp.experts.4.up_proj.weight"
+    ].clone()
+    weights["model.layers.0.mlp.experts.8.down_proj.weight"] = weights[
+        "model.layers.0.mlp.experts.0.down_proj.weight"
+    ].clone()
     save_file(weights, path / "model.safetensors")
-    with pytest.raises(ValueError, match="weights for expert 8, but config.json says num_experts=8"):
+    with pytest.raises(
+        ValueError, match="weights for expert 8, but config.json says num_experts=8"
+    ):
         st.LLM(path, device="cpu", max_model_len=64)
 
 
@@ -212,17 +279,23 @@ def test_final_engine_with_fused_experts(moe_dir, hf_greedy, monkeypatch):
     if moe.dispatch.moe is None:
         pytest.skip("no Triton here")
     if torch.cuda.is_available():
-        pytest.skip("on CUDA the kernels take CUDA tensors only: test_final_on_cuda_fused_experts_in_cuda_graphs")
+        pytest.skip(
+            "on CUDA the kernels take CUDA tensors only: test_final_on_cuda_fused_experts_in_cuda_graphs"
+        )
     calls = []
 
     def fused(self, x, weights, expert_ids):
         calls.append(len(x))
-        return moe.dispatch.moe.fused_experts(x, self.gate_up_proj, self.down_proj, weights, expert_ids)
+        return moe.dispatch.moe.fused_experts(
+            x, self.gate_up_proj, self.down_proj, weights, expert_ids
+        )
 
     monkeypatch.setattr(moe.Experts, "forward", fused)
     st, path = load_engine("final"), moe_dir("moe-mixed")
     with st.LLM(path, device="cpu", max_model_len=64) as llm:
-        generate_and_compare(st, llm, path, random_prompts([13, 5], seed=170), hf_greedy, max_tokens=6)
+        generate_and_compare(
+            st, llm, path, random_prompts([13, 5], seed=170), hf_greedy, max_tokens=6
+        )
     assert len(calls) >= 2 * 6 and max(calls) >= 18  # both sparse layers, prefill and decode steps
 
 
@@ -230,17 +303,27 @@ def test_final_engine_with_fused_experts(moe_dir, hf_greedy, monkeypatch):
 
 
 @pytest.mark.xdist_group("processes")
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="TP=2 on CPU needs two cores (one process per rank)")
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 2, reason="TP=2 on CPU needs two cores (one process per rank)"
+)
 @pytest.mark.parametrize("engine", [e for e in ENGINES if level(e) >= 7])
 def test_tp2_matches_hf(engine, moe_dir, hf_greedy):
     """Each rank holds half of every expert's width (the router whole); with chunked prefill."""
     st, path = load_engine(engine), moe_dir("moe-mixed")
     prompts = random_prompts([40, 3, 37, 21, 9], seed=150)
-    with st.LLM(path, device="cpu", max_model_len=128, kvcache_block_size=4, max_num_batched_tokens=16,
-                tensor_parallel_size=2) as llm:
+    with st.LLM(
+        path,
+        device="cpu",
+        max_model_len=128,
+        kvcache_block_size=4,
+        max_num_batched_tokens=16,
+        tensor_parallel_size=2,
+    ) as llm:
         assert len(multiprocessing.active_children()) == 1  # rank 1
         block = llm.engine.model_runner.model.model.layers[0].mlp
-        assert tuple(block.experts.gate_up_proj.shape) == (6, 32, 64) and tuple(block.experts.down_proj.shape) == (6, 64, 16)
+        assert tuple(block.experts.gate_up_proj.shape) == (6, 32, 64) and tuple(
+            block.experts.down_proj.shape
+        ) == (6, 64, 16)
         assert tuple(block.gate.weight.shape) == (6, 64)  # the router is replicated
         generate_and_compare(st, llm, path, prompts, hf_greedy)
         assert total(llm, "chunked_prefills") > 0
@@ -252,7 +335,9 @@ def test_final_on_cuda_fused_experts_in_cuda_graphs(moe_dir, hf_greedy):
     """On CUDA the final engine runs the fused kernels, captured in its decode graphs (float32,
     so that greedy tokens still equal Hugging Face's on CPU)."""
     st, path = load_engine("final"), moe_dir("moe")
-    with st.LLM(path, device="cuda", dtype="float32", max_model_len=128, attention_backend="triton") as llm:
+    with st.LLM(
+        path, device="cuda", dtype="float32", max_model_len=128, attention_backend="triton"
+    ) as llm:
         assert llm.engine.model_runner.cuda_graphs.graphs  # captured, with the fused MoE inside
         generate_and_compare(st, llm, path, random_prompts([1, 9, 30, 17, 4], seed=160), hf_greedy)
         assert llm.engine.model_runner.num_graph_replays > 0
@@ -264,5 +349,7 @@ def test_tp_must_divide_expert_width(engine, moe_dir, tmp_path):
     shutil.copytree(moe_dir("moe"), path)
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps(config | {"moe_intermediate_size": 33}))
-    with pytest.raises(ValueError, match="tensor_parallel_size=2 must divide moe_intermediate_size=33"):
+    with pytest.raises(
+        ValueError, match="tensor_parallel_size=2 must divide moe_intermediate_size=33"
+    ):
         load_engine(engine).LLM(path, device="cpu", tensor_parallel_size=2)

@@ -33,7 +33,15 @@ def tol(dtype: torch.dtype) -> dict:
     return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 2e-2}
 
 
-def make_case(tokens: int, num_experts: int, top_k: int, hidden: int, width: int, dtype: torch.dtype, seed: int = 0):
+def make_case(
+    tokens: int,
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    width: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+):
     g = torch.Generator().manual_seed(seed)
     experts = Experts(num_experts, hidden, width)
     with torch.no_grad():
@@ -45,11 +53,15 @@ def make_case(tokens: int, num_experts: int, top_k: int, hidden: int, width: int
 
 
 def fused(experts: Experts, x, weights, ids, **kwargs) -> torch.Tensor:
-    args = [t.to(DEVICE) for t in (x, experts.gate_up_proj.data, experts.down_proj.data, weights, ids)]
+    args = [
+        t.to(DEVICE) for t in (x, experts.gate_up_proj.data, experts.down_proj.data, weights, ids)
+    ]
     return fused_moe.fused_experts(*args, **kwargs).cpu()
 
 
-def distinct_logits(tokens: int, num_experts: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+def distinct_logits(
+    tokens: int, num_experts: int, dtype: torch.dtype, seed: int = 0
+) -> torch.Tensor:
     """(tokens, experts) logits, each row a shuffle of distinct multiples of 1/16 (exact in half
     types): no two experts tie, so the order of the top_k is the same for any correct router."""
     g = torch.Generator().manual_seed(seed)
@@ -60,23 +72,39 @@ def distinct_logits(tokens: int, num_experts: int, dtype: torch.dtype, seed: int
 
 @pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens, num_experts, top_k", [(3, 128, 8), (1, 8, 2), (5, 60, 3), (2, 512, 16), (0, 16, 2)])
+@pytest.mark.parametrize(
+    "tokens, num_experts, top_k", [(3, 128, 8), (1, 8, 2), (5, 60, 3), (2, 512, 16), (0, 16, 2)]
+)
 def test_fused_route_matches_route(tokens, num_experts, top_k, dtype, renormalize):
     """The same experts in the same order, the weights in the logits' dtype to rounding."""
     logits = distinct_logits(tokens, num_experts, dtype, seed=tokens).to(DEVICE)
     weights, ids = fused_moe.fused_route(logits, top_k, renormalize)
     ref_weights, ref_ids = route_torch(logits, top_k, renormalize)
-    assert weights.dtype == dtype and ids.dtype == torch.int64 and weights.shape == ids.shape == (tokens, top_k)
+    assert (
+        weights.dtype == dtype
+        and ids.dtype == torch.int64
+        and weights.shape == ids.shape == (tokens, top_k)
+    )
     assert torch.equal(ids, ref_ids)
-    torch.testing.assert_close(weights, ref_weights, **({"atol": 1e-6, "rtol": 1e-6} if dtype == torch.float32 else {}))
+    torch.testing.assert_close(
+        weights, ref_weights, **({"atol": 1e-6, "rtol": 1e-6} if dtype == torch.float32 else {})
+    )
 
 
 def test_fused_route_ties_take_the_lowest_expert():
     """Equal probabilities: the lower expert index first (torch.topk leaves that order open)."""
-    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0, 0.0, 1.0, 1.0], [0.0] * 8, [-1.0, 5.0, -1.0, 5.0, -1.0, -1.0, 0.0, 0.0]])
+    logits = torch.tensor(
+        [
+            [1.0, 3.0, 3.0, 2.0, 3.0, 0.0, 1.0, 1.0],
+            [0.0] * 8,
+            [-1.0, 5.0, -1.0, 5.0, -1.0, -1.0, 0.0, 0.0],
+        ]
+    )
     weights, ids = fused_moe.fused_route(logits.to(DEVICE), 4, renormalize=True)
     assert ids.tolist() == [[1, 2, 4, 3], [0, 1, 2, 3], [1, 3, 6, 7]]
-    probs = torch.softmax(logits, dim=-1).gather(1, torch.tensor([[1, 2, 4, 3], [0, 1, 2, 3], [1, 3, 6, 7]]))  # (3, 4)
+    probs = torch.softmax(logits, dim=-1).gather(
+        1, torch.tensor([[1, 2, 4, 3], [0, 1, 2, 3], [1, 3, 6, 7]])
+    )  # (3, 4)
     torch.testing.assert_close(weights.cpu(), probs / probs.sum(dim=-1, keepdim=True))
 
 
@@ -86,22 +114,37 @@ def test_route_dispatch(monkeypatch):
     real = fused_moe.fused_route
     monkeypatch.setattr(fused_moe, "fused_route", lambda *args: calls.append(1) or real(*args))
     logits = distinct_logits(4, 16, torch.float32)
-    assert all(torch.equal(a, b) for a, b in zip(route(logits, 2, True), route_torch(logits, 2, True))) and calls == []
+    assert (
+        all(torch.equal(a, b) for a, b in zip(route(logits, 2, True), route_torch(logits, 2, True)))
+        and calls == []
+    )
     if HAS_CUDA:
         weights, ids = route(logits.cuda(), 2, True)
-        assert calls == [1] and ids.is_cuda and torch.equal(ids.cpu(), route_torch(logits, 2, True)[1])
+        assert (
+            calls == [1] and ids.is_cuda and torch.equal(ids.cpu(), route_torch(logits, 2, True)[1])
+        )
 
 
 @pytest.mark.parametrize("block_m", [16, 64])
-@pytest.mark.parametrize("tokens, num_experts, top_k", [(1, 8, 2), (5, 8, 2), (37, 6, 3), (3, 128, 8)])
+@pytest.mark.parametrize(
+    "tokens, num_experts, top_k", [(1, 8, 2), (5, 8, 2), (37, 6, 3), (3, 128, 8)]
+)
 def test_align_by_expert(tokens, num_experts, top_k, block_m):
     """Every (token, slot) pair lands once, in a block of its own expert; each expert's run is
     padded to whole blocks; the buffer sizes depend on the shapes only."""
-    ids = torch.randn(tokens, num_experts, generator=torch.Generator().manual_seed(tokens)).topk(top_k, dim=-1).indices
+    ids = (
+        torch.randn(tokens, num_experts, generator=torch.Generator().manual_seed(tokens))
+        .topk(top_k, dim=-1)
+        .indices
+    )
     rows, block_expert, num_rows = fused_moe.align_by_expert(ids.to(DEVICE), num_experts, block_m)
     rows, block_expert, used = rows.cpu(), block_expert.cpu(), int(num_rows.item())
     pairs = tokens * top_k
-    assert rows.numel() == block_expert.numel() * block_m == -(-(pairs + min(num_experts, pairs) * (block_m - 1)) // block_m) * block_m
+    assert (
+        rows.numel()
+        == block_expert.numel() * block_m
+        == -(-(pairs + min(num_experts, pairs) * (block_m - 1)) // block_m) * block_m
+    )
     assert used % block_m == 0 and used <= rows.numel()
     real = rows[rows < pairs]
     assert sorted(real.tolist()) == list(range(pairs))  # each pair once
@@ -122,7 +165,9 @@ def test_fused_matches_loop(shape, dtype, small):
     """Both paths: the grouped GEMMs and the matrix-vector products of few tokens."""
     experts, x, weights, ids = make_case(*shape, dtype=dtype)
     expected = experts.forward_loop(x, weights, ids)  # on CPU, in the same dtype
-    tiles = {"DOWN_BLOCK_N": 8} if small and not HAS_CUDA else None  # fewer programs for the interpreter
+    tiles = (
+        {"DOWN_BLOCK_N": 8} if small and not HAS_CUDA else None
+    )  # fewer programs for the interpreter
     out = fused(experts, x, weights, ids, small=small, tiles=tiles)
     assert out.shape == x.shape and out.dtype == dtype
     torch.testing.assert_close(out, expected, **tol(dtype))
@@ -133,7 +178,14 @@ def test_gemv_tiles(down_block_n, block_k):
     """The matrix-vector path's tiles: several K steps with a ragged last one, and down blocks of
     one column or wider than the hidden size's last block (40 = 2 * 16 + 8)."""
     experts, x, weights, ids = make_case(3, 16, 8, 40, 24, torch.float16, seed=2)
-    out = fused(experts, x, weights, ids, small=True, tiles={"BLOCK_K": block_k, "DOWN_BLOCK_N": down_block_n, "DOWN_BLOCK_K": block_k})
+    out = fused(
+        experts,
+        x,
+        weights,
+        ids,
+        small=True,
+        tiles={"BLOCK_K": block_k, "DOWN_BLOCK_N": down_block_n, "DOWN_BLOCK_K": block_k},
+    )
     torch.testing.assert_close(out, experts.forward_loop(x, weights, ids), **tol(torch.float16))
 
 
@@ -143,8 +195,14 @@ def test_unrouted_experts_and_block_sizes(block_m):
     experts, x, weights, _ = make_case(9, 6, 2, 48, 40, torch.float32, seed=3)
     ids = torch.tensor([[0, 3], [4, 0], [3, 4], [0, 4], [3, 0], [4, 3], [0, 3], [3, 4], [4, 0]])
     expected = experts.forward_loop(x, weights, ids)
-    torch.testing.assert_close(fused(experts, x, weights, ids, block_m=block_m, small=False), expected, **tol(torch.float32))
-    torch.testing.assert_close(fused(experts, x, weights, ids, small=True), expected, **tol(torch.float32))
+    torch.testing.assert_close(
+        fused(experts, x, weights, ids, block_m=block_m, small=False),
+        expected,
+        **tol(torch.float32),
+    )
+    torch.testing.assert_close(
+        fused(experts, x, weights, ids, small=True), expected, **tol(torch.float32)
+    )
 
 
 def test_small_batches_take_the_gemv_path(monkeypatch):
@@ -155,7 +213,11 @@ def test_small_batches_take_the_gemv_path(monkeypatch):
     for tokens, grouped in ((small_pairs // top_k, False), (small_pairs // top_k + 1, True)):
         calls.clear()
         experts, x, weights, ids = make_case(tokens, 8, top_k, 32, 16, torch.float32)
-        torch.testing.assert_close(fused(experts, x, weights, ids), experts.forward_loop(x, weights, ids), **tol(torch.float32))
+        torch.testing.assert_close(
+            fused(experts, x, weights, ids),
+            experts.forward_loop(x, weights, ids),
+            **tol(torch.float32),
+        )
         assert bool(calls) == grouped
 
 
@@ -170,8 +232,13 @@ def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype):
     w = (torch.randn(45, 72, generator=g) * 0.2).to(dtype)
     out = gemv.gemv(x.to(DEVICE), w.to(DEVICE)).cpu()
     assert out.shape == (tokens, 45) and out.dtype == dtype
-    torch.testing.assert_close(out, torch.nn.functional.linear(x.float(), w.float()).to(dtype), **tol(dtype))
-    gate_up, down = (torch.randn(2 * 24, 72, generator=g) * 0.2).to(dtype), (torch.randn(72, 24, generator=g) * 0.2).to(dtype)
+    torch.testing.assert_close(
+        out, torch.nn.functional.linear(x.float(), w.float()).to(dtype), **tol(dtype)
+    )
+    gate_up, down = (
+        (torch.randn(2 * 24, 72, generator=g) * 0.2).to(dtype),
+        (torch.randn(72, 24, generator=g) * 0.2).to(dtype),
+    )
     h = torch.nn.functional.linear(x, gate_up)  # (tokens, 2 * 24) = [gate | up]
     expected = torch.nn.functional.linear(torch.nn.functional.silu(h[:, :24]) * h[:, 24:], down)
     out = gemv.dense_mlp(x.to(DEVICE), gate_up.to(DEVICE), down.to(DEVICE)).cpu()
@@ -191,21 +258,31 @@ def test_dense_layers_dispatch_few_rows_to_the_kernels(monkeypatch):
     calls = []
     for name in ("gemv", "dense_mlp"):
         real = getattr(gemv, name)
-        monkeypatch.setattr(gemv, name, lambda *a, real=real, name=name, **kw: calls.append(name) or real(*a, **kw))
+        monkeypatch.setattr(
+            gemv, name, lambda *a, real=real, name=name, **kw: calls.append(name) or real(*a, **kw)
+        )
     g = torch.Generator().manual_seed(0)
     linear = Linear(256, 96).to(torch.bfloat16).cuda()
-    mlp = MLP(SimpleNamespace(hidden_size=256, intermediate_size=384)).to(torch.bfloat16).cuda()  # the fields MLP reads
+    mlp = (
+        MLP(SimpleNamespace(hidden_size=256, intermediate_size=384)).to(torch.bfloat16).cuda()
+    )  # the fields MLP reads
     for p in (*linear.parameters(), *mlp.parameters()):
         p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
     limit = tuning.for_device(torch.device("cuda")).gemv_rows
     for rows in (1, limit, limit + 1):
         calls.clear()
         x = torch.randn(rows, 256, generator=g).to(torch.bfloat16).cuda()
-        torch.testing.assert_close(linear(x), torch.nn.functional.linear(x, linear.weight), **tol(torch.bfloat16))
+        torch.testing.assert_close(
+            linear(x), torch.nn.functional.linear(x, linear.weight), **tol(torch.bfloat16)
+        )
         gate, up = torch.nn.functional.linear(x, mlp.gate_up_proj.weight).chunk(2, dim=-1)
-        expected = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, mlp.down_proj.weight)
+        expected = torch.nn.functional.linear(
+            torch.nn.functional.silu(gate) * up, mlp.down_proj.weight
+        )
         torch.testing.assert_close(mlp(x), expected, **tol(torch.bfloat16))
-        assert calls == (["gemv", "dense_mlp", "gemv"] if rows <= limit else [])  # dense_mlp's down: gemv
+        assert calls == (
+            ["gemv", "dense_mlp", "gemv"] if rows <= limit else []
+        )  # dense_mlp's down: gemv
 
 
 def test_no_tokens():
@@ -223,17 +300,28 @@ def test_cuda_graph_replay_follows_new_routing(small):
     static = [t.cuda() for t in (x, weights, ids)]
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        fused_moe.fused_experts(static[0], experts.gate_up_proj, experts.down_proj, static[1], static[2], small=small)  # compile outside
+        fused_moe.fused_experts(
+            static[0], experts.gate_up_proj, experts.down_proj, static[1], static[2], small=small
+        )  # compile outside
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fused_moe.fused_experts(static[0], experts.gate_up_proj, experts.down_proj, static[1], static[2], small=small)
+        out = fused_moe.fused_experts(
+            static[0], experts.gate_up_proj, experts.down_proj, static[1], static[2], small=small
+        )
     _, x2, weights2, ids2 = make_case(8, 16, 4, 256, 128, torch.bfloat16, seed=1)
     for buffer, new in zip(static, (x2, weights2, ids2)):
         buffer.copy_(new)
     graph.replay()
     torch.cuda.synchronize()
-    eager = fused_moe.fused_experts(x2.cuda(), experts.gate_up_proj, experts.down_proj, weights2.cuda(), ids2.cuda(), small=small)
+    eager = fused_moe.fused_experts(
+        x2.cuda(),
+        experts.gate_up_proj,
+        experts.down_proj,
+        weights2.cuda(),
+        ids2.cuda(),
+        small=small,
+    )
     torch.testing.assert_close(out, eager, atol=0, rtol=0)
 
 
@@ -246,7 +334,9 @@ def test_cuda_selects_the_fused_path(monkeypatch):
     experts = experts.cuda()
     out = experts(x.cuda(), weights.cuda(), ids.cuda())
     assert calls == [1]
-    torch.testing.assert_close(out.cpu(), experts.cpu().forward_loop(x, weights, ids), **tol(torch.bfloat16))
+    torch.testing.assert_close(
+        out.cpu(), experts.cpu().forward_loop(x, weights, ids), **tol(torch.bfloat16)
+    )
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

@@ -10,7 +10,13 @@ CPU, GPU = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
 class Event:
     def __init__(self, name, start, end, device=CPU, correlation=0):
-        self._name, self._start, self._end, self._device, self._corr = name, start, end, device, correlation
+        self._name, self._start, self._end, self._device, self._corr = (
+            name,
+            start,
+            end,
+            device,
+            correlation,
+        )
 
     def name(self):
         return self._name
@@ -34,7 +40,8 @@ class Event:
 def test_gpu_time_is_charged_to_the_launching_step():
     ms = 1_000_000
     events = [
-        Event(f"{STEP}0", 0, 10 * ms), Event(f"{STEP}1", 10 * ms, 14 * ms),
+        Event(f"{STEP}0", 0, 10 * ms),
+        Event(f"{STEP}1", 10 * ms, 14 * ms),
         Event(SAMPLE, 8 * ms, 9 * ms),
         Event("cudaGraphLaunch", 1 * ms, 2 * ms, correlation=7),
         Event("cudaLaunchKernel", 8 * ms, 8 * ms + 1000, correlation=8),  # inside the sampler
@@ -42,10 +49,13 @@ def test_gpu_time_is_charged_to_the_launching_step():
         Event("aten::mm", 1 * ms, 2 * ms, correlation=9),  # a CPU op's id is not a launch
         # two overlapping kernels of step 0's graph, one sampler kernel, one kernel of step 1
         # that runs after step 1's host code has returned (launched inside it: still step 1)
-        Event("gemm", 2 * ms, 5 * ms, GPU, 7), Event("norm", 4 * ms, 6 * ms, GPU, 7),
-        Event("argmax", 9 * ms, 9 * ms + ms // 2, GPU, 8), Event("attn", 12 * ms, 15 * ms, GPU, 9),
+        Event("gemm", 2 * ms, 5 * ms, GPU, 7),
+        Event("norm", 4 * ms, 6 * ms, GPU, 7),
+        Event("argmax", 9 * ms, 9 * ms + ms // 2, GPU, 8),
+        Event("attn", 12 * ms, 15 * ms, GPU, 9),
         # the profiler's copies of the annotations on the GPU timeline are not GPU work
-        Event(f"{STEP}0", 0, 10 * ms, GPU, 0), Event(SAMPLE, 8 * ms, 9 * ms, GPU, 0),
+        Event(f"{STEP}0", 0, 10 * ms, GPU, 0),
+        Event(SAMPLE, 8 * ms, 9 * ms, GPU, 0),
     ]
     rows = analyze(events)
     assert [r["step"] for r in rows] == [0, 1]

@@ -8,13 +8,12 @@ import functools
 
 import pytest
 import torch
-
-from common import TINY_MODELS, random_prompts
-from tools.tiny_model import build_if_missing
+from common import random_prompts
 
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.engine import prompt_logprobs as scoring
 from nanovllm_final.validate import Problem
+from tools.tiny_model import build_if_missing
 
 TOL = 1e-4
 K = 3
@@ -26,7 +25,11 @@ def checkpoint(model_dir, tmp_path_factory):
     moe_root = tmp_path_factory.mktemp("scoring_moe")
 
     def get(name: str):
-        return build_if_missing(moe_root / name, shape="tiny", arch="qwen3_moe") if name == "moe" else model_dir(name)
+        return (
+            build_if_missing(moe_root / name, shape="tiny", arch="qwen3_moe")
+            if name == "moe"
+            else model_dir(name)
+        )
 
     return get
 
@@ -49,7 +52,9 @@ def assert_matches_hf(path, prompt: list[int], entries: list, k: int = K) -> Non
         assert abs(entry["logprob"] - ref[p, prompt[p + 1]].item()) < TOL, f"position {p}"
         top = ref[p].topk(k)
         values = list(entry["top_logprobs"].values())
-        assert len(values) == k and max(abs(a - b) for a, b in zip(values, top.values.tolist())) < TOL, f"position {p}"
+        assert (
+            len(values) == k and max(abs(a - b) for a, b in zip(values, top.values.tolist())) < TOL
+        ), f"position {p}"
         for token_id, value in entry["top_logprobs"].items():
             assert abs(value - ref[p, token_id].item()) < TOL
 
@@ -61,7 +66,9 @@ def test_prompt_logprobs_equal_hf(checkpoint, name):
     path = checkpoint(name)
     long, short, one = random_prompts([41, 9, 1], seed=11)
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=K)
-    with LLM(path, device="cpu", max_model_len=96, max_num_batched_tokens=16, kvcache_block_size=4) as llm:
+    with LLM(
+        path, device="cpu", max_model_len=96, max_num_batched_tokens=16, kvcache_block_size=4
+    ) as llm:
         plain = llm.generate([long], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0]
         assert plain["prompt_logprobs"] is None
         first = llm.generate([long, short, one], params, use_tqdm=False)
@@ -70,11 +77,15 @@ def test_prompt_logprobs_equal_hf(checkpoint, name):
         assert first[0]["metrics"]["cached_prompt_tokens"] == 0  # the cached blocks were not read
         assert first[0]["token_ids"] == plain["token_ids"]
         again = llm.generate([long], params, use_tqdm=False)[0]
-        for a, b in zip(again["prompt_logprobs"][1:], first[0]["prompt_logprobs"][1:]):  # alone now: MoE rounds apart
+        for a, b in zip(
+            again["prompt_logprobs"][1:], first[0]["prompt_logprobs"][1:]
+        ):  # alone now: MoE rounds apart
             assert a["token_id"] == b["token_id"] and abs(a["logprob"] - b["logprob"]) < TOL
         assert_matches_hf(path, long, again["prompt_logprobs"])
         hit = llm.generate([long], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0]
-        assert hit["metrics"]["cached_prompt_tokens"] > 0  # a scored prompt's blocks are shared afterwards
+        assert (
+            hit["metrics"]["cached_prompt_tokens"] > 0
+        )  # a scored prompt's blocks are shared afterwards
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -84,8 +95,14 @@ def test_overlap_preemption_and_n(checkpoint, overlap):
     path = checkpoint("qwen3")
     prompts = random_prompts([10, 12, 8, 14, 9, 11], seed=12)
     params = SamplingParams(temperature=0, max_tokens=24, prompt_logprobs=1, n=2)
-    with LLM(path, device="cpu", max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=14,
-             overlap_scheduling=overlap) as llm:
+    with LLM(
+        path,
+        device="cpu",
+        max_model_len=48,
+        kvcache_block_size=4,
+        num_kvcache_blocks=14,
+        overlap_scheduling=overlap,
+    ) as llm:
         outs = llm.generate(prompts, params, use_tqdm=False)
         assert llm.metrics()["preemptions"] > 0
     for prompt, out in zip(prompts, outs):
@@ -96,8 +113,17 @@ def test_tensor_parallel(checkpoint):
     """TP=2 (gloo): every rank computes its vocabulary slice of each chunk's logits, rank 0 scores."""
     path = checkpoint("qwen3")
     prompts = random_prompts([30, 7], seed=14)
-    with LLM(path, device="cpu", max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4, tensor_parallel_size=2) as llm:
-        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=K), use_tqdm=False)
+    with LLM(
+        path,
+        device="cpu",
+        max_model_len=64,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        tensor_parallel_size=2,
+    ) as llm:
+        outs = llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=K), use_tqdm=False
+        )
     for prompt, out in zip(prompts, outs):
         assert_matches_hf(path, prompt, out["prompt_logprobs"])
 
@@ -113,7 +139,9 @@ def test_bad_prompt_logprobs(checkpoint):
 def peak_bytes(fn) -> tuple[int, object]:
     """Run fn(); the peak of torch's CPU allocations made during it, in bytes (the profiler's
     memory events, in order), and fn's result."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
         result = fn()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
@@ -139,8 +167,12 @@ def test_long_prompt_scored_in_chunks(checkpoint, monkeypatch):
 
     original = scoring.score_rows
     monkeypatch.setattr("nanovllm_final.engine.model_runner.score_rows", measured)
-    with LLM(path, device="cpu", max_model_len=max_len, max_num_batched_tokens=max_len, max_num_seqs=seqs) as llm:
-        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    with LLM(
+        path, device="cpu", max_model_len=max_len, max_num_batched_tokens=max_len, max_num_seqs=seqs
+    ) as llm:
+        out = llm.generate(
+            [prompt], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0), use_tqdm=False
+        )[0]
         model = llm.engine.model_runner.model
         vocab = model.lm_head.weight.shape[0]
         full = (max_len - 1) * vocab * 4  # float32 logits of every scored position
@@ -148,5 +180,9 @@ def test_long_prompt_scored_in_chunks(checkpoint, monkeypatch):
         all_at_once, _ = peak_bytes(lambda: torch.log_softmax(model.compute_logits(hidden), -1))
     assert len(peaks) == 1 and len(out["prompt_logprobs"]) == max_len - 1
     assert all_at_once >= full  # the measurement sees a full tensor when there is one
-    assert peaks[0] < full / 8, f"scoring allocated {peaks[0]} bytes at its peak; the full logits are {full}"
-    print(f"scoring {max_len - 1} positions, vocab {vocab}: peak {peaks[0]} bytes; full logits {full} bytes")
+    assert peaks[0] < full / 8, (
+        f"scoring allocated {peaks[0]} bytes at its peak; the full logits are {full}"
+    )
+    print(
+        f"scoring {max_len - 1} positions, vocab {vocab}: peak {peaks[0]} bytes; full logits {full} bytes"
+    )

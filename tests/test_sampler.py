@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from common import ENGINES, engine_module
 
 
@@ -38,4 +37,7 @@ def test_seeded_sampler_is_reproducible(engine):
     cls = sampler_class(engine)
     logits = torch.randn(4, 100)
     temps = torch.ones(4)
-    assert torch.equal(cls(seed=7, device=torch.device("cpu"))(logits, temps), cls(seed=7, device=torch.device("cpu"))(logits, temps))
+    assert torch.equal(
+        cls(seed=7, device=torch.device("cpu"))(logits, temps),
+        cls(seed=7, device=torch.device("cpu"))(logits, temps),
+    )

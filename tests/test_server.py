@@ -11,16 +11,29 @@ import time
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from server_harness import (
+    MAX_MODEL_LEN,
+    NAME,
+    WORDS,
+    RawRequest,
+    ServerProcess,
+    alive,
+    descendants,
+    engine_pid,
+    get,
+    post,
+    prompts,
+    stream_text,
+)
 
 from nanovllm_final import LLM, SamplingParams
-from server_harness import (MAX_MODEL_LEN, NAME, WORDS, RawRequest, ServerProcess, alive, descendants, engine_pid, get,
-                            post, prompts, stream_text)
 
 pytestmark = pytest.mark.xdist_group("processes")
 MAX_PENDING = 200  # sequences: the 200-stream test fits, the overload test fills it
 
 
 # ---- fixtures: one server and one reference engine for the module ----
+
 
 @pytest.fixture(scope="module")
 def model(model_dir):
@@ -29,7 +42,12 @@ def model(model_dir):
 
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
-    srv = ServerProcess(model, tmp_path_factory.mktemp("server") / "server.log", "--max-pending-requests", str(MAX_PENDING))
+    srv = ServerProcess(
+        model,
+        tmp_path_factory.mktemp("server") / "server.log",
+        "--max-pending-requests",
+        str(MAX_PENDING),
+    )
     yield srv
     code = srv.stop(signal.SIGINT)
     assert code == 0, f"SIGINT: exit code {code}\n{srv.output()}"
@@ -48,6 +66,7 @@ def generate(llm: LLM, prompt, **params) -> dict:
 
 # ---- the tests ----
 
+
 def test_health_and_models(server):
     assert get(server.base + "/health")[0] == 200
     models = server.client().models.list()
@@ -61,19 +80,28 @@ def test_completion_and_chat_match_generate(server, reference):
     got = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
     assert got.choices[0].text == want["text"]
     assert got.usage.completion_tokens == len(want["token_ids"])
-    assert got.usage.prompt_tokens == len(reference.tokenizer.encode(prompt, add_special_tokens=False))
+    assert got.usage.prompt_tokens == len(
+        reference.tokenizer.encode(prompt, add_special_tokens=False)
+    )
     assert got.choices[0].finish_reason in ("stop", "length")
 
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Bake bread."}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Bake bread."},
+    ]
     want = generate(reference, reference.encode_chat(messages), temperature=0, max_tokens=12)
-    got = client.chat.completions.create(model=NAME, messages=messages, max_tokens=12, temperature=0)
+    got = client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=12, temperature=0
+    )
     assert got.choices[0].message.role == "assistant"
     assert got.choices[0].message.content == want["text"]
     assert got.usage.prompt_tokens == len(reference.encode_chat(messages))
     assert got.usage.completion_tokens == len(want["token_ids"])
 
 
-@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=1.0, seed=1234)], ids=["greedy", "seed"])
+@pytest.mark.parametrize(
+    "sampling", [dict(temperature=0), dict(temperature=1.0, seed=1234)], ids=["greedy", "seed"]
+)
 def test_streamed_equals_not_streamed(server, sampling):
     client = server.client()
     # a client that reads late gets what arrived merged into one chunk: enough tokens that some arrive after the first read
@@ -94,7 +122,9 @@ def test_streamed_equals_not_streamed(server, sampling):
     messages = [{"role": "user", "content": "Tell me about the market."}]
     whole = client.chat.completions.create(messages=messages, **args)
     text, roles, usage = "", [], None
-    stream = client.chat.completions.create(messages=messages, stream=True, stream_options={"include_usage": True}, **args)
+    stream = client.chat.completions.create(
+        messages=messages, stream=True, stream_options={"include_usage": True}, **args
+    )
     for chunk in stream:
         if chunk.choices:
             text += chunk.choices[0].delta.content or ""
@@ -109,34 +139,56 @@ def test_streamed_equals_not_streamed(server, sampling):
 
 def test_n_logprobs_and_stop(server, reference):
     client = server.client()
-    got = client.completions.create(model=NAME, prompt="Mix the flour", max_tokens=8, temperature=0.8, seed=7, n=3, logprobs=2)
+    got = client.completions.create(
+        model=NAME, prompt="Mix the flour", max_tokens=8, temperature=0.8, seed=7, n=3, logprobs=2
+    )
     assert sorted(c.index for c in got.choices) == [0, 1, 2]
     for c in got.choices:
         lp = c.logprobs
         assert 1 <= len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) <= 8
         assert all(v <= 0 for v in lp.token_logprobs)
         # the top 2 and the chosen token, which OpenAI and vLLM list even outside the top k
-        assert all(len(top) <= 3 and top[token] == value
-                   for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs))
+        assert all(
+            len(top) <= 3 and top[token] == value
+            for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)
+        )
     assert got.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in got.choices)
     texts, finishes = {i: "" for i in range(3)}, {i: [] for i in range(3)}
-    for chunk in client.completions.create(model=NAME, prompt="Mix the flour", max_tokens=8, temperature=0.8, seed=7, n=3,
-                                           logprobs=2, stream=True):
+    for chunk in client.completions.create(
+        model=NAME,
+        prompt="Mix the flour",
+        max_tokens=8,
+        temperature=0.8,
+        seed=7,
+        n=3,
+        logprobs=2,
+        stream=True,
+    ):
         for c in chunk.choices:
             texts[c.index] += c.text
             finishes[c.index] += [c.finish_reason] if c.finish_reason else []
-    assert texts == {c.index: c.text for c in got.choices}  # seeded: the same n completions, streamed
+    assert texts == {
+        c.index: c.text for c in got.choices
+    }  # seeded: the same n completions, streamed
     assert finishes == {c.index: [c.finish_reason] for c in got.choices}  # one end per completion
 
     want = generate(reference, "The keeper", temperature=0, max_tokens=16)["text"]
     cut = want.strip().split(" ")[1] if len(want.strip().split(" ")) > 1 else None
     if cut:  # a stop string from the greedy output: the completion ends before it
-        got = client.completions.create(model=NAME, prompt="The keeper", max_tokens=16, temperature=0, stop=[cut])
+        got = client.completions.create(
+            model=NAME, prompt="The keeper", max_tokens=16, temperature=0, stop=[cut]
+        )
         assert got.choices[0].finish_reason == "stop"
         assert got.choices[0].text == want[: want.index(cut)]
 
-    got = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-                                         temperature=0, logprobs=True, top_logprobs=3)
+    got = client.chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     content = got.choices[0].logprobs.content
     assert len(content) == got.usage.completion_tokens
     assert all(len(item.top_logprobs) == 3 and item.logprob <= 0 for item in content)
@@ -155,12 +207,16 @@ def test_stop_strings_cut_streamed_and_whole_alike(server, reference):
     stop = first_stop(generate(reference, "The keeper", temperature=0, max_tokens=24)["text"])
     want = generate(reference, "The keeper", temperature=0, max_tokens=24, stop=[stop])
     assert want["finish_reason"] == "stop"
-    args = dict(model=NAME, prompt="The keeper", max_tokens=24, temperature=0, stop=[stop], logprobs=1)
+    args = dict(
+        model=NAME, prompt="The keeper", max_tokens=24, temperature=0, stop=[stop], logprobs=1
+    )
     whole = client.completions.create(**args).choices[0]
     assert (whole.text, whole.finish_reason) == (want["text"], "stop")
     assert len(whole.logprobs.tokens) == len(want["token_ids"])
     assert "".join(whole.logprobs.tokens).startswith(want["text"])
-    assert client.completions.create(echo=True, **args).choices[0].text == "The keeper" + want["text"]
+    assert (
+        client.completions.create(echo=True, **args).choices[0].text == "The keeper" + want["text"]
+    )
     chunks = [c.choices[0] for c in client.completions.create(stream=True, **args) if c.choices]
     assert "".join(c.text for c in chunks) == want["text"] and chunks[-1].finish_reason == "stop"
     assert sum(len(c.logprobs.tokens) for c in chunks) == len(want["token_ids"])
@@ -171,8 +227,13 @@ def test_stop_strings_cut_streamed_and_whole_alike(server, reference):
     want = generate(reference, prompt, temperature=0, max_tokens=24, stop=[stop])["text"]
     args = dict(model=NAME, messages=messages, max_tokens=24, temperature=0, stop=stop)
     assert client.chat.completions.create(**args).choices[0].message.content == want
-    streamed = [c.choices[0] for c in client.chat.completions.create(stream=True, **args) if c.choices]
-    assert "".join(c.delta.content or "" for c in streamed) == want and streamed[-1].finish_reason == "stop"
+    streamed = [
+        c.choices[0] for c in client.chat.completions.create(stream=True, **args) if c.choices
+    ]
+    assert (
+        "".join(c.delta.content or "" for c in streamed) == want
+        and streamed[-1].finish_reason == "stop"
+    )
 
 
 def test_200_concurrent_streams_match_offline_greedy_and_leave_nothing_behind(server, reference):
@@ -182,8 +243,16 @@ def test_200_concurrent_streams_match_offline_greedy_and_leave_nothing_behind(se
     want = reference.generate(texts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
 
     async def run_all():
-        return await asyncio.gather(*(stream_text(server.port, {"model": NAME, "prompt": t, "max_tokens": 8, "temperature": 0}, timeout=90)
-                                      for t in texts))
+        return await asyncio.gather(
+            *(
+                stream_text(
+                    server.port,
+                    {"model": NAME, "prompt": t, "max_tokens": 8, "temperature": 0},
+                    timeout=90,
+                )
+                for t in texts
+            )
+        )
 
     got = asyncio.run(asyncio.wait_for(run_all(), 100))
     assert [text for text, _ in got] == [w["text"] for w in want]
@@ -196,7 +265,14 @@ def test_200_concurrent_streams_match_offline_greedy_and_leave_nothing_behind(se
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
 def test_disconnect_aborts_and_frees_blocks(server, stream):
     before = server.wait_idle(baseline_blocks=server.metrics()["nanovllm_kv_cache_blocks_used"])
-    body = {"model": NAME, "prompt": "salt and time", "max_tokens": 1000, "ignore_eos": True, "temperature": 0, "stream": stream}
+    body = {
+        "model": NAME,
+        "prompt": "salt and time",
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": stream,
+    }
     client = RawRequest(server.port, body)
     if stream:
         client.read_until(2)  # two chunks: it is generating
@@ -217,20 +293,34 @@ def test_disconnect_aborts_and_frees_blocks(server, stream):
 def test_overload_gets_503(server):
     """In-flight work is counted in sequences: four requests of n=50 fill the server."""
     baseline = server.metrics()["nanovllm_kv_cache_blocks_used"]
-    body = {"model": NAME, "prompt": "numbers", "max_tokens": 1000, "ignore_eos": True, "temperature": 1.0, "n": MAX_PENDING // 4}
+    body = {
+        "model": NAME,
+        "prompt": "numbers",
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "n": MAX_PENDING // 4,
+    }
     streams = [RawRequest(server.port, body) for _ in range(4)]
     try:
         for s in streams:
             s.read_until(1)
         assert server.metrics()["nanovllm_server_requests_in_flight"] == MAX_PENDING
-        status, answer = post(server.base + "/v1/completions", {"model": NAME, "prompt": "one more", "max_tokens": 4})
+        status, answer = post(
+            server.base + "/v1/completions", {"model": NAME, "prompt": "one more", "max_tokens": 4}
+        )
         assert status == 503
         assert answer["error"]["code"] == "overloaded"
     finally:
         for s in streams:
             s.close()
     server.wait_idle(baseline)
-    assert post(server.base + "/v1/completions", {"model": NAME, "prompt": "again", "max_tokens": 4})[0] == 200
+    assert (
+        post(server.base + "/v1/completions", {"model": NAME, "prompt": "again", "max_tokens": 4})[
+            0
+        ]
+        == 200
+    )
 
 
 BAD_REQUESTS = [
@@ -253,8 +343,21 @@ BAD_REQUESTS = [
     ("completions", {"model": NAME, "prompt": "hi", "echo": True, "stream": True}, "echo"),
     ("chat/completions", {"model": NAME, "messages": []}, "messages"),
     ("chat/completions", {"model": NAME, "messages": [{"content": "no role"}]}, "messages"),
-    ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 30}, "top_logprobs"),
-    ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": -5}, "frequency_penalty"),
+    (
+        "chat/completions",
+        {
+            "model": NAME,
+            "messages": [{"role": "user", "content": "hi"}],
+            "logprobs": True,
+            "top_logprobs": 30,
+        },
+        "top_logprobs",
+    ),
+    (
+        "chat/completions",
+        {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": -5},
+        "frequency_penalty",
+    ),
 ]
 
 
@@ -277,18 +380,30 @@ def test_bad_requests_get_400_and_the_server_goes_on(server):
 
 
 def test_metrics_parse(server):
-    long_prompt = " ".join(WORDS * 4)  # several full KV blocks: the second request finds them cached
-    first = server.client().completions.create(model=NAME, prompt=long_prompt, max_tokens=6, temperature=0)
-    second = server.client().completions.create(model=NAME, prompt=long_prompt + " twice", max_tokens=6, temperature=0)
+    long_prompt = " ".join(
+        WORDS * 4
+    )  # several full KV blocks: the second request finds them cached
+    first = server.client().completions.create(
+        model=NAME, prompt=long_prompt, max_tokens=6, temperature=0
+    )
+    second = server.client().completions.create(
+        model=NAME, prompt=long_prompt + " twice", max_tokens=6, temperature=0
+    )
     assert first.usage.prompt_tokens > 32
     assert second.usage.prompt_tokens_details.cached_tokens >= 16
     status, text = get(server.base + "/metrics")
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name, kind in [("nanovllm_num_requests_running", "gauge"), ("nanovllm_num_requests_waiting", "gauge"),
-                       ("nanovllm_kv_cache_usage_perc", "gauge"), ("nanovllm_prefix_cache_hit_rate", "gauge"),
-                       ("nanovllm_num_preemptions", "counter"), ("nanovllm_generation_tokens", "counter"),
-                       ("nanovllm_prompt_tokens", "counter"),
-                       ("nanovllm_time_to_first_token_seconds", "histogram"), ("nanovllm_time_per_output_token_seconds", "histogram")]:
+    for name, kind in [
+        ("nanovllm_num_requests_running", "gauge"),
+        ("nanovllm_num_requests_waiting", "gauge"),
+        ("nanovllm_kv_cache_usage_perc", "gauge"),
+        ("nanovllm_prefix_cache_hit_rate", "gauge"),
+        ("nanovllm_num_preemptions", "counter"),
+        ("nanovllm_generation_tokens", "counter"),
+        ("nanovllm_prompt_tokens", "counter"),
+        ("nanovllm_time_to_first_token_seconds", "histogram"),
+        ("nanovllm_time_per_output_token_seconds", "histogram"),
+    ]:
         assert families[name].type == kind, name
     m = server.metrics()
     assert m["nanovllm_time_to_first_token_seconds_count"] >= 2
@@ -306,12 +421,25 @@ def test_sigterm_ends_streams_and_leaves_no_process(model, tmp_path):
     try:
         children = descendants(srv.proc.pid)
         assert children, "a tensor-parallel server has worker processes"
-        stream = RawRequest(srv.port, {"model": NAME, "prompt": "bread", "max_tokens": 1000, "ignore_eos": True, "temperature": 0})
+        stream = RawRequest(
+            srv.port,
+            {
+                "model": NAME,
+                "prompt": "bread",
+                "max_tokens": 1000,
+                "ignore_eos": True,
+                "temperature": 0,
+            },
+        )
         stream.read_until(1)
         srv.proc.send_signal(signal.SIGTERM)
         data = stream.read_until(1, marker=b"data: [DONE]", timeout=30).decode()
         stream.close()
-        events = [json.loads(line[len("data: "):]) for line in data.splitlines() if line.startswith("data: {")]
+        events = [
+            json.loads(line[len("data: ") :])
+            for line in data.splitlines()
+            if line.startswith("data: {")
+        ]
         assert events[-1]["choices"][0]["finish_reason"] in ("abort", "length")
         assert srv.stop(timeout=30) == 0, srv.output()
         deadline = time.monotonic() + 10
@@ -329,8 +457,19 @@ def test_a_killed_server_takes_its_engine_and_workers_with_it(model, tmp_path):
     try:
         engine = engine_pid(srv.proc.pid)
         below = descendants(srv.proc.pid)
-        assert len(below - {engine}) >= 1 and descendants(engine), below  # the engine and its worker
-        stream = RawRequest(srv.port, {"model": NAME, "prompt": "bread", "max_tokens": 1000, "ignore_eos": True, "temperature": 0})
+        assert len(below - {engine}) >= 1 and descendants(engine), (
+            below
+        )  # the engine and its worker
+        stream = RawRequest(
+            srv.port,
+            {
+                "model": NAME,
+                "prompt": "bread",
+                "max_tokens": 1000,
+                "ignore_eos": True,
+                "temperature": 0,
+            },
+        )
         stream.read_until(1)
         srv.proc.kill()
         srv.proc.wait(10)

@@ -15,7 +15,6 @@ import threading
 import time
 
 import pytest
-
 from server_harness import NAME, ROOT, RawRequest, ServerProcess, alive, engine_pid, get, post
 
 pytestmark = pytest.mark.xdist_group("processes")
@@ -23,7 +22,13 @@ LARGE = 65536  # --large-request-bytes: bodies above it are parsed on threads of
 # a normal request beside the large bodies keeps twice its usual latency, or 1 s: decoding the
 # bodies' JSON takes ~50 ms of CPU per MB, which it competes for (CI has 2 cores)
 SHARED_CPU_S = 1.0
-NORMAL = {"model": NAME, "prompt": "lighthouse harbour bread", "max_tokens": 8, "ignore_eos": True, "temperature": 0}
+NORMAL = {
+    "model": NAME,
+    "prompt": "lighthouse harbour bread",
+    "max_tokens": 8,
+    "ignore_eos": True,
+    "temperature": 0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +39,17 @@ def model(model_dir):
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
     # --model DIR, as `generate` takes it
-    srv = ServerProcess(model, tmp_path_factory.mktemp("limits") / "server.log", "--max-request-bytes", str(4 << 20),
-                        "--large-request-bytes", str(LARGE), "--max-pending-requests", "64",
-                        entry=("-m", "nanovllm_final.server", "--model"))
+    srv = ServerProcess(
+        model,
+        tmp_path_factory.mktemp("limits") / "server.log",
+        "--max-request-bytes",
+        str(4 << 20),
+        "--large-request-bytes",
+        str(LARGE),
+        "--max-pending-requests",
+        "64",
+        entry=("-m", "nanovllm_final.server", "--model"),
+    )
     yield srv
     assert srv.stop() == 0, srv.output()
 
@@ -47,7 +60,9 @@ def timed(fn) -> tuple[float, object]:
     return time.monotonic() - start, result
 
 
-def beside(server, bodies: list[tuple[str, bytes]]) -> tuple[list[tuple[float, tuple]], float, float]:
+def beside(
+    server, bodies: list[tuple[str, bytes]]
+) -> tuple[list[tuple[float, tuple]], float, float]:
     """Send `bodies` (path, body) at once, and a normal request and /health polls beside them: each body's
     (seconds, (status, answer)), the normal request's seconds and the slowest /health."""
     answers: list = [None] * len(bodies)
@@ -71,7 +86,9 @@ def beside(server, bodies: list[tuple[str, bytes]]) -> tuple[list[tuple[float, t
 
 
 def usual_latency(server) -> float:
-    return sorted(timed(lambda: post(server.base + "/v1/completions", NORMAL))[0] for _ in range(3))[1]
+    return sorted(
+        timed(lambda: post(server.base + "/v1/completions", NORMAL))[0] for _ in range(3)
+    )[1]
 
 
 def test_a_huge_batch_is_refused_from_its_shape(server):
@@ -82,7 +99,11 @@ def test_a_huge_batch_is_refused_from_its_shape(server):
     assert LARGE < len(body) < 4 << 20
     answers, normal, health = beside(server, [("/v1/completions", body)] * 4)
     for seconds, (status, answer) in answers:
-        assert status == 400 and answer["error"]["param"] == "prompt" and "150000 prompts" in answer["error"]["message"]
+        assert (
+            status == 400
+            and answer["error"]["param"] == "prompt"
+            and "150000 prompts" in answer["error"]["message"]
+        )
         assert seconds < 1.0, seconds
     assert normal < max(2 * usual, SHARED_CPU_S), (normal, usual)
     assert health < 1.0
@@ -93,7 +114,9 @@ def test_bodies_that_block_the_event_loop_are_parsed_off_it(server):
     within 1 s each; /health never waits 1 s; a normal request keeps its latency."""
     usual = usual_latency(server)
     rss = rss_mb(server.proc.pid)
-    chat = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "a"}] * 30_000}).encode()
+    chat = json.dumps(
+        {"model": NAME, "messages": [{"role": "user", "content": "a"}] * 30_000}
+    ).encode()
     ids = json.dumps({"model": NAME, "prompt": [[5]] * 100_000}).encode()
     chat, ids = ("/v1/chat/completions", chat), ("/v1/completions", ids)
     answers, normal, health = beside(server, [chat, ids, chat, ids])
@@ -105,7 +128,10 @@ def test_bodies_that_block_the_event_loop_are_parsed_off_it(server):
 
 def rss_mb(pid: int) -> float:
     status = pathlib.Path(f"/proc/{pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) / 1024
+    return (
+        int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1])
+        / 1024
+    )
 
 
 def test_large_bodies_waiting_are_bounded(server):
@@ -113,8 +139,12 @@ def test_large_bodies_waiting_are_bounded(server):
     503 at once, so the memory large bodies hold is bounded."""
     body = json.dumps({"model": NAME, "prompt": ["word " * 4000] * 60, "max_tokens": 1}).encode()
     answers: list = []
-    threads = [threading.Thread(target=lambda: answers.append(post(server.base + "/v1/completions", body, timeout=120)))
-               for _ in range(16)]
+    threads = [
+        threading.Thread(
+            target=lambda: answers.append(post(server.base + "/v1/completions", body, timeout=120))
+        )
+        for _ in range(16)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -128,28 +158,55 @@ def test_a_client_leaving_a_plain_request_logs_no_traceback(server):
     for _ in range(3):
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             data = json.dumps({**NORMAL, "max_tokens": 500}).encode()
-            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            sock.sendall(
+                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n".encode()
+                + data
+            )
             time.sleep(0.3)
     assert post(server.base + "/v1/completions", NORMAL)[0] == 200
     time.sleep(0.5)
-    assert "InvalidStateError" not in server.output() and "Traceback" not in server.output(), server.output()
+    assert "InvalidStateError" not in server.output() and "Traceback" not in server.output(), (
+        server.output()
+    )
 
 
 def test_an_unknown_model_is_404(server):
     status, answer = post(server.base + "/v1/completions", {**NORMAL, "model": "gpt-nothing"})
-    assert status == 404 and answer["error"] == {"message": answer["error"]["message"], "type": "invalid_request_error",
-                                                 "param": "model", "code": "model_not_found"}, answer
+    assert status == 404 and answer["error"] == {
+        "message": answer["error"]["message"],
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }, answer
 
 
 def test_int8_kv_cache_is_a_clean_error(model):
-    out = subprocess.run([sys.executable, "-m", "nanovllm_final", "serve", str(model), "--port", "0", "--device", "cpu",
-                          "--kv-cache-dtype", "int8"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nanovllm_final",
+            "serve",
+            str(model),
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+            "--kv-cache-dtype",
+            "int8",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "kv_cache_dtype" in out.stderr, out.stderr
     assert "Problem" not in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 # ---- an engine that hangs ----
+
 
 def test_a_stopped_engine_trips_the_watchdog(model, tmp_path):
     """SIGSTOP the engine core with a stream and a plain request waiting: within the watchdog's
@@ -157,18 +214,24 @@ def test_a_stopped_engine_trips_the_watchdog(model, tmp_path):
     srv = ServerProcess(model, tmp_path / "watchdog.log", "--watchdog-timeout", "2")
     try:
         engine = engine_pid(srv.proc.pid)
-        stream = RawRequest(srv.port, {"model": NAME, "prompt": "salt", "max_tokens": 1000, "ignore_eos": True})
+        stream = RawRequest(
+            srv.port, {"model": NAME, "prompt": "salt", "max_tokens": 1000, "ignore_eos": True}
+        )
         stream.read_until(1)
         subprocess.run(["kill", "-STOP", str(engine)], check=True)
         stopped = time.monotonic()
         answers: list = []
-        plain = threading.Thread(target=lambda: answers.append(post(srv.base + "/v1/completions", NORMAL, timeout=30)))
+        plain = threading.Thread(
+            target=lambda: answers.append(post(srv.base + "/v1/completions", NORMAL, timeout=30))
+        )
         plain.start()
         stream.read_all(timeout=10)
         assert stream.events()[-1]["error"]["code"] == "engine_hung", stream.received[-300:]
         assert stream.received.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
         plain.join(10)
-        assert answers and answers[0][0] == 503 and answers[0][1]["error"]["code"] == "engine_hung", answers
+        assert (
+            answers and answers[0][0] == 503 and answers[0][1]["error"]["code"] == "engine_hung"
+        ), answers
         assert time.monotonic() - stopped < 6
         assert srv.proc.wait(20) == 1, srv.output()
         assert "exiting with code 1" in srv.output() and not alive(engine)
@@ -179,13 +242,20 @@ def test_a_stopped_engine_trips_the_watchdog(model, tmp_path):
 def test_a_request_past_its_deadline_gets_504(model, tmp_path):
     """--request-timeout 1 with the engine stopped (the watchdog off): a 504 after 1 s; once the
     engine goes on, requests are served again."""
-    srv = ServerProcess(model, tmp_path / "deadline.log", "--request-timeout", "1", "--watchdog-timeout", "0")
+    srv = ServerProcess(
+        model, tmp_path / "deadline.log", "--request-timeout", "1", "--watchdog-timeout", "0"
+    )
     try:
         engine = engine_pid(srv.proc.pid)
         subprocess.run(["kill", "-STOP", str(engine)], check=True)
-        seconds, (status, answer) = timed(lambda: post(srv.base + "/v1/completions", NORMAL, timeout=30))
+        seconds, (status, answer) = timed(
+            lambda: post(srv.base + "/v1/completions", NORMAL, timeout=30)
+        )
         subprocess.run(["kill", "-CONT", str(engine)], check=True)
-        assert status == 504 and answer["error"]["code"] == "timeout" and 0.9 < seconds < 3, (seconds, answer)
+        assert status == 504 and answer["error"]["code"] == "timeout" and 0.9 < seconds < 3, (
+            seconds,
+            answer,
+        )
         assert post(srv.base + "/v1/completions", NORMAL)[0] == 200
         assert srv.stop() == 0, srv.output()
     finally:

@@ -14,17 +14,27 @@ import threading
 import time
 
 import pytest
-
 from server_harness import NAME, ROOT, ServerProcess, _free_port, get, post
 
-pytest.importorskip("sglang_router", reason="the router extra: pip install 'nanovllm-staged[router]'")
+pytest.importorskip(
+    "sglang_router", reason="the router extra: pip install 'nanovllm-staged[router]'"
+)
 pytestmark = pytest.mark.xdist_group("processes")
 MODEL = ROOT / "models" / "course-llama"
 REQUESTS = "nanovllm_request_success_total"
 
 
-SGLANG = [sys.executable, "-m", "sglang_router.launch_router", "--log-level", "warn", "--health-check-interval-secs", "1",
-          "--retry-initial-backoff-ms", "50"]
+SGLANG = [
+    sys.executable,
+    "-m",
+    "sglang_router.launch_router",
+    "--log-level",
+    "warn",
+    "--health-check-interval-secs",
+    "1",
+    "--retry-initial-backoff-ms",
+    "50",
+]
 
 
 class Router:
@@ -34,9 +44,23 @@ class Router:
         self.log = open(log_path, "wb")
         self.log_path = log_path
         self.proc = subprocess.Popen(
-            [*command, "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *[w.base for w in workers],
-             "--policy", "cache_aware", "--prometheus-port", str(_free_port())],  # (each its own, not the default 29000)
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                *command,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--worker-urls",
+                *[w.base for w in workers],
+                "--policy",
+                "cache_aware",
+                "--prometheus-port",
+                str(_free_port()),
+            ],  # (each its own, not the default 29000)
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 60
         while True:
             assert self.proc.poll() is None, self.output()
@@ -88,15 +112,34 @@ def test_router_endpoints_answer_in_the_routers_shapes(replicas):
     for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
         status, text = get(base + path)
         info = json.loads(text)
-        assert status == 200 and info["served_model_name"] == NAME and info["max_context_length"] == 1024, info
+        assert (
+            status == 200
+            and info["served_model_name"] == NAME
+            and info["max_context_length"] == 1024
+        ), info
     status, load = get(base + "/get_load")
-    assert status == 200 and json.loads(load)[0].keys() >= {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
-    status, tokens = post(base + "/tokenize", {"model": NAME, "prompt": "bread and salt", "add_special_tokens": False})
+    assert status == 200 and json.loads(load)[0].keys() >= {
+        "dp_rank",
+        "num_reqs",
+        "num_waiting_reqs",
+        "num_tokens",
+    }
+    status, tokens = post(
+        base + "/tokenize", {"model": NAME, "prompt": "bread and salt", "add_special_tokens": False}
+    )
     assert status == 200 and tokens["count"] == len(tokens["tokens"]) > 0
-    assert post(base + "/detokenize", {"tokens": tokens["tokens"]}) == (200, {"prompt": "bread and salt"})
-    status, rendered = post(base + "/v1/completions/render", {"model": NAME, "prompt": "bread and salt"})
+    assert post(base + "/detokenize", {"tokens": tokens["tokens"]}) == (
+        200,
+        {"prompt": "bread and salt"},
+    )
+    status, rendered = post(
+        base + "/v1/completions/render", {"model": NAME, "prompt": "bread and salt"}
+    )
     assert status == 200 and rendered[0]["token_ids"] == tokens["tokens"]
-    status, chat = post(base + "/v1/chat/completions/render", {"model": NAME, "messages": [{"role": "user", "content": "hi"}]})
+    status, chat = post(
+        base + "/v1/chat/completions/render",
+        {"model": NAME, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert status == 200 and chat["token_ids"], chat
 
 
@@ -107,9 +150,20 @@ def test_the_router_knows_the_model(router):
 
 
 def test_the_router_answers_as_a_replica_does(replicas, router):
-    for body, path in (({"prompt": "the lighthouse keeper", "max_tokens": 12, "temperature": 0}, "/v1/completions"),
-                       ({"messages": [{"role": "user", "content": "bread"}], "max_tokens": 12, "temperature": 0},
-                        "/v1/chat/completions")):
+    for body, path in (
+        (
+            {"prompt": "the lighthouse keeper", "max_tokens": 12, "temperature": 0},
+            "/v1/completions",
+        ),
+        (
+            {
+                "messages": [{"role": "user", "content": "bread"}],
+                "max_tokens": 12,
+                "temperature": 0,
+            },
+            "/v1/chat/completions",
+        ),
+    ):
         direct = post(replicas[0].base + path, {"model": NAME, **body})
         routed = post(router.base + path, {"model": NAME, **body})
         assert direct[0] == routed[0] == 200
@@ -128,9 +182,13 @@ def assert_groups_stick(replicas: list[ServerProcess], router: Router, groups) -
         prefix = f"group {g}: " + " ".join(f"word{g}{i}" for i in range(60))
         before = [served(w) for w in replicas]
         for i in range(4):
-            status, answer = post(router.base + "/v1/completions", {"model": NAME, "prompt": f"{prefix} question {i}",
-                                                                    "max_tokens": 2})
-            assert status == 200 and (i == 0 or answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 200), answer
+            status, answer = post(
+                router.base + "/v1/completions",
+                {"model": NAME, "prompt": f"{prefix} question {i}", "max_tokens": 2},
+            )
+            assert status == 200 and (
+                i == 0 or answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 200
+            ), answer
         gained = [served(w) - b for w, b in zip(replicas, before)]
         assert sorted(gained) == [0, 4], f"group {g} was split over the replicas: {gained}"
 
@@ -139,12 +197,33 @@ def test_serve_bench_runs_against_the_router(router, tmp_path):
     from benchmarks import serve_bench
 
     out = tmp_path / "bench.json"
-    code = serve_bench.main(["--url", router.base, "--model-name", NAME, "--vocab-size", "2048", "--text-prompts", str(MODEL),
-                             "--workload", "tiny-cpu",
-                             "--num-seqs", "8", "--concurrency", "4", "--max-output-len", "6", "--out", str(out)])
+    code = serve_bench.main(
+        [
+            "--url",
+            router.base,
+            "--model-name",
+            NAME,
+            "--vocab-size",
+            "2048",
+            "--text-prompts",
+            str(MODEL),
+            "--workload",
+            "tiny-cpu",
+            "--num-seqs",
+            "8",
+            "--concurrency",
+            "4",
+            "--max-output-len",
+            "6",
+            "--out",
+            str(out),
+        ]
+    )
     assert code in (0, None)
     record = json.loads(out.read_text())
-    assert record["completed"] == 8 and record["failed"] == 0 and record["output_tokens"] > 0, record
+    assert record["completed"] == 8 and record["failed"] == 0 and record["output_tokens"] > 0, (
+        record
+    )
 
 
 def test_vllm_router_routes_by_the_rendered_prompt(replicas, tmp_path):
@@ -164,9 +243,21 @@ def test_a_replica_killed_mid_run_loses_no_request(replicas, router):
     """Twelve plain requests in flight, then one replica is killed (SIGKILL): the router retries
     what failed on the other one, and every request is answered 200."""
     answers: list[int] = []
-    body = {"model": NAME, "prompt": "bread salt water", "max_tokens": 64, "ignore_eos": True, "temperature": 0}
-    threads = [threading.Thread(target=lambda: answers.append(post(router.base + "/v1/completions", body, timeout=120)[0]))
-               for _ in range(12)]
+    body = {
+        "model": NAME,
+        "prompt": "bread salt water",
+        "max_tokens": 64,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    threads = [
+        threading.Thread(
+            target=lambda: answers.append(
+                post(router.base + "/v1/completions", body, timeout=120)[0]
+            )
+        )
+        for _ in range(12)
+    ]
     for t in threads:
         t.start()
     time.sleep(0.5)

@@ -10,9 +10,9 @@ import os
 
 import pytest
 import torch
+from common import random_prompts
 from filelock import FileLock
 
-from common import random_prompts
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.config import EngineConfig
 from nanovllm_final.engine import rejection_sampler
@@ -20,7 +20,12 @@ from nanovllm_final.engine.proposers import ReplayProposer, ngram_lookup
 from nanovllm_final.engine.rejection_sampler import verify_rows
 from tools.tiny_model import build_if_missing
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+}
 ARCHS = {
     "qwen3": dict(arch="qwen3"),
     "llama": dict(arch="llama", tie_word_embeddings=False, seed=2),
@@ -42,14 +47,18 @@ def spec_model(tmp_path_factory):
     return build
 
 
-def run(path, prompts, params, spec, replay: list | None = None, **options) -> tuple[list, dict, bool]:
+def run(
+    path, prompts, params, spec, replay: list | None = None, **options
+) -> tuple[list, dict, bool]:
     """Outputs, metrics, and whether every block is free again after the run. `replay`: the
     outputs of a run without speculation, proposed again by a ReplayProposer with 60 % of its
     tokens right (random tiny models repeat themselves too little for n-gram lookup alone)."""
     with LLM(path, device="cpu", speculative_config=spec, **options) as llm:
         if replay is not None:
             runs = [o["prompt_token_ids"] + c["token_ids"] for o in replay for c in o["outputs"]]
-            llm.engine.speculator.proposer = ReplayProposer(runs, 0.6, llm.engine.model_config.vocab_size)
+            llm.engine.speculator.proposer = ReplayProposer(
+                runs, 0.6, llm.engine.model_config.vocab_size
+            )
         outs = llm.generate(prompts, params, use_tqdm=False)
         engine = llm.engine
         return outs, llm.metrics(), engine.num_free_blocks == engine.num_blocks
@@ -70,7 +79,9 @@ def same_greedy(path, prompts, params, **options) -> list[dict]:
         assert [o["finish_reason"] for o in spec] == [o["finish_reason"] for o in plain]
         assert all_free and metrics["spec_decode_num_draft_tokens"] > 0
         found.append(metrics)
-    assert 0 < found[1]["spec_decode_num_accepted_tokens"] < found[1]["spec_decode_num_draft_tokens"]
+    assert (
+        0 < found[1]["spec_decode_num_accepted_tokens"] < found[1]["spec_decode_num_draft_tokens"]
+    )
     assert found[1]["spec_decode_mean_acceptance_length"] > 1
     return found
 
@@ -91,14 +102,19 @@ def test_greedy_preemption_chunking(spec_model):
     """A cache of 13 blocks of 4 tokens for six growing sequences, a budget of 12 tokens a step."""
     prompts = random_prompts([10, 17, 8, 14, 9, 11], seed=2)
     params = SamplingParams(temperature=0.0, max_tokens=28)
-    options = dict(max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=13, max_num_batched_tokens=12)
+    options = dict(
+        max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=13, max_num_batched_tokens=12
+    )
     plain, _, _ = run(spec_model("qwen3"), prompts, params, None, **options)
     with LLM(spec_model("qwen3"), device="cpu", speculative_config=NGRAM, **options) as llm:
         runs = [o["prompt_token_ids"] + o["token_ids"] for o in plain]
-        llm.engine.speculator.proposer = ReplayProposer(runs, 0.7, llm.engine.model_config.vocab_size)
+        llm.engine.speculator.proposer = ReplayProposer(
+            runs, 0.7, llm.engine.model_config.vocab_size
+        )
         outs = llm.generate(prompts, params, use_tqdm=False)
         assert (
-            sum(s["preemptions"] for s in llm.stats) > 0 and sum(s["chunked_prefills"] for s in llm.stats) > 0
+            sum(s["preemptions"] for s in llm.stats) > 0
+            and sum(s["chunked_prefills"] for s in llm.stats) > 0
         )
         assert llm.engine.num_free_blocks == llm.engine.num_blocks
         assert llm.metrics()["spec_decode_num_accepted_tokens"] > 0
@@ -112,8 +128,12 @@ def test_greedy_prefix_hits_n_stops_penalties(spec_model):
     path = spec_model("llama")
     shared = random_prompts([24], seed=3)[0]
     prompts = [shared + tail for tail in random_prompts([3, 5, 4], seed=4)]
-    options = dict(max_model_len=96, kvcache_block_size=4, max_num_batched_tokens=16)  # later prompts hit cached blocks
-    plain, _, _ = run(path, prompts, SamplingParams(temperature=0.0, max_tokens=30), None, **options)
+    options = dict(
+        max_model_len=96, kvcache_block_size=4, max_num_batched_tokens=16
+    )  # later prompts hit cached blocks
+    plain, _, _ = run(
+        path, prompts, SamplingParams(temperature=0.0, max_tokens=30), None, **options
+    )
     stop = plain[0]["token_ids"][12]
     stop_text = plain[1]["text"][8:11]  # a stop string, checked after every emitted token of a run
     assert len(stop_text) == 3
@@ -121,16 +141,22 @@ def test_greedy_prefix_hits_n_stops_penalties(spec_model):
         SamplingParams(temperature=0.0, max_tokens=30, stop=[stop_text]),
         SamplingParams(temperature=0.0, max_tokens=30, n=2, logprobs=2),
         SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[stop], min_tokens=5),
-        SamplingParams(temperature=0.0, max_tokens=25, repetition_penalty=1.3, frequency_penalty=0.2),
+        SamplingParams(
+            temperature=0.0, max_tokens=25, repetition_penalty=1.3, frequency_penalty=0.2
+        ),
     ):
         plain, _, _ = run(path, prompts, params, None, **options)
         spec, metrics, all_free = run(path, prompts, params, NGRAM, plain, **options)
         assert (
-            metrics["prefix_hit_tokens"] > 0 and metrics["spec_decode_num_accepted_tokens"] > 0 and all_free
+            metrics["prefix_hit_tokens"] > 0
+            and metrics["spec_decode_num_accepted_tokens"] > 0
+            and all_free
         )
         assert token_ids(spec) == token_ids(plain)
         completions = [[c for o in outs for c in o["outputs"]] for outs in (plain, spec)]
-        assert [c["finish_reason"] for c in completions[1]] == [c["finish_reason"] for c in completions[0]]
+        assert [c["finish_reason"] for c in completions[1]] == [
+            c["finish_reason"] for c in completions[0]
+        ]
         if params.logprobs:
             for a, b in zip(*completions):
                 assert [e["logprob"] for e in b["logprobs"]] == pytest.approx(
@@ -140,7 +166,11 @@ def test_greedy_prefix_hits_n_stops_penalties(spec_model):
 
 def test_abort_frees_blocks(spec_model):
     with LLM(
-        spec_model("qwen3"), device="cpu", speculative_config=NGRAM, max_model_len=64, kvcache_block_size=4
+        spec_model("qwen3"),
+        device="cpu",
+        speculative_config=NGRAM,
+        max_model_len=64,
+        kvcache_block_size=4,
     ) as llm:
         engine = llm.engine
         ids = [
@@ -159,16 +189,22 @@ def test_abort_frees_blocks(spec_model):
 def test_sampling_runs_reproducibly(spec_model):
     """Seeded sampling with masks: the same tokens twice, every block free, proposals tested."""
     path = spec_model("qwen3")
-    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.01, seed=7, max_tokens=30, n=2)
+    params = SamplingParams(
+        temperature=0.8, top_k=20, top_p=0.9, min_p=0.01, seed=7, max_tokens=30, n=2
+    )
     prompts = random_prompts([9, 14], seed=6)
-    first, metrics, all_free = run(path, prompts, params, NGRAM, max_model_len=64, kvcache_block_size=4)
+    first, metrics, all_free = run(
+        path, prompts, params, NGRAM, max_model_len=64, kvcache_block_size=4
+    )
     again, _, _ = run(path, prompts, params, NGRAM, max_model_len=64, kvcache_block_size=4)
     assert all_free and metrics["spec_decode_num_draft_tokens"] > 0
     assert token_ids(first) == token_ids(again)
     # a greedy request verified in the same steps as sampled ones: still the plain greedy tokens
     greedy = SamplingParams(temperature=0.0, max_tokens=30)
     alone, _, _ = run(path, prompts[:1], greedy, None, max_model_len=64, kvcache_block_size=4)
-    mixed, _, _ = run(path, prompts, [greedy, params], NGRAM, alone, max_model_len=64, kvcache_block_size=4)
+    mixed, _, _ = run(
+        path, prompts, [greedy, params], NGRAM, alone, max_model_len=64, kvcache_block_size=4
+    )
     assert mixed[0]["token_ids"] == alone[0]["token_ids"]
 
 
@@ -212,7 +248,9 @@ def test_rejection_sampling_keeps_the_target_distribution(q):
 def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch, q):
     """Accepting whenever p(d) >= q(d)... or always: the emitted tokens follow another distribution."""
     monkeypatch.setattr(
-        rejection_sampler, "acceptance_probability", lambda p_d, q_d: (p_d >= q_d).float() + (q is None)
+        rejection_sampler,
+        "acceptance_probability",
+        lambda p_d, q_d: (p_d >= q_d).float() + (q is None),
     )
     assert chi_square_rejects(emitted(P, q, 40000, seed=0), P)
 
@@ -235,7 +273,9 @@ def test_masks_shape_the_target():
     target[[0, 2, 4]] = P[[0, 2, 4]] ** 2
     target /= target.sum()
     drafts = torch.full((20000,), 4)
-    accepted, drawn = rejection_sampler.verify(torch.Generator().manual_seed(1), logits, batch, drafts)
+    accepted, drawn = rejection_sampler.verify(
+        torch.Generator().manual_seed(1), logits, batch, drafts
+    )
     counts = torch.bincount(torch.where(accepted, drafts, drawn), minlength=8).float()
     assert counts[[1, 3, 5, 6, 7]].sum() == 0
     assert not chi_square_rejects(counts[[0, 2, 4]], target[[0, 2, 4]])
@@ -254,10 +294,18 @@ def test_ngram_lookup():
 @pytest.mark.parametrize(
     "value, field",
     [
-        ({"method": "ngram", "num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 0},
+            "speculative_config.num_speculative_tokens",
+        ),
         ({"method": "eagle", "num_speculative_tokens": 2}, "speculative_config.method"),
         (
-            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
+            {
+                "method": "ngram",
+                "num_speculative_tokens": 2,
+                "prompt_lookup_min": 3,
+                "prompt_lookup_max": 2,
+            },
             "speculative_config.prompt_lookup_max",
         ),
         ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "speculative_config"),
@@ -266,7 +314,10 @@ def test_ngram_lookup():
             "speculative_config.model",
         ),
         ("{not json", "speculative_config"),
-        ({"method": "ngram", "num_speculative_tokens": 31}, "speculative_config.num_speculative_tokens"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 31},
+            "speculative_config.num_speculative_tokens",
+        ),
     ],
 )
 def test_bad_config(value, field):
@@ -309,7 +360,9 @@ def test_draft_model(spec_model):
     prompts = random_prompts([10, 17, 8, 14, 9, 11], seed=8)
     prompts.append(prompts[1][:16] + [7])  # its first 4 blocks are a prefix hit
     params = SamplingParams(temperature=0.0, max_tokens=28)
-    options = dict(max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=13, max_num_batched_tokens=12)
+    options = dict(
+        max_model_len=48, kvcache_block_size=4, num_kvcache_blocks=13, max_num_batched_tokens=12
+    )
     plain, _, _ = run(path, prompts, params, None, **options)
     for draft, rate in ((path, 1.0), (spec_model("draft-qwen3", arch="qwen3", seed=9), None)):
         spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
@@ -334,9 +387,20 @@ def test_tensor_parallel(spec_model):
     draft = {"method": "draft_model", "model": str(path), "num_speculative_tokens": 2}
     for spec_config, replay in ((NGRAM, plain), (draft, None)):
         spec, metrics, all_free = run(
-            path, prompts, params, spec_config, replay, max_model_len=48, kvcache_block_size=4, tensor_parallel_size=2
+            path,
+            prompts,
+            params,
+            spec_config,
+            replay,
+            max_model_len=48,
+            kvcache_block_size=4,
+            tensor_parallel_size=2,
         )
-        assert token_ids(spec) == token_ids(plain) and all_free and metrics["spec_decode_num_accepted_tokens"] > 0
+        assert (
+            token_ids(spec) == token_ids(plain)
+            and all_free
+            and metrics["spec_decode_num_accepted_tokens"] > 0
+        )
     assert metrics["spec_decode_acceptance_rate"] == 1.0
 
 
@@ -354,7 +418,9 @@ def test_metrics_exposition(spec_model):
         kvcache_block_size=4,
     ) as llm:
         llm.generate(
-            random_prompts([9], seed=11), SamplingParams(temperature=0.0, max_tokens=30), use_tqdm=False
+            random_prompts([9], seed=11),
+            SamplingParams(temperature=0.0, max_tokens=30),
+            use_tqdm=False,
         )
         summary, gauges = llm.metrics(), engine_gauges(llm)
     text = ServerMetrics().render(gauges, {"in_flight": 0, "max_pending": 1, "healthy": True})
@@ -364,7 +430,9 @@ def test_metrics_exposition(spec_model):
         for s in f.samples
     }
     assert (
-        samples["nanovllm_spec_decode_num_draft_tokens_total"] == summary["spec_decode_num_draft_tokens"] > 0
+        samples["nanovllm_spec_decode_num_draft_tokens_total"]
+        == summary["spec_decode_num_draft_tokens"]
+        > 0
     )
     assert (
         samples["nanovllm_spec_decode_num_accepted_tokens_total"]
@@ -394,9 +462,17 @@ def test_warmup_step_verifies(spec_model, monkeypatch):
 
     verify_step = model_runner.verify_step
     monkeypatch.setattr(model_runner, "verify_step", spy)
-    with LLM(spec_model("qwen3"), device="cpu", speculative_config=NGRAM, max_model_len=32, max_num_seqs=4,
-             max_num_batched_tokens=64) as llm:
-        llm.engine.model_runner.warmup(llm.engine.model_config)  # rebinds the cache to a scratch one: not used again
+    with LLM(
+        spec_model("qwen3"),
+        device="cpu",
+        speculative_config=NGRAM,
+        max_model_len=32,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+    ) as llm:
+        llm.engine.model_runner.warmup(
+            llm.engine.model_config
+        )  # rebinds the cache to a scratch one: not used again
     assert rows == [4 * (1 + NGRAM["num_speculative_tokens"])]
 
 
@@ -408,7 +484,10 @@ def test_draft_with_another_tokenizer(spec_model, tmp_path):
     target = spec_model("qwen3")
     draft = tmp_path / "draft"
     shutil.copytree(target, draft)
-    for name in ("tokenizer.json", "tokenizer_config.json"):  # the same vocab_size, another tokenizer
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):  # the same vocab_size, another tokenizer
         shutil.copy(ROOT / "models" / "course-llama" / name, draft / name)
     spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2}
     with pytest.raises(ValueError) as err:
@@ -424,18 +503,30 @@ def test_cuda_graphs_replay_verify_steps(spec_model, method):
     path = spec_model("qwen3")
     prompts = random_prompts([9, 14, 6, 11], seed=12)
     params = SamplingParams(temperature=0.0, max_tokens=40)
-    options = dict(device="cuda", dtype="float32", attention_backend="triton", max_model_len=96, max_num_seqs=8)
+    options = dict(
+        device="cuda", dtype="float32", attention_backend="triton", max_model_len=96, max_num_seqs=8
+    )
     with LLM(path, **options) as llm:
         plain = llm.generate(prompts, params, use_tqdm=False)
-    spec = NGRAM if method == "ngram" else {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}
+    spec = (
+        NGRAM
+        if method == "ngram"
+        else {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}
+    )
     with LLM(path, speculative_config=spec, **options) as llm:
         if method == "ngram":
             runs = [o["prompt_token_ids"] + o["token_ids"] for o in plain]
-            llm.engine.speculator.proposer = ReplayProposer(runs, 0.7, llm.engine.model_config.vocab_size)
+            llm.engine.speculator.proposer = ReplayProposer(
+                runs, 0.7, llm.engine.model_config.vocab_size
+            )
         replays = dict(llm.engine.model_runner.cuda_graphs.num_replays)
         outs = llm.generate(prompts, params, use_tqdm=False)
-        not_decode = sum(s["is_prefill"] for s in llm.stats)  # prompt steps and verify steps (1 + k tokens each)
-        assert llm.engine.model_runner.cuda_graphs.num_replays[False] - replays[False] == not_decode  # all replayed
+        not_decode = sum(
+            s["is_prefill"] for s in llm.stats
+        )  # prompt steps and verify steps (1 + k tokens each)
+        assert (
+            llm.engine.model_runner.cuda_graphs.num_replays[False] - replays[False] == not_decode
+        )  # all replayed
         assert llm.metrics()["spec_decode_num_drafts"] > len(prompts) and not_decode > len(prompts)
         assert llm.engine.num_free_blocks == llm.engine.num_blocks
     assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in plain]
@@ -443,8 +534,14 @@ def test_cuda_graphs_replay_verify_steps(spec_model, method):
 
 def test_structured_outputs_are_refused_while_speculating(model_dir):
     """Verify rows draw without a grammar's bitmask: a request with a format is refused, naming the field."""
-    with LLM(model_dir("qwen3"), device="cpu", speculative_config={"method": "ngram", "num_speculative_tokens": 2}) as llm:
-        params = SamplingParams(max_tokens=4, temperature=0, structured_outputs={"choice": ["yes", "no"]})
+    with LLM(
+        model_dir("qwen3"),
+        device="cpu",
+        speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+    ) as llm:
+        params = SamplingParams(
+            max_tokens=4, temperature=0, structured_outputs={"choice": ["yes", "no"]}
+        )
         with pytest.raises(ValueError, match="structured_outputs"):
             llm.generate([[1, 2, 3]], params, use_tqdm=False)
 
@@ -455,8 +552,29 @@ def test_spec_decode_benchmark_runs(spec_model, tmp_path, monkeypatch):
     from benchmarks import spec_decode
 
     path, out = str(spec_model("qwen3")), tmp_path / "spec.json"
-    argv = ["spec_decode", "--model", path, "--draft", path, "--device", "cpu", "--workload", "repeat",
-            "--batches", "2", "--ks", "2", "--accept", "1.0", "--repeat", "2", "--max-tokens", "6", "--out", str(out)]
+    argv = [
+        "spec_decode",
+        "--model",
+        path,
+        "--draft",
+        path,
+        "--device",
+        "cpu",
+        "--workload",
+        "repeat",
+        "--batches",
+        "2",
+        "--ks",
+        "2",
+        "--accept",
+        "1.0",
+        "--repeat",
+        "2",
+        "--max-tokens",
+        "6",
+        "--out",
+        str(out),
+    ]
     monkeypatch.setattr("sys.argv", argv)
     spec_decode.main()
     record = json.loads(out.read_text())

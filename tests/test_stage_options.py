@@ -49,11 +49,24 @@ def test_refused_before_its_stage_accepted_from_it(name, options, arrives, model
 @pytest.mark.parametrize("name", STAGES)
 def test_options_that_tune_or_ask_for_what_it_does_are_accepted(name, model_dir):
     st = stages.load(name)
-    options = dict(device="cpu", max_model_len=64, enforce_eager=True, kvcache_block_size=4, num_kvcache_blocks=64,
-                   max_num_batched_tokens=64, tensor_parallel_size=1, attention_backend="torch",
-                   gpu_memory_utilization=0.5, cpu_kvcache_bytes=1 << 20, max_num_seqs=4, seed=1)
+    options = dict(
+        device="cpu",
+        max_model_len=64,
+        enforce_eager=True,
+        kvcache_block_size=4,
+        num_kvcache_blocks=64,
+        max_num_batched_tokens=64,
+        tensor_parallel_size=1,
+        attention_backend="torch",
+        gpu_memory_utilization=0.5,
+        cpu_kvcache_bytes=1 << 20,
+        max_num_seqs=4,
+        seed=1,
+    )
     with st.LLM(model_dir("qwen3"), **options) as llm:
-        out = llm.generate(["hello"], st.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+        out = llm.generate(
+            ["hello"], st.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False
+        )
     assert len(out[0]["token_ids"]) == 3
 
 
@@ -64,26 +77,63 @@ def test_cli_has_a_flag_for_every_option_and_sampling_field(name, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     config = importlib.import_module(f"stages.{name}.config")
-    names = [f.name for cls in (config.EngineConfig, stages.load(name).SamplingParams) for f in fields(cls)
-             if f.default is not MISSING]
+    names = [
+        f.name
+        for cls in (config.EngineConfig, stages.load(name).SamplingParams)
+        for f in fields(cls)
+        if f.default is not MISSING
+    ]
     assert "tensor_parallel_size" in names and "max_tokens" in names
     for field in names:
-        assert f"--{field.replace('_', '-')} " in out or f"--{field.replace('_', '-')}," in out, field
+        assert f"--{field.replace('_', '-')} " in out or f"--{field.replace('_', '-')}," in out, (
+            field
+        )
 
 
 @pytest.mark.parametrize("name", STAGES)
 def test_cli_passes_options_and_refuses_missing_mechanisms(name, model_dir, capsys):
     main, path = cli(name), str(model_dir("qwen3"))
     capsys.readouterr()  # whatever building the model printed
-    main(["--model", path, "--prompt", "hello", "--device", "cpu", "--tensor-parallel-size", "1",
-          "--max-tokens", "3", "--ignore-eos", "--kvcache-block-size", "4", "--enforce-eager"])
+    main(
+        [
+            "--model",
+            path,
+            "--prompt",
+            "hello",
+            "--device",
+            "cpu",
+            "--tensor-parallel-size",
+            "1",
+            "--max-tokens",
+            "3",
+            "--ignore-eos",
+            "--kvcache-block-size",
+            "4",
+            "--enforce-eager",
+        ]
+    )
     assert capsys.readouterr().out.startswith("### hello\n")
-    with pytest.raises(SystemExit) as exit_info:  # the flag reaches the engine: its own limit is reported
-        main(["--model", path, "--prompt", "hello " * 20, "--device", "cpu", "--max-model-len", "8"])
+    with pytest.raises(
+        SystemExit
+    ) as exit_info:  # the flag reaches the engine: its own limit is reported
+        main(
+            ["--model", path, "--prompt", "hello " * 20, "--device", "cpu", "--max-model-len", "8"]
+        )
     assert exit_info.value.code == 2 and "max_model_len is 8" in capsys.readouterr().err
     if level(name) < 7:
         with pytest.raises(SystemExit) as exit_info:
-            main(["--model", path, "--prompt", "hello", "--device", "cpu", "--tensor-parallel-size", "2"])
+            main(
+                [
+                    "--model",
+                    path,
+                    "--prompt",
+                    "hello",
+                    "--device",
+                    "cpu",
+                    "--tensor-parallel-size",
+                    "2",
+                ]
+            )
         err = capsys.readouterr().err
         assert exit_info.value.code == 2
         assert err.startswith("error: tensor_parallel_size=2") and "07_tensor_parallel" in err
@@ -91,22 +141,43 @@ def test_cli_passes_options_and_refuses_missing_mechanisms(name, model_dir, caps
 
 def test_cli_refusal_is_one_line_without_traceback(model_dir):
     result = subprocess.run(
-        [sys.executable, "-m", "stages.02_kvcache", "--model", str(model_dir("qwen3")), "--prompt", "hi",
-         "--device", "cpu", "--tensor-parallel-size", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "stages.02_kvcache",
+            "--model",
+            str(model_dir("qwen3")),
+            "--prompt",
+            "hi",
+            "--device",
+            "cpu",
+            "--tensor-parallel-size",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         "error: tensor_parallel_size=2 asks for tensor parallelism: it arrives in stage 07_tensor_parallel; "
-        "stages.02_kvcache runs on one device"]
+        "stages.02_kvcache runs on one device"
+    ]
 
 
 @pytest.mark.parametrize("name", STAGES)
 def test_too_long_prompt_is_our_error_alone(name, model_dir, transformers_log):
     st = stages.load(name)
     with st.LLM(model_dir("qwen3"), device="cpu", enforce_eager=True) as llm:
-        too_long = "the old lighthouse " * (llm.tokenizer.model_max_length // 2)  # beyond the tokenizer's limit too
-        assert len(llm.tokenizer.encode(too_long, add_special_tokens=False, verbose=False)) > llm.tokenizer.model_max_length
+        too_long = "the old lighthouse " * (
+            llm.tokenizer.model_max_length // 2
+        )  # beyond the tokenizer's limit too
+        assert (
+            len(llm.tokenizer.encode(too_long, add_special_tokens=False, verbose=False))
+            > llm.tokenizer.model_max_length
+        )
         with pytest.raises(ValueError, match="max_model_len"):
             llm.generate([too_long], use_tqdm=False)
     assert not [r for r in transformers_log if "sequence length" in r.getMessage()]
@@ -120,10 +191,15 @@ def test_cpu_eager_is_info_not_warning(name, model_dir, caplog):
         with st.LLM(model_dir("qwen3"), device="cpu", max_model_len=32):
             pass
     mine = [r for r in caplog.records if r.name.startswith(st.__name__)]
-    assert [r.levelname for r in mine if "CUDA graphs need a CUDA device" in r.getMessage()] == ["INFO", "INFO"]
+    assert [r.levelname for r in mine if "CUDA graphs need a CUDA device" in r.getMessage()] == [
+        "INFO",
+        "INFO",
+    ]
     assert not [r for r in mine if r.levelno >= logging.WARNING]
     caplog.clear()
-    with st.LLM(model_dir("qwen3"), device="cpu", max_model_len=32, enforce_eager=True):  # eager on purpose: silent
+    with st.LLM(
+        model_dir("qwen3"), device="cpu", max_model_len=32, enforce_eager=True
+    ):  # eager on purpose: silent
         pass
     assert not [r for r in caplog.records if r.name.startswith(st.__name__)]
 

@@ -16,8 +16,20 @@ from tools import stages as stage_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
-FORMS = ["03_paged", "03", "3", 3, "paged", "stages/03_paged", "stages/03_paged/", "./stages/03_paged",
-         str(ROOT / "stages" / "03_paged"), Path("stages/03_paged"), "stages.03_paged", " 03 "]
+FORMS = [
+    "03_paged",
+    "03",
+    "3",
+    3,
+    "paged",
+    "stages/03_paged",
+    "stages/03_paged/",
+    "./stages/03_paged",
+    str(ROOT / "stages" / "03_paged"),
+    Path("stages/03_paged"),
+    "stages.03_paged",
+    " 03 ",
+]
 
 
 @pytest.mark.parametrize("form", FORMS, ids=repr)
@@ -34,12 +46,21 @@ def test_final_by_name(form):
 
 def test_every_stage_by_number_and_name():
     for name in stages.names():
-        assert stages.load(int(name[:2])) is stages.load(name[:2]) is stages.load(name[3:]) is stages.load(name)
+        assert (
+            stages.load(int(name[:2]))
+            is stages.load(name[:2])
+            is stages.load(name[3:])
+            is stages.load(name)
+        )
 
 
-@pytest.mark.parametrize("bad", ["09", "9", "", "pag", "stages", "03_paged_x", True, 3.0, None], ids=repr)
+@pytest.mark.parametrize(
+    "bad", ["09", "9", "", "pag", "stages", "03_paged_x", True, 3.0, None], ids=repr
+)
 def test_unknown_names_list_the_stages(bad):
-    with pytest.raises(ValueError, match="valid stages: 01_naive, 02_kvcache, .*final|a stage is named by"):
+    with pytest.raises(
+        ValueError, match="valid stages: 01_naive, 02_kvcache, .*final|a stage is named by"
+    ):
         stages.load(bad)
 
 
@@ -51,7 +72,9 @@ def test_resolve_is_ambiguity_safe():
 def test_python_m_stages_runs_any_stage_by_any_name(model_dir, capsys):
     path = str(model_dir("qwen3"))
     capsys.readouterr()  # whatever building the model printed
-    stages_main(["paged", "--model", path, "--prompt", "hello", "--max-tokens", "3", "--device", "cpu"])
+    stages_main(
+        ["paged", "--model", path, "--prompt", "hello", "--max-tokens", "3", "--device", "cpu"]
+    )
     assert capsys.readouterr().out.startswith("### hello\n")
     with pytest.raises(SystemExit) as exit_info:
         stages_main(["9", "--model", "x", "--prompt", "y"])
@@ -74,15 +97,31 @@ def test_installed_stages_import_from_any_directory(tmp_path):
     import stages and run the README's snippet from an unrelated directory."""
     src, target, elsewhere = tmp_path / "src", tmp_path / "site", tmp_path / "elsewhere"
     for folder in ("stages", "nanovllm_final"):
-        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
     for file in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / file, src / file)
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(target), str(src)]
+    pip = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--target",
+        str(target),
+        str(src),
+    ]
     build = subprocess.run(pip, capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
     elsewhere.mkdir()
     snippet = readme_snippet()
-    assert '"models/course-llama"' in snippet  # a path relative to the repository: from elsewhere, the full one
+    assert (
+        '"models/course-llama"' in snippet
+    )  # a path relative to the repository: from elsewhere, the full one
     code = (
         "import stages\n"
         f"assert stages.__file__.startswith({str(target)!r}), stages.__file__\n"
@@ -91,8 +130,17 @@ def test_installed_stages_import_from_any_directory(tmp_path):
         + snippet.replace('"models/course-llama"', repr(str(ROOT / "models" / "course-llama")))
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(target)}
-    run = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "stages: " + ", ".join(stages.names())
-    assert re.fullmatch(r".* \[\d+(, \d+)*\]", lines[-1])  # the completion's text, then its token ids
+    assert re.fullmatch(
+        r".* \[\d+(, \d+)*\]", lines[-1]
+    )  # the completion's text, then its token ids

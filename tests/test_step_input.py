@@ -34,8 +34,12 @@ def test_a_prefill_step_has_its_order_too():
 
 
 def _same(a, b) -> bool:
-    return all((getattr(a, f) == getattr(b, f)).all() if hasattr(getattr(a, f), "shape") else getattr(a, f) == getattr(b, f)
-               for f in a.__dataclass_fields__)
+    return all(
+        (getattr(a, f) == getattr(b, f)).all()
+        if hasattr(getattr(a, f), "shape")
+        else getattr(a, f) == getattr(b, f)
+        for f in a.__dataclass_fields__
+    )
 
 
 def test_block_tables_kept_from_step_to_step_equal_fresh_ones():
@@ -59,20 +63,31 @@ def test_block_tables_kept_from_step_to_step_equal_fresh_ones():
         assert _same(got, build_step_input(seqs, BLOCK))
         history.append((got.block_tables, got.block_tables.copy()))
     assert history[0][0].shape[1] < history[5][0].shape[1]  # it widened
-    assert all((kept == at_the_time).all() for kept, at_the_time in history)  # later steps wrote elsewhere
+    assert all(
+        (kept == at_the_time).all() for kept, at_the_time in history
+    )  # later steps wrote elsewhere
 
 
 def test_packed_arrays_come_back_with_their_dtypes_shapes_and_values():
     """upload's one copy: pack puts a step's arrays into one buffer, unpack views them again,
     each at an aligned offset (views of other dtypes need it), empty and strided ones included."""
     step = build_step_input([_seq(6, 0), _seq(3, 2), _seq(9, 4)], BLOCK)
-    arrays = list(step.arrays().values()) + [np.zeros(0, np.int64), np.arange(12, dtype=np.int32).reshape(3, 4)[:, ::2],
-                                             np.array([True, False, True]), np.full((2, 3), 0.5, np.float32)]
-    assert {"input_ids", "positions", "block_tables", "carry_rows", "decode_order"} <= set(step.arrays())
+    arrays = list(step.arrays().values()) + [
+        np.zeros(0, np.int64),
+        np.arange(12, dtype=np.int32).reshape(3, 4)[:, ::2],
+        np.array([True, False, True]),
+        np.full((2, 3), 0.5, np.float32),
+    ]
+    assert {"input_ids", "positions", "block_tables", "carry_rows", "decode_order"} <= set(
+        step.arrays()
+    )
     packed, offsets = pack(arrays)
     assert all(start % 16 == 0 for start in offsets)
     for array, tensor in zip(arrays, unpack(packed, arrays, offsets)):
-        assert tensor.dtype == torch.from_numpy(np.ascontiguousarray(array)).dtype and tuple(tensor.shape) == array.shape
+        assert (
+            tensor.dtype == torch.from_numpy(np.ascontiguousarray(array)).dtype
+            and tuple(tensor.shape) == array.shape
+        )
         assert np.array_equal(tensor.numpy(), array)
 
 
@@ -87,4 +102,6 @@ def test_decode_rows_known_and_pending():
     assert step.is_decode and step.input_ids.tolist() == [5, 0, 3]
     assert step.carry_index.tolist() == [1] and step.carry_rows.tolist() == [5]
     assert step.positions.tolist() == [4, 7, 2]
-    assert step.sample_rows.tolist() == [i for i, s in enumerate([known, pending]) if s.samples_this_step] + [2]
+    assert step.sample_rows.tolist() == [
+        i for i, s in enumerate([known, pending]) if s.samples_this_step
+    ] + [2]

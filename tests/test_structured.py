@@ -31,9 +31,17 @@ def llm(request, model_dir):
 
 def formats() -> list[tuple[dict, object]]:
     """(structured_outputs, check of the output text) for every shared case."""
-    cases = [({"json": s}, lambda text, s=s: jsonschema.validate(json.loads(text), s)) for s in SCHEMAS]
-    cases += [({"regex": r}, lambda text, r=r: re.fullmatch(r, text) or pytest.fail(f"{text!r} !~ {r}")) for r in REGEXES]
-    cases += [({"choice": c}, lambda text, c=c: text in c or pytest.fail(f"{text!r} not in {c}")) for c in CHOICES]
+    cases = [
+        ({"json": s}, lambda text, s=s: jsonschema.validate(json.loads(text), s)) for s in SCHEMAS
+    ]
+    cases += [
+        ({"regex": r}, lambda text, r=r: re.fullmatch(r, text) or pytest.fail(f"{text!r} !~ {r}"))
+        for r in REGEXES
+    ]
+    cases += [
+        ({"choice": c}, lambda text, c=c: text in c or pytest.fail(f"{text!r} not in {c}"))
+        for c in CHOICES
+    ]
     return cases
 
 
@@ -57,22 +65,40 @@ def test_every_output_validates(llm, sampled):
 def test_free_rows_are_untouched(llm):
     """Free rows (greedy and seeded top-p) beside constrained ones get the tokens they get alone."""
     prompts = random_prompts([7, 11, 5], seed=4)
-    free = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=12),
-            SamplingParams(temperature=1.0, seed=9, max_tokens=12)]
+    free = [
+        SamplingParams(temperature=0, max_tokens=12),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=12),
+        SamplingParams(temperature=1.0, seed=9, max_tokens=12),
+    ]
     alone = llm.generate(prompts, free, use_tqdm=False)
-    constrained = [SamplingParams(temperature=t, seed=1, max_tokens=64, structured_outputs={"json": SCHEMAS[i]})
-                   for i, t in ((6, 0), (11, 0.7), (19, 1.0))]
+    constrained = [
+        SamplingParams(
+            temperature=t, seed=1, max_tokens=64, structured_outputs={"json": SCHEMAS[i]}
+        )
+        for i, t in ((6, 0), (11, 0.7), (19, 1.0))
+    ]
     mixed = llm.generate(prompts + prompts, free + constrained, use_tqdm=False)
     assert [o["token_ids"] for o in mixed[:3]] == [o["token_ids"] for o in alone]
-    check_all(mixed[3:], [(None, lambda text, s=SCHEMAS[i]: jsonschema.validate(json.loads(text), s)) for i in (6, 11, 19)])
+    check_all(
+        mixed[3:],
+        [
+            (None, lambda text, s=SCHEMAS[i]: jsonschema.validate(json.loads(text), s))
+            for i in (6, 11, 19)
+        ],
+    )
 
 
 def test_length_inside_a_structure_and_eos(llm):
     """max_tokens inside an unfinished object ends with "length"; a finished one ends on EOS ("stop")."""
     schema = {"json": STORY}
-    short, full = llm.generate(["A story"] * 2, [SamplingParams(temperature=0, max_tokens=3, structured_outputs=schema),
-                                                 SamplingParams(temperature=0, max_tokens=128, structured_outputs=schema)],
-                               use_tqdm=False)
+    short, full = llm.generate(
+        ["A story"] * 2,
+        [
+            SamplingParams(temperature=0, max_tokens=3, structured_outputs=schema),
+            SamplingParams(temperature=0, max_tokens=128, structured_outputs=schema),
+        ],
+        use_tqdm=False,
+    )
     assert short["finish_reason"] == "length" and full["text"].startswith(short["text"])
     assert full["finish_reason"] == "stop" and full["token_ids"][-1] in llm.engine.eos_set
     jsonschema.validate(json.loads(full["text"]), STORY)
@@ -82,9 +108,17 @@ def test_preemption_and_prefix_hits(model_dir):
     """A KV budget too small for every sequence, and one shared prompt: outputs still validate."""
     cases = formats()[:12]
     prompt = random_prompts([20], seed=2)[0]
-    with LLM(model_dir("qwen3"), device="cpu", max_model_len=96, kvcache_block_size=4, num_kvcache_blocks=24) as llm:
-        params = [SamplingParams(temperature=0.7, seed=i, max_tokens=72, structured_outputs=fmt)
-                  for i, (fmt, _) in enumerate(cases)]
+    with LLM(
+        model_dir("qwen3"),
+        device="cpu",
+        max_model_len=96,
+        kvcache_block_size=4,
+        num_kvcache_blocks=24,
+    ) as llm:
+        params = [
+            SamplingParams(temperature=0.7, seed=i, max_tokens=72, structured_outputs=fmt)
+            for i, (fmt, _) in enumerate(cases)
+        ]
         check_all(llm.generate([prompt] * len(cases), params, use_tqdm=False), cases)
         assert total(llm, "preemptions") > 0 and total(llm, "prefix_hit_tokens") > 0
 
@@ -92,13 +126,24 @@ def test_preemption_and_prefix_hits(model_dir):
 def test_params_are_checked_where_they_enter():
     ok = SamplingParams(structured_outputs={"json": json.dumps(SCHEMAS[0])}).structured_outputs
     assert ok == StructuredOutputsParams(json=SCHEMAS[0])
-    assert SamplingParams(structured_outputs='{"choice": ["a", "b"]}').structured_outputs.choice == ["a", "b"]  # the CLI's
+    assert SamplingParams(
+        structured_outputs='{"choice": ["a", "b"]}'
+    ).structured_outputs.choice == ["a", "b"]  # the CLI's
     deep = {"type": "integer"}
     for _ in range(MAX_DEPTH + 5):
         deep = {"type": "object", "properties": {"a": deep}}
-    bad = {"none": {}, "two": {"regex": "a", "choice": ["a"]}, "keyword": {"json": {"type": "array", "uniqueItems": True}},
-           "deep": {"json": deep}, "wide": {"json": {"properties": {f"p{i}": {} for i in range(10_000)}}}, "text": {"json": "{not json"}, "choice": {"choice": []}, "field": {"jsonn": {}},
-           "kind": 5, "json_object": {"json_object": "yes"}}
+    bad = {
+        "none": {},
+        "two": {"regex": "a", "choice": ["a"]},
+        "keyword": {"json": {"type": "array", "uniqueItems": True}},
+        "deep": {"json": deep},
+        "wide": {"json": {"properties": {f"p{i}": {} for i in range(10_000)}}},
+        "text": {"json": "{not json"},
+        "choice": {"choice": []},
+        "field": {"jsonn": {}},
+        "kind": 5,
+        "json_object": {"json_object": "yes"},
+    }
     for name, value in bad.items():
         with pytest.raises(Problem) as err:
             SamplingParams(structured_outputs=value)
@@ -112,10 +157,23 @@ def test_hostile_grammars_end_only_their_request(model_dir, monkeypatch):
     the time limit each end with a clear error, in the same generate call as free requests,
     which get their usual tokens."""
     big = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1000)}}
-    recursive = {"$defs": {"node": {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
-                                    "required": ["next"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
-    hostile = {"unsupported type": {"json": {"type": "frob"}}, "bad regex": {"regex": "[a-"},
-               "bad grammar": {"grammar": "root ::= 'a' |"}, "time limit": {"json": big}}
+    recursive = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+                "required": ["next"],
+                "additionalProperties": False,
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    hostile = {
+        "unsupported type": {"json": {"type": "frob"}},
+        "bad regex": {"regex": "[a-"},
+        "bad grammar": {"grammar": "root ::= 'a' |"},
+        "time limit": {"json": big},
+    }
     prompts = random_prompts([6, 9], seed=8)
     free = [SamplingParams(temperature=0, max_tokens=16)] * 2
     with LLM(model_dir("qwen3"), device="cpu", max_model_len=256) as llm:
@@ -123,25 +181,36 @@ def test_hostile_grammars_end_only_their_request(model_dir, monkeypatch):
         llm.engine.grammars.timeout_s = 0.05
         start = time.perf_counter()
         params = [SamplingParams(max_tokens=8, structured_outputs=fmt) for fmt in hostile.values()]
-        params.append(SamplingParams(temperature=0, max_tokens=256, structured_outputs={"json": recursive}))
+        params.append(
+            SamplingParams(temperature=0, max_tokens=256, structured_outputs={"json": recursive})
+        )
         outs = llm.generate(prompts + ["x"] * len(params), free + params, use_tqdm=False)
         assert time.perf_counter() - start < 10
         assert [o["token_ids"] for o in outs[:2]] == [o["token_ids"] for o in alone]
         messages = [o.get("error") or "" for o in outs[2:-1]]
         assert all(o["finish_reason"] == "error" for o in outs[2:-1]), messages
-        assert "frob" in messages[0] and "Unclosed" in messages[1] and "EBNF" in messages[2], messages
+        assert "frob" in messages[0] and "Unclosed" in messages[1] and "EBNF" in messages[2], (
+            messages
+        )
         assert "time limit" in messages[3], messages
         assert "/project/" not in "".join(messages)  # no compiler log prefix
-        assert outs[-1]["finish_reason"] in ("stop", "length") and outs[-1]["text"].startswith('{"next": ')
+        assert outs[-1]["finish_reason"] in ("stop", "length") and outs[-1]["text"].startswith(
+            '{"next": '
+        )
 
 
 def test_without_the_extra_a_format_is_a_clear_error(model_dir, monkeypatch):
     monkeypatch.setattr(structured, "xgrammar", lambda: None)
     with LLM(model_dir("qwen3"), device="cpu", max_model_len=64) as llm:
         with pytest.raises(Problem, match=r"nanovllm-staged\[structured\]") as err:
-            llm.generate(["x"], SamplingParams(structured_outputs={"choice": ["a"]}), use_tqdm=False)
+            llm.generate(
+                ["x"], SamplingParams(structured_outputs={"choice": ["a"]}), use_tqdm=False
+            )
         assert err.value.param == "structured_outputs"
-        assert llm.generate(["x"], SamplingParams(max_tokens=2), use_tqdm=False)[0]["finish_reason"] == "length"
+        assert (
+            llm.generate(["x"], SamplingParams(max_tokens=2), use_tqdm=False)[0]["finish_reason"]
+            == "length"
+        )
 
 
 def test_abort_while_the_grammar_compiles(model_dir):
@@ -149,7 +218,9 @@ def test_abort_while_the_grammar_compiles(model_dir):
     slow = {"type": "object", "properties": {f"q{i}": {"type": "integer"} for i in range(900)}}
     with LLM(model_dir("qwen3"), device="cpu", max_model_len=64) as llm:
         engine = llm.engine
-        rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, structured_outputs={"json": slow}))
+        rid = engine.add_request(
+            [5, 6, 7], SamplingParams(max_tokens=4, structured_outputs={"json": slow})
+        )
         assert engine.num_waiting == 1 and engine.num_running == 0
         engine.abort_request(rid)
         outputs = []
@@ -164,12 +235,21 @@ def test_overlap_scheduling_changes_no_token(model_dir):
     """With overlap, a step's mask is filled from the step before's tokens taken ahead of their
     resolution (Grammars.advance); without, step by step: the same tokens, sampled or greedy."""
     cases = formats()
-    params = [SamplingParams(temperature=t, seed=i, max_tokens=96, structured_outputs=fmt)
-              for i, ((fmt, _), t) in enumerate(zip(cases, [0.0, 0.8] * len(cases)))]
+    params = [
+        SamplingParams(temperature=t, seed=i, max_tokens=96, structured_outputs=fmt)
+        for i, ((fmt, _), t) in enumerate(zip(cases, [0.0, 0.8] * len(cases)))
+    ]
     runs = []
     for overlap in (True, False):
-        with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap) as llm:
-            runs.append([o["token_ids"] for o in llm.generate(["Once"] * len(cases), params, use_tqdm=False)])
+        with LLM(
+            model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap
+        ) as llm:
+            runs.append(
+                [
+                    o["token_ids"]
+                    for o in llm.generate(["Once"] * len(cases), params, use_tqdm=False)
+                ]
+            )
     assert runs[0] == runs[1]
 
 
@@ -188,13 +268,15 @@ def test_mask_kernel_equals_the_reference(dtype):
     for vocab, words in ((5000, 157), (5000, 120), (70, 3)):
         logits = torch.randn(9, vocab, generator=g).to(dtype)
         rows = torch.tensor([7, 0, 3, 4])
-        bitmask = torch.randint(-(2**31), 2**31, (4, words), generator=g, dtype=torch.int64).to(torch.int32)
+        bitmask = torch.randint(-(2**31), 2**31, (4, words), generator=g, dtype=torch.int64).to(
+            torch.int32
+        )
         bitmask[1] = -1  # every token allowed (up to the bitmask's width)
         expected = structured.apply_bitmask_reference(logits, rows, bitmask)
         out = mask_logits_(logits.to(device), rows.to(device), bitmask.to(device)).cpu()
         assert torch.equal(out, expected)
         assert torch.equal(out[[1, 2, 5, 6, 8]], logits[[1, 2, 5, 6, 8]])
-        assert (out[rows, min(vocab, 32 * words):] == float("-inf")).all()
+        assert (out[rows, min(vocab, 32 * words) :] == float("-inf")).all()
         assert torch.isfinite(out[0, : min(vocab, 32 * words)]).all()  # bitmask[1]: all allowed
 
 
@@ -205,18 +287,28 @@ def test_masks_filled_off_the_engine_thread_change_no_token(model_dir, monkeypat
     engine without overlap; the worker's fills ran on one thread, joined at shutdown."""
     cases = formats()[::4]
     prompts = random_prompts([5, 9, 7], seed=11)
-    free = [SamplingParams(temperature=0, max_tokens=40), SamplingParams(temperature=0.9, seed=2, max_tokens=40),
-            SamplingParams(temperature=0.8, seed=4, top_k=20, max_tokens=30)]
-    constrained = [SamplingParams(temperature=t, seed=i, n=1 + i % 2, max_tokens=64, structured_outputs=fmt)
-                   for i, ((fmt, _), t) in enumerate(zip(cases, [0.0, 0.8] * len(cases)))]
+    free = [
+        SamplingParams(temperature=0, max_tokens=40),
+        SamplingParams(temperature=0.9, seed=2, max_tokens=40),
+        SamplingParams(temperature=0.8, seed=4, top_k=20, max_tokens=30),
+    ]
+    constrained = [
+        SamplingParams(temperature=t, seed=i, n=1 + i % 2, max_tokens=64, structured_outputs=fmt)
+        for i, ((fmt, _), t) in enumerate(zip(cases, [0.0, 0.8] * len(cases)))
+    ]
     threads = []
     bitmask = structured.Grammars.bitmask
-    monkeypatch.setattr(structured.Grammars, "bitmask", lambda self, *args: (
-        threads.append(threading.current_thread()), bitmask(self, *args))[1])
+    monkeypatch.setattr(
+        structured.Grammars,
+        "bitmask",
+        lambda self, *args: (threads.append(threading.current_thread()), bitmask(self, *args))[1],
+    )
     runs = []
     for overlap, worker in ((True, True), (True, False), (False, False)):
         monkeypatch.setattr(structured.Grammars, "fill_on_worker", worker)
-        with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap) as llm:
+        with LLM(
+            model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap
+        ) as llm:
             outs = llm.generate(prompts + ["Once"] * len(cases), free + constrained, use_tqdm=False)
             runs.append([[c["token_ids"] for c in o["outputs"]] for o in outs])
             check_all(outs[3:], cases)
@@ -247,7 +339,9 @@ def test_a_fill_that_raises_ends_its_step_only(model_dir, monkeypatch, worker):
         out = llm.generate(["A story"], params, use_tqdm=False)[0]
         assert out["finish_reason"] == "error" and "the matcher broke" in out["error"], out
         assert calls[2].startswith("grammar-mask" if worker else "MainThread")
-        again = llm.generate(["A story"] * 2, [params, SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False)
+        again = llm.generate(
+            ["A story"] * 2, [params, SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False
+        )
         assert again[0]["finish_reason"] in ("stop", "length") and again[0]["text"].startswith("{")
         assert again[1]["finish_reason"] == "length"
 
@@ -263,8 +357,13 @@ def test_a_host_mask_is_one_buffer():
     for num_rows, words in ((1, 1), (3, 5), (7, 16)):
         mask = structured.HostMask.allocate(num_rows, words, pin=False)
         mask.rows[:] = np.arange(num_rows)[::-1] * 2
-        mask.filled.copy_(torch.arange(num_rows * words, dtype=torch.int32).view(num_rows, words) - 7)
+        mask.filled.copy_(
+            torch.arange(num_rows * words, dtype=torch.int32).view(num_rows, words) - 7
+        )
         rows, bitmask = unpack(mask.packed.clone(), [mask.rows, mask.bitmask], [0, mask.offset])
         assert rows.tolist() == [2 * i for i in range(num_rows)][::-1]
         assert torch.equal(bitmask, mask.filled) and bitmask.dtype == torch.int32
-        assert [t.tolist() for t in mask.to(torch.device("cpu"))] == [rows.tolist(), bitmask.tolist()]
+        assert [t.tolist() for t in mask.to(torch.device("cpu"))] == [
+            rows.tolist(),
+            bitmask.tolist(),
+        ]

@@ -22,14 +22,24 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-from common import ENGINES, ROOT, engine_module, generate_and_compare, level, load_engine, random_prompts, stage_view
+from common import (
+    ENGINES,
+    ROOT,
+    engine_module,
+    generate_and_compare,
+    level,
+    load_engine,
+    random_prompts,
+    stage_view,
+)
 
 TP_ENGINES = [e for e in ENGINES if level(e) >= 7]
 
 pytestmark = [
     pytest.mark.parametrize("engine", TP_ENGINES),
-    pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="TP=2 on CPU needs two cores (one process per rank)"),
+    pytest.mark.skipif(
+        (os.cpu_count() or 1) < 2, reason="TP=2 on CPU needs two cores (one process per rank)"
+    ),
     pytest.mark.xdist_group("processes"),  # under pytest-xdist: one after another, on one worker
 ]
 
@@ -81,7 +91,9 @@ def check_layers_on_rank(rank: int, engine: str, port: int) -> None:
         row = linear.RowParallelLinear(6, 4, bias=True)
         load(row, w2, b2)
         assert row.weight.shape == (4, 3) and row.bias.shape == (4,)
-        torch.testing.assert_close(row(col(x)), F.linear(F.linear(x, w1, b1), w2, b2))  # all-reduced
+        torch.testing.assert_close(
+            row(col(x)), F.linear(F.linear(x, w1, b1), w2, b2)
+        )  # all-reduced
 
         gate, up = randn(6, 8), randn(6, 8)
         merged = linear.MergedColumnParallelLinear(8, [6, 6])
@@ -91,12 +103,22 @@ def check_layers_on_rank(rank: int, engine: str, port: int) -> None:
         torch.testing.assert_close(merged(x), expected)  # [gate of this rank | up of this rank]
 
         head_dim, heads, kv_heads = 2, 4, 2
-        full = {s: (randn(n * head_dim, 8), randn(n * head_dim)) for s, n in (("q", heads), ("k", kv_heads), ("v", kv_heads))}
+        full = {
+            s: (randn(n * head_dim, 8), randn(n * head_dim))
+            for s, n in (("q", heads), ("k", kv_heads), ("v", kv_heads))
+        }
         qkv = linear.QKVParallelLinear(8, head_dim, heads, kv_heads, bias=True)
         for shard_id, tensors in full.items():
             load(qkv, *tensors, shard_id=shard_id)
         q, k, v = (F.linear(x, *full[s]) for s in "qkv")
-        expected = torch.cat([mine(q, heads // 2 * head_dim), mine(k, kv_heads // 2 * head_dim), mine(v, kv_heads // 2 * head_dim)], -1)
+        expected = torch.cat(
+            [
+                mine(q, heads // 2 * head_dim),
+                mine(k, kv_heads // 2 * head_dim),
+                mine(v, kv_heads // 2 * head_dim),
+            ],
+            -1,
+        )
         torch.testing.assert_close(qkv(x), expected)  # whole heads: q heads 2r, 2r+1 with kv head r
 
         table = randn(10, 4)  # (vocab, hidden)
@@ -120,7 +142,9 @@ def check_layers_on_rank(rank: int, engine: str, port: int) -> None:
 def test_sharded_layers_equal_unsharded(engine):
     """Rank 0 runs in this process, rank 1 in a spawned one (one interpreter start, not two)."""
     port = free_port()
-    peer = multiprocessing.get_context("spawn").Process(target=check_layers_on_rank, args=(1, engine, port))
+    peer = multiprocessing.get_context("spawn").Process(
+        target=check_layers_on_rank, args=(1, engine, port)
+    )
     peer.start()
     try:
         check_layers_on_rank(0, engine, port)
@@ -129,7 +153,9 @@ def test_sharded_layers_equal_unsharded(engine):
         if peer.is_alive():
             peer.kill()
             peer.join()
-    assert peer.exitcode == 0, f"rank 1 failed (exit code {peer.exitcode}); its traceback is on stderr"
+    assert peer.exitcode == 0, (
+        f"rank 1 failed (exit code {peer.exitcode}); its traceback is on stderr"
+    )
 
 
 # ---------------------------------------------------------------- the engine
@@ -146,7 +172,11 @@ CASES = {
 @pytest.mark.parametrize("model", list(CASES))
 def test_tp2_matches_tp1_and_hf(engine, model, model_dir, hf_greedy):
     st, path = load_engine(engine), model_dir(model)
-    prompts = random_prompts([40, 3, 37, 21, 9], seed=70) if model == "qwen3" else random_prompts([10, 12, 8, 14, 9, 11], seed=20)
+    prompts = (
+        random_prompts([40, 3, 37, 21, 9], seed=70)
+        if model == "qwen3"
+        else random_prompts([10, 12, 8, 14, 9, 11], seed=20)
+    )
     options = dict(device="cpu", **CASES[model])
     sampled = st.SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True)
     with st.LLM(path, **options) as llm:
@@ -159,7 +189,10 @@ def test_tp2_matches_tp1_and_hf(engine, model, model_dir, hf_greedy):
         llm.stats.clear()
         generate_and_compare(st, llm, path, prompts, hf_greedy, max_tokens=24)
         if model == "qwen3":
-            assert max(s["num_tokens"] for s in llm.stats) <= 16 and sum(s["chunked_prefills"] for s in llm.stats) > 0
+            assert (
+                max(s["num_tokens"] for s in llm.stats) <= 16
+                and sum(s["chunked_prefills"] for s in llm.stats) > 0
+            )
         else:
             assert sum(s["preemptions"] for s in llm.stats) > 0
 
@@ -168,7 +201,10 @@ def test_tp1_and_tp2_side_by_side(engine, model_dir):
     """TP=1 starts no process and no group, and can run beside a TP=2 engine; a second
     TP=2 engine in the same process is refused with a clear error."""
     st, path = load_engine(engine), model_dir("qwen3")
-    prompts, params = random_prompts([7, 19], seed=80), st.SamplingParams(temperature=0.0, max_tokens=8)
+    prompts, params = (
+        random_prompts([7, 19], seed=80),
+        st.SamplingParams(temperature=0.0, max_tokens=8),
+    )
     with st.LLM(path, device="cpu", max_model_len=64) as llm1:
         assert multiprocessing.active_children() == [] and not dist.is_initialized()
         expected = stage_view(llm1.generate(prompts, params, use_tqdm=False))
@@ -176,7 +212,9 @@ def test_tp1_and_tp2_side_by_side(engine, model_dir):
             with pytest.raises(RuntimeError, match="already initialised"):
                 st.LLM(path, device="cpu", max_model_len=64, tensor_parallel_size=2)
             assert len(multiprocessing.active_children()) == 1  # the refused engine started nothing
-            with st.LLM(path, device="cpu", max_model_len=64) as llm1b:  # built while the group exists
+            with st.LLM(
+                path, device="cpu", max_model_len=64
+            ) as llm1b:  # built while the group exists
                 assert stage_view(llm1b.generate(prompts, params, use_tqdm=False)) == expected
             assert stage_view(llm2.generate(prompts, params, use_tqdm=False)) == expected
         assert stage_view(llm1.generate(prompts, params, use_tqdm=False)) == expected
@@ -196,19 +234,32 @@ def test_step_message_carries_only_the_step_inputs(engine, model_dir, monkeypatc
         if method == "execute":
             (step,) = args
             # None: the final engine's `scoring`, when no prompt token is scored (prompt_logprobs)
-            assert all(isinstance(value, (np.ndarray, int, float, type(None))) for value in vars(step).values()), vars(step)
-            messages.append((len(step.input_ids), step.block_tables.shape, len(pickle.dumps((method, args)))))
+            assert all(
+                isinstance(value, (np.ndarray, int, float, type(None)))
+                for value in vars(step).values()
+            ), vars(step)
+            messages.append(
+                (len(step.input_ids), step.block_tables.shape, len(pickle.dumps((method, args))))
+            )
         return real_send(self, method, *args)
 
     monkeypatch.setattr(group, "send", send)
-    with st.LLM(path, device="cpu", max_model_len=512, kvcache_block_size=16, tensor_parallel_size=2) as llm:
-        out = llm.generate([[5, 6, 7]], st.SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True), use_tqdm=False)
+    with st.LLM(
+        path, device="cpu", max_model_len=512, kvcache_block_size=16, tensor_parallel_size=2
+    ) as llm:
+        out = llm.generate(
+            [[5, 6, 7]],
+            st.SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True),
+            use_tqdm=False,
+        )
     assert len(out[0]["token_ids"]) == 300
     decode = [m for m in messages if m[0] == 1]  # one token fed
     assert len(decode) == 299
     (_, first_table, first_bytes), (_, last_table, last_bytes) = decode[0], decode[-1]
     assert first_table == (1, 1) and last_table == (1, 19)  # 4 and 302 tokens in the cache
-    assert last_bytes - first_bytes <= 4 * 18 + 16  # the 18 new blocks (+ pickle framing), not 298 tokens
+    assert (
+        last_bytes - first_bytes <= 4 * 18 + 16
+    )  # the 18 new blocks (+ pickle framing), not 298 tokens
 
 
 # ---------------------------------------------------------------- errors before anything starts
@@ -226,7 +277,10 @@ def edited_model(src: pathlib.Path, dst: pathlib.Path, **fields) -> pathlib.Path
     "fields, message",
     [
         (dict(num_key_value_heads=1), "num_key_value_heads=1"),
-        (dict(num_attention_heads=3, num_key_value_heads=1), "num_attention_heads=3, num_key_value_heads=1"),
+        (
+            dict(num_attention_heads=3, num_key_value_heads=1),
+            "num_attention_heads=3, num_key_value_heads=1",
+        ),
         (dict(intermediate_size=129), "intermediate_size=129"),
         (dict(vocab_size=511), "vocab_size=511"),
     ],
@@ -276,7 +330,9 @@ def test_killed_worker_is_reported(engine, model_dir):
         (worker,) = multiprocessing.active_children()
         os.kill(worker.pid, signal.SIGKILL)
         start = time.monotonic()
-        with pytest.raises(RuntimeError, match=r"worker rank 1 \(pid \d+\) died \(killed by signal SIGKILL\)"):
+        with pytest.raises(
+            RuntimeError, match=r"worker rank 1 \(pid \d+\) died \(killed by signal SIGKILL\)"
+        ):
             llm.generate([[5, 6, 7]], params, use_tqdm=False)
         assert time.monotonic() - start < 5
         assert multiprocessing.active_children() == []  # the group was stopped
@@ -305,7 +361,11 @@ def test_worker_killed_mid_generate(engine, model_dir):
         killer.start()
         try:
             with pytest.raises(RuntimeError, match="worker rank 1 .* died"):
-                llm.generate(random_prompts([5] * 4, seed=90), st.SamplingParams(max_tokens=500, ignore_eos=True), use_tqdm=False)
+                llm.generate(
+                    random_prompts([5] * 4, seed=90),
+                    st.SamplingParams(max_tokens=500, ignore_eos=True),
+                    use_tqdm=False,
+                )
         finally:
             killer.join()
         assert time.monotonic() - killed_at[0] < 5
@@ -323,7 +383,9 @@ def test_no_process_outlives_its_engine(engine, model_dir):
     llm.shutdown()  # again: nothing happens
 
     port = free_port()  # a new group after the old one, at a port of our choosing
-    llm = st.LLM(path, device="cpu", max_model_len=64, tensor_parallel_size=2, distributed_port=port)
+    llm = st.LLM(
+        path, device="cpu", max_model_len=64, tensor_parallel_size=2, distributed_port=port
+    )
     assert len(multiprocessing.active_children()) == 1 and llm.config.distributed_port == port
     del llm  # garbage collection stops the workers too
     gc.collect()
@@ -349,8 +411,14 @@ def test_interpreter_exit_stops_workers(engine, model_dir):
         "import multiprocessing\n"
         "print(multiprocessing.active_children()[0].pid, flush=True)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     pid = int(out.stdout.split()[-1])
     deadline = time.monotonic() + 5

@@ -10,7 +10,14 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from tools import tiny_model
-from tools.tiny_model import FULL_SHAPES, build_config, build_if_missing, cached_model, make_model, param_shapes
+from tools.tiny_model import (
+    FULL_SHAPES,
+    build_config,
+    build_if_missing,
+    cached_model,
+    make_model,
+    param_shapes,
+)
 
 PROMPT_IDS = torch.tensor([[5, 77, 301, 42, 9, 260, 13, 499]])
 
@@ -53,7 +60,13 @@ def test_same_seed_same_bytes(tmp_path, build):
     again = make_model(tmp_path / "again", seed=0)
     other = make_model(tmp_path / "other", seed=1)
     first = build()
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "tiny_model.json"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tiny_model.json",
+    ):
         assert (first / name).read_bytes() == (again / name).read_bytes()
     assert (first / "model.safetensors").read_bytes() != (other / "model.safetensors").read_bytes()
 
@@ -62,11 +75,17 @@ def test_same_seed_same_bytes(tmp_path, build):
 def test_layouts_load_in_transformers_with_identical_logits(build, arch):
     hf4, hf5 = build(arch=arch), build(arch=arch, config_layout="hf5")
     config4, config5 = read_config(hf4), read_config(hf5)
-    assert config4["architectures"] == [tiny_model.ARCHITECTURES[arch]] and config4["model_type"] == arch
+    assert (
+        config4["architectures"] == [tiny_model.ARCHITECTURES[arch]]
+        and config4["model_type"] == arch
+    )
     assert {"rope_theta", "rope_scaling", "torch_dtype"} <= config4.keys()
     assert "rope_parameters" not in config4 and "dtype" not in config4
     assert config5["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
-    assert config5["dtype"] == "float32" and not {"rope_theta", "rope_scaling", "torch_dtype"} & config5.keys()
+    assert (
+        config5["dtype"] == "float32"
+        and not {"rope_theta", "rope_scaling", "torch_dtype"} & config5.keys()
+    )
     logits4 = hf_logits(hf4)
     assert torch.equal(logits4, hf_logits(hf5))
     assert logits4.shape == (1, PROMPT_IDS.shape[1], 512)
@@ -75,13 +94,18 @@ def test_layouts_load_in_transformers_with_identical_logits(build, arch):
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_greedy_output_varies(build, arch):
     generated = load_hf(build(arch=arch)).generate(PROMPT_IDS, max_new_tokens=24, do_sample=False)
-    assert len(set(generated[0, PROMPT_IDS.shape[1]:].tolist())) > 4
+    assert len(set(generated[0, PROMPT_IDS.shape[1] :].tolist())) > 4
 
 
 def test_parameter_names(build):
     names = tensor_names(build())
-    assert {"model.embed_tokens.weight", "model.norm.weight", "model.layers.1.self_attn.q_proj.weight",
-            "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight"} <= names
+    assert {
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.0.self_attn.k_norm.weight",
+    } <= names
     assert not any("q_norm" in name for name in tensor_names(build(arch="llama")))
     assert names == set(param_shapes(read_config(build())))
 
@@ -98,14 +122,20 @@ def test_tied_and_untied_heads(build, arch, tied):
 
 
 def test_tiny_defaults_cover_both_heads():
-    assert build_config("qwen3")["tie_word_embeddings"] and not build_config("llama")["tie_word_embeddings"]
+    assert (
+        build_config("qwen3")["tie_word_embeddings"]
+        and not build_config("llama")["tie_word_embeddings"]
+    )
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 def test_gqa_and_mha(build, kv_heads):
     path = build(arch="llama", num_key_value_heads=kv_heads)
     with safe_open(path / "model.safetensors", "pt") as f:
-        assert f.get_slice("model.layers.0.self_attn.k_proj.weight").get_shape() == [kv_heads * 16, 64]
+        assert f.get_slice("model.layers.0.self_attn.k_proj.weight").get_shape() == [
+            kv_heads * 16,
+            64,
+        ]
     load_hf(path)
     with pytest.raises(ValueError):
         build_config("llama", num_key_value_heads=3)
@@ -152,17 +182,29 @@ def test_tokenizer_round_trips_and_has_chat_template(build):
     path = build()
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert len(tokenizer) == tiny_model.TOKENIZER_SIZE <= read_config(path)["vocab_size"]
-    for text in ["Hello, world!", "  two  spaces\n\ttab", "naïve café — 你好 🙂", "def f(x):\n    return x"]:
+    for text in [
+        "Hello, world!",
+        "  two  spaces\n\ttab",
+        "naïve café — 你好 🙂",
+        "def f(x):\n    return x",
+    ]:
         ids = tokenizer.encode(text)
         assert tokenizer.decode(ids) == text
-    assert len(tokenizer.encode("The weather report for Tuesday")) < len("The weather report for Tuesday") / 2
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                         tokenize=False)
+    assert (
+        len(tokenizer.encode("The weather report for Tuesday"))
+        < len("The weather report for Tuesday") / 2
+    )
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.encode(chat)[0] == tiny_model.IM_START_ID
     assert "chat_template" in json.loads((path / "tokenizer_config.json").read_text())
-    assert (tokenizer.eos_token, tokenizer.bos_token, tokenizer.pad_token) == ("<|im_end|>", "<|endoftext|>",
-                                                                              "<|endoftext|>")
+    assert (tokenizer.eos_token, tokenizer.bos_token, tokenizer.pad_token) == (
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|endoftext|>",
+    )
 
 
 def test_eos_ids_in_configs(build):
@@ -170,7 +212,9 @@ def test_eos_ids_in_configs(build):
     config, generation = read_config(path), GenerationConfig.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert config["eos_token_id"] == tokenizer.eos_token_id == tiny_model.IM_END_ID
-    assert generation.eos_token_id == [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    assert generation.eos_token_id == [
+        tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")
+    ]
     assert generation.bos_token_id == config["bos_token_id"] == tokenizer.bos_token_id
     assert generation.pad_token_id == tokenizer.pad_token_id
 
@@ -193,8 +237,17 @@ REAL_SHAPES = {
     "llama-3.2-1b": ("llama", 16, 2048, 8192, 32, 8, 64, 128256, True, "llama3", 1_235_814_400),
     "tinyllama-1.1b": ("llama", 22, 2048, 5632, 32, 4, None, 32000, False, None, 1_100_048_384),
 }
-SHAPE_FIELDS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
+SHAPE_FIELDS = (
+    "model_type",
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+)
 
 
 @pytest.mark.parametrize("shape", FULL_SHAPES)
@@ -202,8 +255,18 @@ def test_full_shape_configs(shape):
     config = build_config(shape=shape)
     shipped = json.loads((tiny_model.CONFIG_DIR / shape / "config.json").read_text())
     *fields, rope_type, params = REAL_SHAPES[shape]
-    assert [config.get(key) for key in SHAPE_FIELDS] == [shipped.get(key) for key in SHAPE_FIELDS] == fields
-    for key in ("rope_theta", "rope_scaling", "rms_norm_eps", "max_position_embeddings", "torch_dtype"):
+    assert (
+        [config.get(key) for key in SHAPE_FIELDS]
+        == [shipped.get(key) for key in SHAPE_FIELDS]
+        == fields
+    )
+    for key in (
+        "rope_theta",
+        "rope_scaling",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "torch_dtype",
+    ):
         assert config[key] == shipped[key]
     assert config["torch_dtype"] == "bfloat16" and config["initializer_range"] == 0.02
     assert (config["rope_scaling"] or {}).get("rope_type") == rope_type
@@ -223,8 +286,9 @@ def test_full_shape_names_match_transformers(tmp_path, shape, layout):
     if config["tie_word_embeddings"]:
         del expected["lm_head.weight"]
     assert stacked_experts(param_shapes(config)) == expected
-    assert model.config.rope_parameters["rope_theta"] == (config.get("rope_theta") or
-                                                          config["rope_parameters"]["rope_theta"])
+    assert model.config.rope_parameters["rope_theta"] == (
+        config.get("rope_theta") or config["rope_parameters"]["rope_theta"]
+    )
 
 
 def stacked_experts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -248,25 +312,48 @@ def test_tiny_moe_loads_in_transformers(build, layout):
     config = read_config(path)
     assert config["architectures"] == ["Qwen3MoeForCausalLM"] and not config["tie_word_embeddings"]
     assert config["num_experts" if layout == "hf4" else "num_local_experts"] == 8
-    assert ("num_local_experts" in config) is (layout == "hf5") and ("num_experts" in config) is (layout == "hf4")
+    assert ("num_local_experts" in config) is (layout == "hf5") and ("num_experts" in config) is (
+        layout == "hf4"
+    )
     names = tensor_names(path)
-    assert {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.experts.7.down_proj.weight"} <= names
+    assert {
+        "model.layers.0.mlp.gate.weight",
+        "model.layers.1.mlp.experts.7.down_proj.weight",
+    } <= names
     assert not any(".mlp.gate_proj." in name for name in names)
     assert names == set(param_shapes(config))
     hf = AutoConfig.from_pretrained(path)
-    assert (hf.num_experts, hf.num_experts_per_tok, hf.moe_intermediate_size, hf.norm_topk_prob) == (8, 2, 32, True)
+    assert (
+        hf.num_experts,
+        hf.num_experts_per_tok,
+        hf.moe_intermediate_size,
+        hf.norm_topk_prob,
+    ) == (8, 2, 32, True)
     logits = hf_logits(path)  # load_hf asserts no missing, unexpected or mismatched keys
     assert torch.equal(logits, hf_logits(build(arch="qwen3_moe")))
     generated = load_hf(path).generate(PROMPT_IDS, max_new_tokens=24, do_sample=False)
-    assert len(set(generated[0, PROMPT_IDS.shape[1]:].tolist())) > 4
+    assert len(set(generated[0, PROMPT_IDS.shape[1] :].tolist())) > 4
 
 
 def test_moe_dense_layers_and_overrides(build):
-    path = build(arch="qwen3_moe", num_hidden_layers=3, mlp_only_layers=[1], num_experts=4, num_experts_per_tok=3,
-                 moe_intermediate_size=16, norm_topk_prob=False)
+    path = build(
+        arch="qwen3_moe",
+        num_hidden_layers=3,
+        mlp_only_layers=[1],
+        num_experts=4,
+        num_experts_per_tok=3,
+        moe_intermediate_size=16,
+        norm_topk_prob=False,
+    )
     names = tensor_names(path)
-    assert "model.layers.1.mlp.gate_proj.weight" in names and "model.layers.1.mlp.gate.weight" not in names
-    assert {"model.layers.0.mlp.experts.3.up_proj.weight", "model.layers.2.mlp.gate.weight"} <= names
+    assert (
+        "model.layers.1.mlp.gate_proj.weight" in names
+        and "model.layers.1.mlp.gate.weight" not in names
+    )
+    assert {
+        "model.layers.0.mlp.experts.3.up_proj.weight",
+        "model.layers.2.mlp.gate.weight",
+    } <= names
     assert "model.layers.0.mlp.experts.4.up_proj.weight" not in names
     with safe_open(path / "model.safetensors", "pt") as f:
         assert f.get_slice("model.layers.2.mlp.experts.0.down_proj.weight").get_shape() == [64, 16]
@@ -303,8 +390,20 @@ def test_build_if_missing_keeps_other_directories(tmp_path):
 
 
 def test_cli(tmp_path):
-    tiny_model.main([str(tmp_path), "--arch", "llama", "--untied", "--mha", "--derive-head-dim",
-                     "--rope-scaling", "llama3", "--layout", "hf5"])
+    tiny_model.main(
+        [
+            str(tmp_path),
+            "--arch",
+            "llama",
+            "--untied",
+            "--mha",
+            "--derive-head-dim",
+            "--rope-scaling",
+            "llama3",
+            "--layout",
+            "hf5",
+        ]
+    )
     config = read_config(tmp_path)
     assert config["num_key_value_heads"] == config["num_attention_heads"] == 4
     assert "head_dim" not in config and not config["tie_word_embeddings"]
@@ -314,7 +413,9 @@ def test_cli(tmp_path):
 
 def test_cli_if_missing_matches_cached_model(tmp_path, monkeypatch):
     monkeypatch.setattr(tiny_model, "MODELS_DIR", tmp_path)
-    tiny_model.main([str(tmp_path / "tiny-qwen3"), "--arch", "qwen3", "--shape", "tiny", "--if-missing"])
+    tiny_model.main(
+        [str(tmp_path / "tiny-qwen3"), "--arch", "qwen3", "--shape", "tiny", "--if-missing"]
+    )
     stamp = (tmp_path / "tiny-qwen3" / "model.safetensors").stat().st_mtime_ns
     cached_model("tiny-qwen3", arch="qwen3")  # same model, however it is asked for: kept
     tiny_model.main([str(tmp_path / "tiny-qwen3"), "--if-missing"])

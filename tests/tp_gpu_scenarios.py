@@ -17,11 +17,13 @@ import sys
 import threading
 import time
 
-sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent), str(pathlib.Path(__file__).resolve().parents[1])]
+sys.path[:0] = [
+    str(pathlib.Path(__file__).resolve().parent),
+    str(pathlib.Path(__file__).resolve().parents[1]),
+]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
 from common import engine_module, load_engine, random_prompts, stage_view  # noqa: E402
 
 OPTIONS = dict(device="cuda", dtype="float32", max_model_len=1024, max_num_seqs=8)
@@ -85,7 +87,11 @@ def exit_without_shutdown(st, path: str) -> dict:
     """A script that never calls shutdown(): the caller times how long the interpreter takes
     to exit after the line READY and checks that the worker is gone."""
     llm = st.LLM(path, tensor_parallel_size=2, **OPTIONS)
-    llm.generate(random_prompts([12, 7], seed=6), st.SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+    llm.generate(
+        random_prompts([12, 7], seed=6),
+        st.SamplingParams(temperature=0.0, max_tokens=16),
+        use_tqdm=False,
+    )
     assert llm.engine.model_runner.num_graph_replays > 0
     (worker,) = multiprocessing.active_children()
     print(f"READY {worker.pid}", flush=True)
@@ -98,7 +104,9 @@ def kill_after(llm, pid: int, replays: int, killed_at: list) -> threading.Thread
 
     def kill() -> None:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (runner.num_graph_replays < replays if replays else len(llm.stats) < 20):
+        while time.monotonic() < deadline and (
+            runner.num_graph_replays < replays if replays else len(llm.stats) < 20
+        ):
             time.sleep(0.0005)
         killed_at.append(time.monotonic())
         os.kill(pid, signal.SIGKILL)
@@ -157,7 +165,9 @@ def worker_raises(st, path: str) -> dict:
     try:
         workers.send("no_such_method")  # raises AttributeError on the worker ...
         try:
-            parallel.min_over_ranks(1, torch.device("cuda", 0))  # ... while rank 0 waits in an all-reduce
+            parallel.min_over_ranks(
+                1, torch.device("cuda", 0)
+            )  # ... while rank 0 waits in an all-reduce
             workers.receive()
         except BaseException as err:
             workers.after_local_error(err)
@@ -173,7 +183,13 @@ def worker_raises(st, path: str) -> dict:
     return result
 
 
-SCENARIOS = {"equal": equal, "shutdown": shutdown, "exit": exit_without_shutdown, "kill": kill, "raise": worker_raises}
+SCENARIOS = {
+    "equal": equal,
+    "shutdown": shutdown,
+    "exit": exit_without_shutdown,
+    "kill": kill,
+    "raise": worker_raises,
+}
 
 if __name__ == "__main__":
     scenario, ENGINE, model_dir = sys.argv[1:4]

@@ -53,7 +53,11 @@ def unmarked(nb) -> list[int]:
         if cell.cell_type != "code":
             continue
         calls = len(re.findall(rf"codeview\.(?:{'|'.join(CALLS)})\(", cell.source))
-        marked = sum(1 for out in cell.get("outputs", []) if MARK.search(out.get("data", {}).get("text/markdown", "")))
+        marked = sum(
+            1
+            for out in cell.get("outputs", [])
+            if MARK.search(out.get("data", {}).get("text/markdown", ""))
+        )
         if calls > marked:
             bad.append(i)
     return bad
@@ -71,15 +75,26 @@ def render(call: str) -> str:
 def stale(path: Path) -> list[str]:
     """What is wrong with a notebook's listings, one message each (empty: all current)."""
     nb = nbformat.read(path, as_version=4)
-    problems = [f"{path.name} cell {i}: calls codeview but its output has no `<!-- codeview: ... -->` mark; "
-                "run the cell again" for i in unmarked(nb)]
+    problems = [
+        f"{path.name} cell {i}: calls codeview but its output has no `<!-- codeview: ... -->` mark; "
+        "run the cell again"
+        for i in unmarked(nb)
+    ]
     for listing in listings(nb):
         now = render(listing.call)
         if now != listing.committed:
-            delta = difflib.unified_diff(listing.committed.splitlines(), now.splitlines(), "committed", "code now",
-                                         n=1, lineterm="")
+            delta = difflib.unified_diff(
+                listing.committed.splitlines(),
+                now.splitlines(),
+                "committed",
+                "code now",
+                n=1,
+                lineterm="",
+            )
             shown = "\n".join(list(delta)[2:14])
-            problems.append(f"{path.name} cell {listing.cell}: {listing.call} differs from the code:\n{shown}")
+            problems.append(
+                f"{path.name} cell {listing.cell}: {listing.call} differs from the code:\n{shown}"
+            )
     return problems
 
 
@@ -98,9 +113,13 @@ def write(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.listings", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.listings", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("action", choices=["check", "write"])
-    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook in notebooks/")
+    parser.add_argument(
+        "notebooks", nargs="*", type=Path, help="default: every notebook in notebooks/"
+    )
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted(NOTEBOOKS.glob("*.ipynb"))
     if args.action == "write":
@@ -108,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path.name}: {write(path)} listings rewritten")
         return 0
     problems = [p for path in paths for p in stale(path)]
-    print("\n\n".join(problems) if problems else f"every listing in {len(paths)} notebooks is current")
+    print(
+        "\n\n".join(problems) if problems else f"every listing in {len(paths)} notebooks is current"
+    )
     return 1 if problems else 0
 
 

@@ -41,7 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from stages import FINAL, resolve as resolve_name  # the one stage-name resolver, shared with stages.load
+from stages import FINAL  # the one stage-name resolver, shared with stages.load
+from stages import resolve as resolve_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STAGES_DIR = "stages"
@@ -54,7 +55,9 @@ SECTION = "## Files changed"
 SECTION_END = re.compile(r"#{1,2}\s")  # the next level-1 or level-2 heading ends the section
 LISTED_FILE = re.compile(r"- `([^`]+)`")
 MARKER = re.compile(r"NEW in (\d\d_\w+)")
-BARE_MARKER = re.compile(r"\s*#\s*NEW in (\d\d_\w+)\s*$")  # "code  # NEW in 04_prefix_cache", nothing after
+BARE_MARKER = re.compile(
+    r"\s*#\s*NEW in (\d\d_\w+)\s*$"
+)  # "code  # NEW in 04_prefix_cache", nothing after
 LEADING_MARKER = re.compile(r"NEW in (\d\d_\w+): ?")
 DOCSTRING_QUOTES = ('"""', "'''")
 
@@ -153,8 +156,12 @@ def _unmark_line(line: str, drop: Callable[[str], bool]) -> str | None:
         before = line[: match.start()]
         out.append(line[pos : match.start()])
         pos = match.end()
-        opens_prose = "#" not in before and (not before.strip() or before.rstrip().endswith(DOCSTRING_QUOTES))
-        if opens_prose and line[pos : pos + 1].islower():  # a docstring's first word: now a sentence's
+        opens_prose = "#" not in before and (
+            not before.strip() or before.rstrip().endswith(DOCSTRING_QUOTES)
+        )
+        if (
+            opens_prose and line[pos : pos + 1].islower()
+        ):  # a docstring's first word: now a sentence's
             out.append(line[pos].upper())
             pos += 1
     return "".join(out) + line[pos:]
@@ -162,7 +169,7 @@ def _unmark_line(line: str, drop: Callable[[str], bool]) -> str | None:
 
 def drop_markers(text: str, keep: str | None = None) -> str:
     """`text` without the stage markers that name a stage other than `keep` (None: all of them)."""
-    drop = lambda name: name != keep  # noqa: E731
+    drop = lambda name: name != keep
     if not any(drop(m[1]) for m in MARKER.finditer(text)):
         return text
     lines = []
@@ -191,14 +198,21 @@ def read_tree_unmarked(stage: Stage) -> dict[str, bytes]:
 def marker_problems(stage: Stage) -> list[str]:
     """Markers in `stage` that name another stage (in final: any marker). READMEs are prose, not code."""
     own = None if stage.name == FINAL else stage.name
-    why = "the final engine carries no stage markers" if own is None else f"{stage.name} marks only what it adds"
+    why = (
+        "the final engine carries no stage markers"
+        if own is None
+        else f"{stage.name} marks only what it adds"
+    )
     problems = []
     for path, data in read_tree(stage.path).items():
         if path.endswith(".md"):
             continue
         for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-            problems += [f"{stage.rel}/{path}:{lineno}: marker 'NEW in {m[1]}' ({why}; drop it)"
-                         for m in MARKER.finditer(line) if m[1] != own]
+            problems += [
+                f"{stage.rel}/{path}:{lineno}: marker 'NEW in {m[1]}' ({why}; drop it)"
+                for m in MARKER.finditer(line)
+                if m[1] != own
+            ]
     return problems
 
 
@@ -222,7 +236,9 @@ def _terminated(line: str) -> str:
     return line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
 
 
-def file_diff(a: Stage, b: Stage, path: str, status: str, old: bytes | None, new: bytes | None) -> FileDiff:
+def file_diff(
+    a: Stage, b: Stage, path: str, status: str, old: bytes | None, new: bytes | None
+) -> FileDiff:
     fromfile = "/dev/null" if old is None else f"a/{a.rel}/{path}"
     tofile = "/dev/null" if new is None else f"b/{b.rel}/{path}"
     lines = list(difflib.unified_diff(_text_lines(old), _text_lines(new), fromfile, tofile))
@@ -235,7 +251,10 @@ def file_diff(a: Stage, b: Stage, path: str, status: str, old: bytes | None, new
 def diff_stages(a: Stage, b: Stage, raw: bool = False) -> list[FileDiff]:
     """b against a; unless raw, a is read with its own markers dropped, as the rung after it inherits it."""
     old, new = (read_tree(a.path) if raw else read_tree_unmarked(a)), read_tree(b.path)
-    return [file_diff(a, b, path, status, old.get(path), new.get(path)) for path, status in compare(old, new).items()]
+    return [
+        file_diff(a, b, path, status, old.get(path), new.get(path))
+        for path, status in compare(old, new).items()
+    ]
 
 
 def print_table(a: Stage, b: Stage, diffs: list[FileDiff]) -> None:
@@ -245,7 +264,9 @@ def print_table(a: Stage, b: Stage, diffs: list[FileDiff]) -> None:
     width = max(len("path"), *(len(d.path) for d in diffs))
     print(f"{'path':<{width}}  {'status':<8}  {'+lines':>7}  {'-lines':>7}")
     for d in diffs:
-        print(f"{d.path:<{width}}  {d.status:<8}  {'+' + str(d.added):>7}  {'-' + str(d.removed):>7}")
+        print(
+            f"{d.path:<{width}}  {d.status:<8}  {'+' + str(d.added):>7}  {'-' + str(d.removed):>7}"
+        )
     added, removed = sum(d.added for d in diffs), sum(d.removed for d in diffs)
     print(f"{a.rel} -> {b.rel}: {len(diffs)} file(s) changed, +{added} -{removed}")
 
@@ -275,7 +296,9 @@ def parse_files_changed(readme: str) -> set[str] | None:
             break
         if LISTED_FILE.match(line):  # "- `a.py` — why", or "- `a.py`, `b.py` — why"
             names = line.split(" — ", 1)[0]
-            listed.update(name.strip().removeprefix("./") for name in re.findall(r"`([^`]+)`", names))
+            listed.update(
+                name.strip().removeprefix("./") for name in re.findall(r"`([^`]+)`", names)
+            )
     return listed - {README}
 
 
@@ -294,11 +317,20 @@ def check_pair(prev: Stage, stage: Stage) -> list[str]:
     """Problems with stage's README listing, compared with what really changed since prev."""
     listed = declared_files(stage)
     if listed is None:
-        return [f"{stage.rel}/{README} {missing_listing(stage)}: it must list the files that differ from {prev.rel}"]
+        return [
+            f"{stage.rel}/{README} {missing_listing(stage)}: it must list the files that differ from {prev.rel}"
+        ]
     changed = compare(read_tree_unmarked(prev), read_tree(stage.path))
     changed.pop(README, None)
-    unlisted = [f"{stage.rel}/{p}: {s} vs {prev.name} but not listed in {README}" for p, s in changed.items() if p not in listed]
-    stale = [f"{stage.rel}/{p}: listed in {README} but identical to {prev.name} (stale listing)" for p in sorted(listed - changed.keys())]
+    unlisted = [
+        f"{stage.rel}/{p}: {s} vs {prev.name} but not listed in {README}"
+        for p, s in changed.items()
+        if p not in listed
+    ]
+    stale = [
+        f"{stage.rel}/{p}: listed in {README} but identical to {prev.name} (stale listing)"
+        for p in sorted(listed - changed.keys())
+    ]
     return unlisted + stale
 
 
@@ -307,8 +339,12 @@ def pairs_to_check(root: Path) -> list[tuple[Stage, Stage]]:
     pairs = list(zip(stages, stages[1:]))
     final = final_stage(root)
     if final and stages:
-        if declared_files(final) is None:  # the ladder's end: a product written once, not a copy of the last stage
-            print(f"skip final: {FINAL_DIR}/{README} {missing_listing(final)} (the ladder's end, not compared with {stages[-1].name})")
+        if (
+            declared_files(final) is None
+        ):  # the ladder's end: a product written once, not a copy of the last stage
+            print(
+                f"skip final: {FINAL_DIR}/{README} {missing_listing(final)} (the ladder's end, not compared with {stages[-1].name})"
+            )
         else:
             pairs.append((stages[-1], final))
     return pairs
@@ -337,8 +373,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             problems += found
             print_problems(stage, found)
         else:
-            marks = "carries no stage markers" if stage.name == FINAL else "marks only its own lesson"
-            print(f"OK   {stage.name}: differs from {prev.name} only in the files its README lists, {marks}")
+            marks = (
+                "carries no stage markers" if stage.name == FINAL else "marks only its own lesson"
+            )
+            print(
+                f"OK   {stage.name}: differs from {prev.name} only in the files its README lists, {marks}"
+            )
     if problems:
         print(f"check failed: {len(problems)} problem(s)")
         return 1
@@ -356,10 +396,14 @@ def files_at_ref(src: Stage, ref: str) -> dict[str, bytes]:
     """src's files as committed at ref (paths relative to src)."""
     if git(src.root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
         raise StageError(f"{ref!r} is not a commit in a git repository at {src.root}")
-    listing = git(src.root, "ls-tree", "-r", "-z", "--name-only", ref, "--", f"{src.rel}/").stdout.decode()
+    listing = git(
+        src.root, "ls-tree", "-r", "-z", "--name-only", ref, "--", f"{src.rel}/"
+    ).stdout.decode()
     prefix = f"{src.rel}/"
     paths = [p.removeprefix(prefix) for p in listing.split("\0") if p]
-    return {p: git(src.root, "show", f"{ref}:./{prefix}{p}").stdout for p in paths if not is_ignored(p)}
+    return {
+        p: git(src.root, "show", f"{ref}:./{prefix}{p}").stdout for p in paths if not is_ignored(p)
+    }
 
 
 def source_changes(src: Stage, ref: str) -> dict[str, tuple[bytes | None, bytes | None]]:
@@ -395,11 +439,17 @@ def plan(current: bytes | None, base: bytes | None, new: bytes | None, src: Stag
     if current == base:  # untouched by the target (or a file new in the source)
         return Action("copied", new)
     if current is None:
-        return Action("skipped", note="this stage has no such file; apply the change by hand if needed")
+        return Action(
+            "skipped", note="this stage has no such file; apply the change by hand if needed"
+        )
     result = merge3(current, base or b"", new)
     if result.returncode == 0:
         return Action("up-to-date") if result.stdout == current else Action("merged", result.stdout)
-    reason = f"{result.returncode} conflict(s)" if result.returncode <= 127 else result.stderr.decode().strip()
+    reason = (
+        f"{result.returncode} conflict(s)"
+        if result.returncode <= 127
+        else result.stderr.decode().strip()
+    )
     return Action("CONFLICT", note=f"{reason}; left untouched")
 
 
@@ -425,15 +475,23 @@ def placement_hints(src: Stage, changes: dict[str, tuple[bytes | None, bytes | N
     hints = []
     for path, (base, new) in changes.items():
         prev_file = prev.path / path
-        if path == README or path in listed or (prev_file.read_bytes() if prev_file.is_file() else None) == new:
+        if (
+            path == README
+            or path in listed
+            or (prev_file.read_bytes() if prev_file.is_file() else None) == new
+        ):
             continue
         origin = inherited_from(earlier, path, base) if base is not None else None
         if origin:
-            hints.append(f"{src.rel}/{path} is inherited unchanged from {origin.name}: make the change there "
-                         f"and run `sync {origin.name[:2]}` (as it is, check will fail for {src.name})")
+            hints.append(
+                f"{src.rel}/{path} is inherited unchanged from {origin.name}: make the change there "
+                f"and run `sync {origin.name[:2]}` (as it is, check will fail for {src.name})"
+            )
         else:
-            hints.append(f"{src.rel}/{path} is not listed under '{SECTION}' in {src.rel}/{README}: "
-                         f"list it there, or check will fail for {src.name}")
+            hints.append(
+                f"{src.rel}/{path} is not listed under '{SECTION}' in {src.rel}/{README}: "
+                f"list it there, or check will fail for {src.name}"
+            )
     return hints
 
 
@@ -442,7 +500,9 @@ def cmd_sync(args: argparse.Namespace) -> int:
     stages = full_ladder(args.root)
     last = resolve(args.root, args.to) if args.to else stages[-1]
     if stages.index(last) <= stages.index(src):
-        raise StageError(f"there is nothing to sync into: {last.name} does not come after {src.name}")
+        raise StageError(
+            f"there is nothing to sync into: {last.name} does not come after {src.name}"
+        )
     targets = stages[stages.index(src) + 1 : stages.index(last) + 1]
     changes = source_changes(src, args.ref)
     if not changes:
@@ -460,8 +520,14 @@ def cmd_sync(args: argparse.Namespace) -> int:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(action.content)
             counts[action.status] += 1
-            print(f"{action.status:<10} {target.rel}/{path}" + (f" ({action.note})" if action.note else ""))
-    print(f"sync {src.name} (vs {args.ref}): " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+            print(
+                f"{action.status:<10} {target.rel}/{path}"
+                + (f" ({action.note})" if action.note else "")
+            )
+    print(
+        f"sync {src.name} (vs {args.ref}): "
+        + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    )
     for hint in placement_hints(src, changes):
         print(f"note: {hint}")
     return 1 if counts["CONFLICT"] else 0
@@ -491,28 +557,57 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--root", type=Path, default=REPO_ROOT, help="repo root holding stages/ (default: %(default)s)")
-    parser = argparse.ArgumentParser(prog="python -m tools.stages", description=__doc__.splitlines()[0])
+    common.add_argument(
+        "--root",
+        type=Path,
+        default=REPO_ROOT,
+        help="repo root holding stages/ (default: %(default)s)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.stages", description=__doc__.splitlines()[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    diff = commands.add_parser("diff", parents=[common], help="per-file summary and unified diff between two stages")
+    diff = commands.add_parser(
+        "diff", parents=[common], help="per-file summary and unified diff between two stages"
+    )
     diff.add_argument("a", help="stage name or number (03_paged, 03, 3, paged) or final")
     diff.add_argument("b", help="stage name or number, or final")
     diff.add_argument("--stat", action="store_true", help="print only the per-file summary")
-    diff.add_argument("--raw", action="store_true", help="keep the first stage's own markers (by default they are dropped, as the rung after it drops them)")
+    diff.add_argument(
+        "--raw",
+        action="store_true",
+        help="keep the first stage's own markers (by default they are dropped, as the rung after it drops them)",
+    )
     diff.set_defaults(func=cmd_diff)
 
-    check = commands.add_parser("check", parents=[common], help=f"each stage differs from the previous one only in its README's '{SECTION}' and marks only its own lesson")
+    check = commands.add_parser(
+        "check",
+        parents=[common],
+        help=f"each stage differs from the previous one only in its README's '{SECTION}' and marks only its own lesson",
+    )
     check.set_defaults(func=cmd_check)
 
-    sync = commands.add_parser("sync", parents=[common], help="carry a stage's uncommitted change into every later stage and final")
+    sync = commands.add_parser(
+        "sync",
+        parents=[common],
+        help="carry a stage's uncommitted change into every later stage and final",
+    )
     sync.add_argument("src", help="the stage whose change to carry forward")
-    sync.add_argument("--to", help="the last rung to write into (default: final, or the last stage without it)")
-    sync.add_argument("--ref", default="HEAD", help="git ref the change is measured against (default: HEAD)")
-    sync.add_argument("--dry-run", action="store_true", help="print what would happen, write nothing")
+    sync.add_argument(
+        "--to", help="the last rung to write into (default: final, or the last stage without it)"
+    )
+    sync.add_argument(
+        "--ref", default="HEAD", help="git ref the change is measured against (default: HEAD)"
+    )
+    sync.add_argument(
+        "--dry-run", action="store_true", help="print what would happen, write nothing"
+    )
     sync.set_defaults(func=cmd_sync)
 
-    listing = commands.add_parser("list", parents=[common], help="the ladder, with each stage's one-line summary")
+    listing = commands.add_parser(
+        "list", parents=[common], help="the ladder, with each stage's one-line summary"
+    )
     listing.set_defaults(func=cmd_list)
     return parser
 

@@ -39,8 +39,12 @@ from transformers import PreTrainedTokenizerFast
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 MODELS_DIR = Path(__file__).resolve().parents[1] / ".models"
 FULL_SHAPES = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "llama-3.2-1b", "tinyllama-1.1b")
-ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "llama": "LlamaForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
 QK_NORM = ("qwen3", "qwen3_moe")  # model types that normalise q and k per head
 MAX_SHARD_BYTES = 4 * 1024**3  # weights above this are split into model-0000i-of-0000n files
 FACTORY_VERSION = 1  # bump when make_model writes different files, so cached models are rebuilt
@@ -177,7 +181,9 @@ def build_config(
         "mlp_only_layers": mlp_only_layers,
     }
     if config["model_type"] != "qwen3_moe" and any(value is not None for value in moe.values()):
-        raise ValueError(f"the mixture-of-experts overrides apply to qwen3_moe models, not {config['model_type']}")
+        raise ValueError(
+            f"the mixture-of-experts overrides apply to qwen3_moe models, not {config['model_type']}"
+        )
     config |= {key: value for key, value in (overrides | moe).items() if value is not None}
     if rope_scaling is not None:
         config["rope_scaling"] = _rope_scaling(rope_scaling, config["max_position_embeddings"])
@@ -228,9 +234,17 @@ def _tiny_config(arch: str) -> dict:
     if arch in ("qwen3", "qwen3_moe", "qwen2"):
         config |= {"max_window_layers": 2, "sliding_window": None, "use_sliding_window": False}
     if arch == "qwen3_moe":  # untied like Qwen3-30B-A3B; every layer sparse unless overridden
-        config |= {"tie_word_embeddings": False, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                   "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
-                   "output_router_logits": False, "router_aux_loss_coef": 0.001}
+        config |= {
+            "tie_word_embeddings": False,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "output_router_logits": False,
+            "router_aux_loss_coef": 0.001,
+        }
     if arch == "qwen2":  # q, k, v always have a bias, o_proj never: no attention_bias field
         del config["attention_bias"]
     elif arch == "llama":
@@ -265,12 +279,17 @@ def _omit_head_dim(config: dict) -> None:
 def _check(config: dict) -> None:
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     if heads % kv_heads:
-        raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        raise ValueError(
+            f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )
     if "head_dim" not in config and config["hidden_size"] % heads:
         raise ValueError("without head_dim, hidden_size must be a multiple of num_attention_heads")
     if config["vocab_size"] < TOKENIZER_SIZE:
         raise ValueError(f"vocab_size must be at least the tokenizer's {TOKENIZER_SIZE} tokens")
-    if config["model_type"] == "qwen3_moe" and not 1 <= config["num_experts_per_tok"] <= config["num_experts"]:
+    if (
+        config["model_type"] == "qwen3_moe"
+        and not 1 <= config["num_experts_per_tok"] <= config["num_experts"]
+    ):
         raise ValueError("num_experts_per_tok must be between 1 and num_experts")
 
 
@@ -295,7 +314,11 @@ def param_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     for layer in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
         shapes[prefix + "input_layernorm.weight"] = (hidden,)
-        for proj, rows in (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
+        for proj, rows in (
+            ("q", heads * head_dim),
+            ("k", kv_heads * head_dim),
+            ("v", kv_heads * head_dim),
+        ):
             shapes[f"{prefix}self_attn.{proj}_proj.weight"] = (rows, hidden)
             if qkv_bias:
                 shapes[f"{prefix}self_attn.{proj}_proj.bias"] = (rows,)
@@ -306,8 +329,13 @@ def param_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             shapes[prefix + "self_attn.q_norm.weight"] = (head_dim,)
             shapes[prefix + "self_attn.k_norm.weight"] = (head_dim,)
         shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
-        if is_moe_layer(config, layer):  # the router, then one SwiGLU MLP per expert, as the hub names them
-            experts, width = config.get("num_experts", config.get("num_local_experts")), config["moe_intermediate_size"]
+        if is_moe_layer(
+            config, layer
+        ):  # the router, then one SwiGLU MLP per expert, as the hub names them
+            experts, width = (
+                config.get("num_experts", config.get("num_local_experts")),
+                config["moe_intermediate_size"],
+            )
             shapes[prefix + "mlp.gate.weight"] = (experts, hidden)
             for e in range(experts):
                 shapes[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = (width, hidden)
@@ -326,8 +354,12 @@ def param_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 def is_moe_layer(config: dict, layer: int) -> bool:
     """Does layer `layer` of a qwen3_moe config hold experts (transformers' rule)?"""
     experts = config.get("num_experts", config.get("num_local_experts")) or 0
-    return (config["model_type"] == "qwen3_moe" and experts > 0 and layer not in (config.get("mlp_only_layers") or [])
-            and (layer + 1) % config.get("decoder_sparse_step", 1) == 0)
+    return (
+        config["model_type"] == "qwen3_moe"
+        and experts > 0
+        and layer not in (config.get("mlp_only_layers") or [])
+        and (layer + 1) % config.get("decoder_sparse_step", 1) == 0
+    )
 
 
 def make_model(
@@ -349,7 +381,9 @@ def make_model(
     return _make_model(out_dir, arch, shape, seed, device=device, **overrides)
 
 
-def _make_model(out_dir, arch, shape, seed, *, device, report_as: Path | None = None, **overrides) -> Path:
+def _make_model(
+    out_dir, arch, shape, seed, *, device, report_as: Path | None = None, **overrides
+) -> Path:
     """make_model; its closing line names report_as (where the model will end up) if given."""
     start = time.perf_counter()
     config = build_config(arch, shape, **overrides)
@@ -361,8 +395,10 @@ def _make_model(out_dir, arch, shape, seed, *, device, report_as: Path | None = 
     save_tokenizer(out_dir, config["max_position_embeddings"])
     params = _write_weights(out_dir, config, seed, torch.device(device))
     _write_json(out_dir / RECORD_FILE, _record(config, shape, seed, device))
-    print(f"tiny_model: {shape} {config['model_type']} model, {params / 1e6:.1f}M parameters, "
-          f"in {report_as or out_dir} ({time.perf_counter() - start:.1f} s)")
+    print(
+        f"tiny_model: {shape} {config['model_type']} model, {params / 1e6:.1f}M parameters, "
+        f"in {report_as or out_dir} ({time.perf_counter() - start:.1f} s)"
+    )
     return out_dir
 
 
@@ -424,17 +460,24 @@ def _write_weights(out_dir: Path, config: dict, seed: int, device: torch.device)
     std = config["initializer_range"]
     shapes = param_shapes(config)
     shards = _shard_plan(shapes, dtype.itemsize)
-    files = (["model.safetensors"] if len(shards) == 1 else
-             [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)])
+    files = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+    )
     generator = torch.Generator(device).manual_seed(seed)
     weight_map = {}
     for file, names in zip(files, shards):
         start = time.perf_counter()
-        tensors = {name: _random_tensor(name, shapes[name], std, dtype, generator) for name in names}
+        tensors = {
+            name: _random_tensor(name, shapes[name], std, dtype, generator) for name in names
+        }
         save_file(tensors, out_dir / file, metadata={"format": "pt"})
         weight_map |= dict.fromkeys(names, file)
         size = sum(t.nbytes for t in tensors.values())
-        print(f"tiny_model: wrote {file} ({size / 1e6:.1f} MB, {time.perf_counter() - start:.1f} s)")
+        print(
+            f"tiny_model: wrote {file} ({size / 1e6:.1f} MB, {time.perf_counter() - start:.1f} s)"
+        )
     params = sum(math.prod(shape) for shape in shapes.values())
     if len(shards) > 1:
         index = {"metadata": {"total_size": params * dtype.itemsize}, "weight_map": weight_map}
@@ -456,8 +499,9 @@ def _shard_plan(shapes: dict[str, tuple[int, ...]], itemsize: int) -> list[list[
     return shards
 
 
-def _random_tensor(name: str, shape: tuple[int, ...], std: float, dtype: torch.dtype,
-                   generator: torch.Generator) -> torch.Tensor:
+def _random_tensor(
+    name: str, shape: tuple[int, ...], std: float, dtype: torch.dtype, generator: torch.Generator
+) -> torch.Tensor:
     tensor = torch.empty(shape, dtype=dtype, device=generator.device)
     tensor.normal_(0.0, std, generator=generator)
     if name.endswith("norm.weight"):  # RMSNorm gains: one plus noise
@@ -467,8 +511,13 @@ def _random_tensor(name: str, shape: tuple[int, ...], std: float, dtype: torch.d
 
 def _record(config: dict, shape: str, seed: int, device: str) -> dict:
     """What identifies a built model: equal records, equal files."""
-    record = {"factory_version": FACTORY_VERSION, "shape": shape, "seed": seed,
-              "device": str(device), "config": config}
+    record = {
+        "factory_version": FACTORY_VERSION,
+        "shape": shape,
+        "seed": seed,
+        "device": str(device),
+        "config": config,
+    }
     return json.loads(json.dumps(record))
 
 
@@ -502,7 +551,15 @@ def build_if_missing(
         raise FileExistsError(f"{out_dir} exists and was not made by tools.tiny_model")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}-", dir=out_dir.parent) as tmp:
-        build = _make_model(Path(tmp) / out_dir.name, arch, shape, seed, device=device, report_as=out_dir, **overrides)
+        build = _make_model(
+            Path(tmp) / out_dir.name,
+            arch,
+            shape,
+            seed,
+            device=device,
+            report_as=out_dir,
+            **overrides,
+        )
         if out_dir.exists():
             shutil.rmtree(out_dir)  # made with other arguments or by an older factory
         try:
@@ -519,26 +576,37 @@ def _read_record(model_dir: Path) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write a random-weight Hugging Face model directory.")
+    parser = argparse.ArgumentParser(
+        description="Write a random-weight Hugging Face model directory."
+    )
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--arch", choices=tuple(ARCHITECTURES), help="default: qwen3, or the shape's own")
+    parser.add_argument(
+        "--arch", choices=tuple(ARCHITECTURES), help="default: qwen3, or the shape's own"
+    )
     parser.add_argument("--shape", default="tiny", choices=("tiny", *FULL_SHAPES))
     parser.add_argument("--seed", type=int, default=0)
     head = parser.add_mutually_exclusive_group()
     head.add_argument("--tied", dest="tie_word_embeddings", action="store_true", default=None)
     head.add_argument("--untied", dest="tie_word_embeddings", action="store_false")
     parser.add_argument("--mha", action="store_true", help="as many KV heads as query heads")
-    parser.add_argument("--derive-head-dim", action="store_true", help="leave head_dim out of config.json")
+    parser.add_argument(
+        "--derive-head-dim", action="store_true", help="leave head_dim out of config.json"
+    )
     parser.add_argument("--rope-scaling", choices=("llama3",))
     parser.add_argument("--attention-bias", action="store_true", default=None)
     parser.add_argument("--layout", dest="config_layout", default="hf4", choices=("hf4", "hf5"))
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--if-missing", action="store_true",
-                        help="keep OUT_DIR if it already holds this model; build atomically otherwise")
+    parser.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="keep OUT_DIR if it already holds this model; build atomically otherwise",
+    )
     args = vars(parser.parse_args(argv))
     if args.pop("mha"):
-        args["num_key_value_heads"] = build_config(args["arch"], args["shape"])["num_attention_heads"]
+        args["num_key_value_heads"] = build_config(args["arch"], args["shape"])[
+            "num_attention_heads"
+        ]
     build = build_if_missing if args.pop("if_missing") else make_model
     build(args.pop("out_dir"), **args)
 

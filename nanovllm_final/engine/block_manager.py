@@ -85,7 +85,10 @@ class BlockManager:
         assert not seq.block_table, "sequence already holds blocks"
         assert not seq.num_pending, "a sequence is admitted only once its tokens are known"
         self.num_admitted_tokens += len(seq)
-        prefix_hash, cache_miss = -1, needs_prompt_scores(seq)  # cached blocks have no logits to score
+        prefix_hash, cache_miss = (
+            -1,
+            needs_prompt_scores(seq),
+        )  # cached blocks have no logits to score
         for i in range(self.blocks_needed(len(seq))):
             token_ids = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
             block_id = -1
@@ -105,21 +108,29 @@ class BlockManager:
                 seq.num_cached_tokens += self.block_size
                 self.num_hit_tokens += self.block_size
             seq.block_table.append(block_id)
-        seq.num_hashed_blocks = seq.num_cached_tokens // self.block_size  # the hits are registered already
+        seq.num_hashed_blocks = (
+            seq.num_cached_tokens // self.block_size
+        )  # the hits are registered already
 
     def hash_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Register the full blocks that the K/V of the sequence's first `num_tokens` tokens
         fill and that are not registered yet, as far as their token ids are known (a block
         holding a pending token waits for it). Only blocks whose K/V are computed, or queued
         on the device before any later step that could read them, can be found."""
-        full = min(num_tokens, len(seq.token_ids)) // self.block_size  # len(token_ids): the known tokens
+        full = (
+            min(num_tokens, len(seq.token_ids)) // self.block_size
+        )  # len(token_ids): the known tokens
         if full <= seq.num_hashed_blocks:  # most calls: nothing new
             return
         for i in range(seq.num_hashed_blocks, full):
             block = self.blocks[seq.block_table[i]]
             if block.hash == -1:
                 prefix_hash = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
-                self._register(block, seq.token_ids[i * self.block_size : (i + 1) * self.block_size], prefix_hash)
+                self._register(
+                    block,
+                    seq.token_ids[i * self.block_size : (i + 1) * self.block_size],
+                    prefix_hash,
+                )
         seq.num_hashed_blocks = full
 
     def deallocate(self, seq: Sequence) -> None:

@@ -26,14 +26,21 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     """The decode batch sizes to capture: 1, 2, 4, 8, then multiples of 16 up to
     max_num_seqs (at most 512), and max_num_seqs itself."""
     max_bs = min(max_num_seqs, 512)
-    return sorted({bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs})
+    return sorted(
+        {bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs}
+    )
 
 
 def graph_token_sizes(max_tokens: int) -> list[int]:
     """The token counts of steps with prompts to capture: 16, 24, 32, 48, 64, 96, ... (powers of
     two and the points halfway between them, so that padding adds at most half) up to
     `max_tokens`, and `max_tokens` itself; none for 0."""
-    ladder = {n for p in range(4, max_tokens.bit_length()) for n in (2**p, 3 * 2 ** (p - 1)) if n <= max_tokens}
+    ladder = {
+        n
+        for p in range(4, max_tokens.bit_length())
+        for n in (2**p, 3 * 2 ** (p - 1))
+        if n <= max_tokens
+    }
     return sorted(ladder | {max_tokens}) if max_tokens > 0 else []
 
 
@@ -44,8 +51,16 @@ def graph_for(n: int, sizes: list[int]) -> int:
 
 class CUDAGraphs:
     @torch.inference_mode()  # the buffers are inference tensors, as everything a step touches
-    def __init__(self, max_num_seqs: int, max_prompt_tokens: int, max_model_len: int, block_size: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_prompt_tokens: int,
+        max_model_len: int,
+        block_size: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         """max_prompt_tokens: the largest step with prompt tokens to capture (0: none)."""
         self.sizes = graph_batch_sizes(max_num_seqs)  # decode: sequences
         self.token_sizes = graph_token_sizes(max_prompt_tokens)  # with prompts: tokens
@@ -58,13 +73,21 @@ class CUDAGraphs:
             "positions": torch.zeros(max_tokens, dtype=torch.int64, device=device),
             "slot_mapping": torch.full((max_tokens,), -1, dtype=torch.int64, device=device),
             "context_lens": torch.zeros(max_seqs, dtype=torch.int32, device=device),
-            "block_tables": torch.full((max_seqs, max_blocks), -1, dtype=torch.int32, device=device),
+            "block_tables": torch.full(
+                (max_seqs, max_blocks), -1, dtype=torch.int32, device=device
+            ),
             "cu_seqlens_q": torch.zeros(max_seqs + 1, dtype=torch.int32, device=device),
         }
         self.decode_inputs = DecodeInputs(self.sizes[-1], max_blocks, device)  # the decode steps'
-        self.identity = torch.arange(self.sizes[-1] + 1, dtype=torch.int32, device=device)  # decode's cu_seqlens_q (never read)
-        self.output = torch.zeros(max(self.sizes[-1], max_tokens), hidden_size, dtype=dtype, device=device)
-        self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}  # (is_decode, sequences or tokens) -> graph
+        self.identity = torch.arange(
+            self.sizes[-1] + 1, dtype=torch.int32, device=device
+        )  # decode's cu_seqlens_q (never read)
+        self.output = torch.zeros(
+            max(self.sizes[-1], max_tokens), hidden_size, dtype=dtype, device=device
+        )
+        self.graphs: dict[
+            tuple[bool, int], torch.cuda.CUDAGraph
+        ] = {}  # (is_decode, sequences or tokens) -> graph
         self.num_replays = {True: 0, False: 0}  # by is_decode
 
     def seq_rows(self, num_tokens: int) -> int:
@@ -82,7 +105,9 @@ class CUDAGraphs:
             graph = torch.cuda.CUDAGraph()
             set_context(self.context(is_decode, n))
             ids, pos = (buffer[:n] for buffer in self.token_inputs(is_decode))
-            self.output[:n] = model(ids, pos)  # warm-up: autotuning and allocations happen outside the graph
+            self.output[:n] = model(
+                ids, pos
+            )  # warm-up: autotuning and allocations happen outside the graph
             with torch.cuda.graph(graph, pool):
                 self.output[:n] = model(ids, pos)
             pool = pool or graph.pool()
@@ -102,7 +127,9 @@ class CUDAGraphs:
         g = self.decode_inputs.views if is_decode else self.inputs
         seqs = n if is_decode else self.seq_rows(n)
         return Context(
-            cu_seqlens_q=self.identity[: seqs + 1] if is_decode else g["cu_seqlens_q"][: seqs + 1],  # decode: 0, 1, ..., never read
+            cu_seqlens_q=self.identity[: seqs + 1]
+            if is_decode
+            else g["cu_seqlens_q"][: seqs + 1],  # decode: 0, 1, ..., never read
             slot_mapping=g["slot_mapping"][:n],
             context_lens=g["context_lens"][:seqs],
             block_tables=g["block_tables"][:seqs],
@@ -113,7 +140,12 @@ class CUDAGraphs:
 
     def can_replay(self, context: Context, num_tokens: int) -> bool:
         """Is there a graph for this step with prompt tokens (decode steps: can_replay_decode)?"""
-        return bool(self.graphs) and not context.is_decode and bool(self.token_sizes) and num_tokens <= self.token_sizes[-1]
+        return (
+            bool(self.graphs)
+            and not context.is_decode
+            and bool(self.token_sizes)
+            and num_tokens <= self.token_sizes[-1]
+        )
 
     def can_replay_decode(self, num_seqs: int) -> bool:
         return bool(self.graphs) and num_seqs <= self.sizes[-1]
@@ -129,7 +161,9 @@ class CUDAGraphs:
         self.num_replays[True] += 1
         return self.output[:num_seqs]
 
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
+    def replay(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context
+    ) -> torch.Tensor:
         """(tokens, hidden): a step with prompt tokens, from the graph of the next token count up,
         its inputs copied into the graphs' buffers."""
         n, seqs = len(input_ids), len(context.context_lens)

@@ -17,10 +17,21 @@ import torch
 from .step_input import StepInput
 
 ROW_ARRAYS = {  # name -> dtype of the per-row arrays, in block order
-    "input_ids": torch.int64, "positions": torch.int64, "slot_mapping": torch.int64, "sample_rows": torch.int64,
-    "carry_index": torch.int64, "carry_rows": torch.int64, "context_lens": torch.int32, "decode_order": torch.int32,
+    "input_ids": torch.int64,
+    "positions": torch.int64,
+    "slot_mapping": torch.int64,
+    "sample_rows": torch.int64,
+    "carry_index": torch.int64,
+    "carry_rows": torch.int64,
+    "context_lens": torch.int32,
+    "decode_order": torch.int32,
 }
-PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "context_lens": 0}  # a padding row stores and attends to nothing
+PADDING = {
+    "input_ids": 0,
+    "positions": 0,
+    "slot_mapping": -1,
+    "context_lens": 0,
+}  # a padding row stores and attends to nothing
 NUM_HOST_COPIES = 3
 
 
@@ -33,25 +44,43 @@ class DecodeInputs:
             self.offsets[name] = total
             total += rows * dtype.itemsize
         table_bytes = rows * max_blocks * torch.int32.itemsize
-        self.offsets["packed_tables"] = total  # the step's (seqs, width) tables, as the host sends them
-        self.offsets["block_tables"] = total + table_bytes  # (rows, max_blocks): what the graphs read; on the device only
+        self.offsets["packed_tables"] = (
+            total  # the step's (seqs, width) tables, as the host sends them
+        )
+        self.offsets["block_tables"] = (
+            total + table_bytes
+        )  # (rows, max_blocks): what the graphs read; on the device only
         self.block = torch.zeros(total + 2 * table_bytes, dtype=torch.uint8, device=device)
         self.views = self._views(self.block)
         self.views["block_tables"].fill_(-1)
         pin = device.type == "cuda"
-        self.host = [torch.zeros(total + table_bytes, dtype=torch.uint8, pin_memory=pin) for _ in range(NUM_HOST_COPIES)]
-        self.host_views = [{name: view.numpy() for name, view in self._views(h).items()} for h in self.host]
-        self.copied = [torch.cuda.Event() if pin else None for _ in self.host]  # each host copy's last copy to the device
+        self.host = [
+            torch.zeros(total + table_bytes, dtype=torch.uint8, pin_memory=pin)
+            for _ in range(NUM_HOST_COPIES)
+        ]
+        self.host_views = [
+            {name: view.numpy() for name, view in self._views(h).items()} for h in self.host
+        ]
+        self.copied = [
+            torch.cuda.Event() if pin else None for _ in self.host
+        ]  # each host copy's last copy to the device
         self.turn = 0
         self.order_padding = np.arange(rows, dtype=np.int32)  # padding rows run last, each once
 
     def _views(self, block: torch.Tensor) -> dict[str, torch.Tensor]:
         """The arrays' views of `block` (the device's, or a host copy, which ends at block_tables)."""
         at = self.offsets
-        views = {name: block[at[name] : at[name] + self.rows * dtype.itemsize].view(dtype) for name, dtype in ROW_ARRAYS.items()}
-        views["packed_tables"] = block[at["packed_tables"] : at["block_tables"]].view(torch.int32)  # (rows * max_blocks,)
+        views = {
+            name: block[at[name] : at[name] + self.rows * dtype.itemsize].view(dtype)
+            for name, dtype in ROW_ARRAYS.items()
+        }
+        views["packed_tables"] = block[at["packed_tables"] : at["block_tables"]].view(
+            torch.int32
+        )  # (rows * max_blocks,)
         if len(block) > at["block_tables"]:
-            views["block_tables"] = block[at["block_tables"] :].view(torch.int32).view(self.rows, self.max_blocks)
+            views["block_tables"] = (
+                block[at["block_tables"] :].view(torch.int32).view(self.rows, self.max_blocks)
+            )
         return views
 
     def write(self, step: StepInput, size: int) -> dict[str, torch.Tensor]:
@@ -80,5 +109,9 @@ class DecodeInputs:
         v = self.views
         # (seqs, width) into the graphs' table: its columns past width and its padding rows are never read
         v["block_tables"][:n, :width].copy_(v["packed_tables"][: n * width].view(n, width))
-        return {"input_ids": v["input_ids"][:n], "sample_rows": v["sample_rows"][:rows],
-                "carry_index": v["carry_index"][:k], "carry_rows": v["carry_rows"][:k]}
+        return {
+            "input_ids": v["input_ids"][:n],
+            "sample_rows": v["sample_rows"][:rows],
+            "carry_index": v["carry_index"][:k],
+            "carry_rows": v["carry_rows"][:k],
+        }

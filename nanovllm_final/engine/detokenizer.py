@@ -13,34 +13,48 @@ when someone reads the text, or when stop strings must be looked for)."""
 
 REPLACEMENT_CHAR = "\ufffd"
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded before the first completion token
-MAX_HELD_TOKENS = 6  # an incomplete character is given up on (kept as "\ufffd") after this many tokens
+MAX_HELD_TOKENS = (
+    6  # an incomplete character is given up on (kept as "\ufffd") after this many tokens
+)
 
 
 def decoder(tokenizer):
     """ids -> text without special tokens: the fast tokenizer's own decoder where the wrapper
     would add nothing (no clean-up of spaces), which costs a fraction of the wrapper's call."""
     backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is not None and hasattr(backend, "decode") and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+    if (
+        backend is not None
+        and hasattr(backend, "decode")
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    ):
         return lambda ids: backend.decode(ids, skip_special_tokens=True)
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str] = (), min_tokens: int = 0):
+    def __init__(
+        self, tokenizer, prompt_token_ids: list[int], stop: list[str] = (), min_tokens: int = 0
+    ):
         self._decode = decoder(tokenizer)
-        self.ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])  # window context + completion tokens
+        self.ids = list(
+            prompt_token_ids[-PROMPT_CONTEXT_TOKENS:]
+        )  # window context + completion tokens
         self.prefix_offset = 0  # the window starts here ...
         self.read_offset = len(self.ids)  # ... and its text up to here has been taken already
         self.stop = list(stop)
         self.max_stop_len = max((len(s) for s in self.stop), default=0)
         self.min_tokens = min_tokens  # stop strings count only from this many tokens on
         self.num_tokens = 0  # completion tokens pushed
-        self.pieces: list[str] = []  # the completion's text (cut before a stop string once one is found)
+        self.pieces: list[
+            str
+        ] = []  # the completion's text (cut before a stop string once one is found)
         self.length = 0
         self.tail = ""  # the text's last max_stop_len - 1 characters: where a stop string may begin
         self.unsent: list[str] = []  # text not handed out as a delta yet
         self.stopped = False  # a stop string was found: the text is final
-        self.waited_at = -1  # len(ids) when update last decoded (and waited for more, unless it took the text)
+        self.waited_at = (
+            -1
+        )  # len(ids) when update last decoded (and waited for more, unless it took the text)
 
     @property
     def text(self) -> str:
@@ -64,7 +78,11 @@ class IncrementalDetokenizer:
 
     def update(self, final: bool = False) -> bool:
         """Decode the pushed tokens (`final`: whatever is left); True once a stop string was found."""
-        if self.stopped or self.read_offset == len(self.ids) or (self.waited_at == len(self.ids) and not final):
+        if (
+            self.stopped
+            or self.read_offset == len(self.ids)
+            or (self.waited_at == len(self.ids) and not final)
+        ):
             return self.stopped
         self.waited_at = len(self.ids)
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
@@ -86,7 +104,9 @@ class IncrementalDetokenizer:
             window = self.tail + new
             hits = [i for i in (window.find(s) for s in self.stop) if i != -1]
             if hits:
-                self._cut(self.length - len(self.tail) + min(hits), window[: min(hits)][len(self.tail) :])
+                self._cut(
+                    self.length - len(self.tail) + min(hits), window[: min(hits)][len(self.tail) :]
+                )
                 return True
         self.pieces.append(new)
         self.unsent.append(new)

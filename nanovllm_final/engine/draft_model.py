@@ -42,7 +42,10 @@ class DraftView:
 
     def __init__(self, seq: Sequence, token_ids: list[int], start: int):
         self.seq_id, self.block_table, self.token_ids = seq.seq_id, seq.block_table, token_ids
-        self.num_prompt_tokens, self.num_prompt_scored = seq.num_prompt_tokens, seq.num_prompt_tokens
+        self.num_prompt_tokens, self.num_prompt_scored = (
+            seq.num_prompt_tokens,
+            seq.num_prompt_tokens,
+        )
         self.num_cached_tokens, self.num_scheduled_tokens = start, len(token_ids) - start
         self.num_known_tokens = len(token_ids)
 
@@ -57,7 +60,9 @@ class DraftModelProposer:
             speculative_config=None,
         )
         rank, size = get_tp_rank(), get_tp_size()  # the target's place in its tensor-parallel group
-        self.runner = ModelRunner(draft_config, ModelConfig.from_dir(draft_dir), rank=0)  # whole, on this device
+        self.runner = ModelRunner(
+            draft_config, ModelConfig.from_dir(draft_dir), rank=0
+        )  # whole, on this device
         set_tp_rank(rank, size)
         self.block_size = config.kvcache_block_size
 
@@ -68,7 +73,10 @@ class DraftModelProposer:
         each fed the argmax of the one before on the device (carried): no read until the end."""
         if not seqs:
             return []
-        views = [DraftView(seq, seq.token_ids, min(seq.num_draft_cached, len(seq.token_ids) - 1)) for seq in seqs]
+        views = [
+            DraftView(seq, seq.token_ids, min(seq.num_draft_cached, len(seq.token_ids) - 1))
+            for seq in seqs
+        ]
         first = build_step_input(views, self.block_size)
         tokens = [self.runner.execute(first).argmax(dim=-1)]  # (live,) per step, on the device
         lives = [np.arange(len(seqs))]
@@ -109,18 +117,21 @@ def decode_steps(first: StepInput, ks: np.ndarray, block_size: int):
         if m < n:  # some sequences have drafted all they may: the others' rows
             tables, pos, slot, end = tables[live], pos[live], slot[live], end[live]
             order = np.argsort(-end, kind="stable").astype(np.int32)
-        yield StepInput(
-            input_ids=np.zeros(m, np.int64),  # all carried
-            positions=pos,
-            slot_mapping=slot,
-            cu_seqlens_q=counts[: m + 1],
-            context_lens=end,
-            block_tables=tables,
-            sample_rows=rows,
-            carry_index=rows,
-            carry_rows=rows if m == len(prev) else np.searchsorted(prev, live),
-            max_seqlen_q=1,
-            is_decode=True,
-            decode_order=order,
-        ), live
+        yield (
+            StepInput(
+                input_ids=np.zeros(m, np.int64),  # all carried
+                positions=pos,
+                slot_mapping=slot,
+                cu_seqlens_q=counts[: m + 1],
+                context_lens=end,
+                block_tables=tables,
+                sample_rows=rows,
+                carry_index=rows,
+                carry_rows=rows if m == len(prev) else np.searchsorted(prev, live),
+                max_seqlen_q=1,
+                is_decode=True,
+                decode_order=order,
+            ),
+            live,
+        )
         prev = live

@@ -14,11 +14,11 @@ from ..sampling_params import SamplingParams
 from ..speculative_config import check_draft
 from ..validate import Problem
 from .block_manager import BlockManager
+from .front_end import token_ids, validate_request
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .prompt_logprobs import collect_scores
 from .prompt_scoring import mark_launched
-from .front_end import token_ids, validate_request
 from .request import Request
 from .sampling import PendingSample, SampledTokens, SamplingColumns, build_sampling_batch
 from .scheduler import Scheduler
@@ -44,10 +44,18 @@ class InFlight:
     sample: PendingSample | None
     record: dict  # its stats record, taken at launch (metrics.py)
     launched_at: float
-    needs_tokens: bool  # the next schedule needs its tokens on the host (penalties count the output)
-    scores: PendingSample | None = None  # its prompt logprobs (step.scoring's rows), on their way to the host
-    constrained: bool = False  # some rows sampled under a grammar: the next step's mask needs their tokens
-    deferred: tuple | None = None  # overlap: (logits, batch, its mask's Future), the draw held back for its mask
+    needs_tokens: (
+        bool  # the next schedule needs its tokens on the host (penalties count the output)
+    )
+    scores: PendingSample | None = (
+        None  # its prompt logprobs (step.scoring's rows), on their way to the host
+    )
+    constrained: bool = (
+        False  # some rows sampled under a grammar: the next step's mask needs their tokens
+    )
+    deferred: tuple | None = (
+        None  # overlap: (logits, batch, its mask's Future), the draw held back for its mask
+    )
 
     def pending_rows(self) -> dict[int, int]:
         """seq_id -> the row of its pending token."""
@@ -87,32 +95,52 @@ class LLMEngine:
         self.eos_set = set(self.eos_token_ids)
         self.tokenizer_size = len(tokenizer)
         # tensor parallelism: this process is rank 0; ranks 1.. are worker processes
-        self.workers = WorkerGroup(config, model_config, ModelRunner) if config.tensor_parallel_size > 1 else None
+        self.workers = (
+            WorkerGroup(config, model_config, ModelRunner)
+            if config.tensor_parallel_size > 1
+            else None
+        )
         if self.workers is None:
             self.model_runner = ModelRunner(config, model_config, rank=0)
         else:
-            self.model_runner = self.workers.run_here(ModelRunner, config, model_config, 0)  # and wait for every worker's
-        self.block_manager = BlockManager(self.model_runner.num_kvcache_blocks, config.kvcache_block_size)
+            self.model_runner = self.workers.run_here(
+                ModelRunner, config, model_config, 0
+            )  # and wait for every worker's
+        self.block_manager = BlockManager(
+            self.model_runner.num_kvcache_blocks, config.kvcache_block_size
+        )
         self.scheduler = Scheduler(config, self.block_manager)
         self.metrics = EngineMetrics(self.scheduler, self.block_manager)
         spec = config.speculative_config
-        self.speculator = None if spec is None else Speculator(spec, config, self.block_manager.num_blocks)
+        self.speculator = (
+            None if spec is None else Speculator(spec, config, self.block_manager.num_blocks)
+        )
         self.scheduler.speculator = self.speculator
         self.requests: dict[str, Request] = {}
         self.pending: list[RequestOutput] = []  # outputs not handed out yet (the step returns them)
         self.overlap = config.overlap_scheduling and spec is None  # speculator.py says why
         self.in_flight: InFlight | None = None
-        self.block_tables = BlockTables()  # the steps' block-table arrays, each built from the one before
-        self.sampling_columns = SamplingColumns()  # the sampling rows' parameter columns, kept while the rows stay
-        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids)  # structured output
+        self.block_tables = (
+            BlockTables()
+        )  # the steps' block-table arrays, each built from the one before
+        self.sampling_columns = (
+            SamplingColumns()
+        )  # the sampling rows' parameter columns, kept while the rows stay
+        self.grammars = Grammars(
+            tokenizer, model_config.vocab_size, self.eos_token_ids
+        )  # structured output
         self.grammars.device = self.model_runner.device
-        self.last_done: float | None = None  # when the step before completed (the next one's time counts from there)
+        self.last_done: float | None = (
+            None  # when the step before completed (the next one's time counts from there)
+        )
         self.error: str | None = None  # why the engine stopped, if it did
         self._ids = itertools.count()
 
     # ---- requests ----
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
         """Queue a prompt; returns its request id. Bad input is a Problem (a ValueError naming
         the field, see validate.py), and nothing is queued."""
         if self.model_runner is None:
@@ -123,24 +151,34 @@ class LLMEngine:
             raise problem
         return self.enqueue(prompt_token_ids, params, request_id)
 
-    def enqueue(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def enqueue(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
         """add_request for a prompt that validate_request has passed (the LLM checks a whole
         batch before it queues any of it). An id given must not be in use; an id of None gets
         a fresh one that no live request (nor an abort output not yet handed out) has."""
         if request_id is None:
-            while (request_id := str(next(self._ids))) in self.requests or any(o.request_id == request_id for o in self.pending):
+            while (request_id := str(next(self._ids))) in self.requests or any(
+                o.request_id == request_id for o in self.pending
+            ):
                 pass
         elif not isinstance(request_id, str) or not request_id:
-            raise Problem(f"request_id must be a non-empty string or None, got {request_id!r}", "request_id")
+            raise Problem(
+                f"request_id must be a non-empty string or None, got {request_id!r}", "request_id"
+            )
         elif request_id in self.requests:
             raise Problem(f"request id {request_id!r} is already in use", "request_id")
         else:  # a new request under an aborted one's id: the old abort output is not handed out as the new one's
             self.pending = [o for o in self.pending if o.request_id != request_id]
-        resolved = params.resolve(self.model_config.generation_defaults, self.model_config.vocab_size)
+        resolved = params.resolve(
+            self.model_config.generation_defaults, self.model_config.vocab_size
+        )
         request = Request(request_id, list(prompt_token_ids), resolved, self.tokenizer)
         self.requests[request_id] = request
         if resolved.structured_outputs is not None:
-            self.grammars.add(request)  # scheduled once its grammar has compiled (_admit_structured)
+            self.grammars.add(
+                request
+            )  # scheduled once its grammar has compiled (_admit_structured)
         else:
             for seq in request.seqs:
                 self.scheduler.add(seq)
@@ -191,7 +229,9 @@ class LLMEngine:
         if self.error is not None and not self.pending:
             raise RuntimeError(f"the engine stopped earlier: {self.error}; create a new LLM")
         if self.error is None:
-            self._overlapped_step(finished_only) if self.overlap else self._sequential_step(finished_only)
+            self._overlapped_step(finished_only) if self.overlap else self._sequential_step(
+                finished_only
+            )
         outputs, self.pending = self.pending, []
         return outputs
 
@@ -210,7 +250,9 @@ class LLMEngine:
         self.in_flight = self._launch(done)
         if done is not None:
             self._complete(done, finished_only)
-        if self.in_flight is not None and not self.requests:  # it runs only sequences that have ended
+        if (
+            self.in_flight is not None and not self.requests
+        ):  # it runs only sequences that have ended
             self._complete(self.in_flight, finished_only)
             self.in_flight = None
         if self.in_flight is None:
@@ -228,18 +270,33 @@ class LLMEngine:
             if self.grammars.waiting:
                 time.sleep(0.001)  # nothing to run but grammars compiling: do not spin
             return None
-        failing = seqs  # the sequences a failure ends (and prev's, while its held-back draw is queued)
+        failing = (
+            seqs  # the sequences a failure ends (and prev's, while its held-back draw is queued)
+        )
         try:
             if self.speculator is not None:
                 self.speculator.fill(seqs)  # a draft model's proposals
-            step = build_step_input(seqs, self.config.kvcache_block_size, prev.pending_rows() if prev is not None else None,
-                                    self.block_tables)
+            step = build_step_input(
+                seqs,
+                self.config.kvcache_block_size,
+                prev.pending_rows() if prev is not None else None,
+                self.block_tables,
+            )
             if prev is not None:
                 failing = [*prev.seqs, *seqs]
                 self._draw(prev)  # its tokens feed this step: its draw is queued first
                 failing = seqs
-            execute = functools.partial(self.model_runner.execute, carried=prev.sample.token_ids if prev is not None and prev.sample is not None else None)
-            logits = execute(step) if self.workers is None else self.workers.call("execute", execute, step)
+            execute = functools.partial(
+                self.model_runner.execute,
+                carried=prev.sample.token_ids
+                if prev is not None and prev.sample is not None
+                else None,
+            )
+            logits = (
+                execute(step)
+                if self.workers is None
+                else self.workers.call("execute", execute, step)
+            )
             all_sample = len(step.sample_rows) == len(seqs)  # most steps: every sequence samples
             sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
             batch = pending = deferred = None
@@ -248,7 +305,9 @@ class LLMEngine:
                 batch = verify_batch(sampling, self.eos_token_ids)
             elif sampling:
                 batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns)
-                constrained = self.grammars.used and any(seq.grammar is not None for seq in sampling)
+                constrained = self.grammars.used and any(
+                    seq.grammar is not None for seq in sampling
+                )
                 if constrained:
                     deferred = self._mask(prev, sampling, logits, batch)
             if batch is not None and deferred is None:
@@ -258,10 +317,24 @@ class LLMEngine:
             return None
         self.scheduler.launched(seqs)
         mark_launched(step.scoring, seqs)
-        record = self.metrics.step_record(step, len(seqs), self.block_manager.num_hit_tokens - hits_before)
-        needs_tokens = batch is not None and batch.penalties is not None  # penalties count the output
-        return InFlight(step, seqs, sampling, pending, record, start, needs_tokens, self.model_runner.prompt_scores,
-                        constrained, deferred)
+        record = self.metrics.step_record(
+            step, len(seqs), self.block_manager.num_hit_tokens - hits_before
+        )
+        needs_tokens = (
+            batch is not None and batch.penalties is not None
+        )  # penalties count the output
+        return InFlight(
+            step,
+            seqs,
+            sampling,
+            pending,
+            record,
+            start,
+            needs_tokens,
+            self.model_runner.prompt_scores,
+            constrained,
+            deferred,
+        )
 
     def _mask(self, prev: InFlight | None, sampling: list[Sequence], logits, batch) -> tuple | None:
         """The grammar mask of a step with constrained rows: filled here (None returned: draw now),
@@ -293,23 +366,42 @@ class LLMEngine:
             self._draw(done)  # held back for its mask (overlap), when no step followed to queue it
             if done.scores is not None:
                 collect_scores(done.step.scoring, done.scores, done.seqs, self.requests)
-            sampled = done.sample.result() if done.sample is not None else SampledTokens([], None)  # no row sampled
+            sampled = (
+                done.sample.result() if done.sample is not None else SampledTokens([], None)
+            )  # no row sampled
             sampling = done.sampling
-            if isinstance(sampled, Verified):  # a row per emitted token, several per verifying sequence
+            if isinstance(
+                sampled, Verified
+            ):  # a row per emitted token, several per verifying sequence
                 if self.speculator.accept(sampled, sampling, self.block_manager):
-                    self.block_tables = BlockTables()  # a block table shrank: the next step's are written whole
+                    self.block_tables = (
+                        BlockTables()
+                    )  # a block table shrank: the next step's are written whole
                 sampling = sampled.seqs
             now = time.perf_counter()
             news: dict[str, Request] = {}
-            ended: set[str] = set()  # requests a sequence of which ended here: only they may have finished
+            ended: set[str] = (
+                set()
+            )  # requests a sequence of which ended here: only they may have finished
             if max(sampled.token_ids, default=0) >= self.tokenizer_size:
-                log_once(logger, logging.WARNING, (
-                    f"sampled a token id of {self.tokenizer_size} or more, but the tokenizer has only {self.tokenizer_size} tokens: "
-                    "such ids decode to no text (is this a random-weight model whose vocab_size exceeds its tokenizer?)"
-                ))
+                log_once(
+                    logger,
+                    logging.WARNING,
+                    (
+                        f"sampled a token id of {self.tokenizer_size} or more, but the tokenizer has only {self.tokenizer_size} tokens: "
+                        "such ids decode to no text (is this a random-weight model whose vocab_size exceeds its tokenizer?)"
+                    ),
+                )
             # a row of every sequence the step sampled for (this loop runs for each, every step)
-            requests, resolve, eos, max_len = self.requests, self.scheduler.resolve, self.eos_set, self.config.max_model_len
-            for seq, token_id, logprob in zip(sampling, sampled.token_ids, sampled.logprobs or itertools.repeat(None)):
+            requests, resolve, eos, max_len = (
+                self.requests,
+                self.scheduler.resolve,
+                self.eos_set,
+                self.config.max_model_len,
+            )
+            for seq, token_id, logprob in zip(
+                sampling, sampled.token_ids, sampled.logprobs or itertools.repeat(None)
+            ):
                 if seq.is_finished:
                     continue  # aborted, or stopped by the token of the step before
                 resolve(seq, token_id)
@@ -319,8 +411,14 @@ class LLMEngine:
                     self.scheduler.finish(seq, reason)
                     ended.add(request.request_id)
                 news[request.request_id] = request
-            finished = [request for request_id, request in news.items() if request_id in ended and request.finished]
-            outputs = [request.output() for request in (finished if finished_only else news.values())]
+            finished = [
+                request
+                for request_id, request in news.items()
+                if request_id in ended and request.finished
+            ]
+            outputs = [
+                request.output() for request in (finished if finished_only else news.values())
+            ]
         except Exception as err:
             self._fail(done.seqs, err)
             return
@@ -351,13 +449,17 @@ class LLMEngine:
         """End the requests of a failed step with finish_reason "error" and free their blocks;
         if the error lost the device or the workers, end every request, stop the engine and
         raise the error."""
-        fatal = isinstance(err, (WorkerError, torch.AcceleratorError)) or (self.workers is not None and not self.workers.alive)
+        fatal = isinstance(err, (WorkerError, torch.AcceleratorError)) or (
+            self.workers is not None and not self.workers.alive
+        )
         message = f"{type(err).__name__}: {err}"
         if fatal:
             self.error, self.in_flight = message, None
         else:
             logger.error("a step failed, its requests end with an error: %s", message, exc_info=err)
-        for request_id in list(self.requests) if fatal else dict.fromkeys(seq.request_id for seq in seqs):
+        for request_id in (
+            list(self.requests) if fatal else dict.fromkeys(seq.request_id for seq in seqs)
+        ):
             request = self.requests.pop(request_id, None)
             if request is None:
                 continue  # ended already

@@ -14,7 +14,12 @@ def percentiles(values: list[float]) -> dict | None:
     if not values:
         return None
     a = np.asarray(values)
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
+    return {
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p90": float(np.percentile(a, 90)),
+        "p99": float(np.percentile(a, 99)),
+    }
 
 
 class EngineMetrics:
@@ -24,7 +29,10 @@ class EngineMetrics:
 
     def reset(self) -> None:
         """Forget what was measured so far (e.g. after a warm-up)."""
-        self.hits_at_reset, self.admitted_at_reset = self.bm.num_hit_tokens, self.bm.num_admitted_tokens
+        self.hits_at_reset, self.admitted_at_reset = (
+            self.bm.num_hit_tokens,
+            self.bm.num_admitted_tokens,
+        )
         self.preemptions_at_reset = self.scheduler.total_preemptions
         self.stats: list[dict] = []  # one record per step, for notebooks and benchmarks
         self.start_time: float | None = None  # first request's arrival
@@ -80,7 +88,10 @@ class EngineMetrics:
     def summary(self) -> dict:
         """Requests, tokens, throughput, latency percentiles, prefix-cache hit rate, KV usage, preemptions."""
         bm = self.bm
-        hits, admitted = bm.num_hit_tokens - self.hits_at_reset, bm.num_admitted_tokens - self.admitted_at_reset
+        hits, admitted = (
+            bm.num_hit_tokens - self.hits_at_reset,
+            bm.num_admitted_tokens - self.admitted_at_reset,
+        )
         elapsed = (self.last_time - self.start_time) if self.start_time and self.last_time else 0.0
         return {
             "requests": self.num_requests,

@@ -5,7 +5,14 @@ import logging
 import torch
 
 from ..config import EngineConfig
-from ..distributed import broadcast_from_first, destroy_tensor_parallel, init_tensor_parallel, keep_graphs, min_over_ranks, set_tp_rank
+from ..distributed import (
+    broadcast_from_first,
+    destroy_tensor_parallel,
+    init_tensor_parallel,
+    keep_graphs,
+    min_over_ranks,
+    set_tp_rank,
+)
 from ..dtypes import kv_cache_torch_dtype
 from ..layers.attention import Attention, make_backend
 from ..layers.context import Context, set_context
@@ -37,7 +44,9 @@ def warmup_lengths(max_num_batched_tokens: int, max_model_len: int, max_num_seqs
     return [first] + [rest + (i < extra) for i in range(num_seqs - 1)]
 
 
-atexit.register(gc.unfreeze)  # a runner never shut down leaves nothing frozen for the interpreter's teardown
+atexit.register(
+    gc.unfreeze
+)  # a runner never shut down leaves nothing frozen for the interpreter's teardown
 
 
 class ModelRunner:
@@ -60,20 +69,34 @@ class ModelRunner:
                 self.device = torch.device("cuda", rank)
                 torch.cuda.set_device(self.device)
             backend = "nccl" if self.device.type == "cuda" else "gloo"
-            init_tensor_parallel(rank, self.world_size, backend, config.distributed_init_method, config.distributed_timeout)
+            init_tensor_parallel(
+                rank,
+                self.world_size,
+                backend,
+                config.distributed_init_method,
+                config.distributed_timeout,
+            )
         else:
             set_tp_rank(0, 1)
-        self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
+        self.dtype = config.dtype or (
+            model_config.torch_dtype if self.device.type == "cuda" else torch.float32
+        )
         # device memory free before this engine took any: what it uses is measured from here
-        self.free_at_start = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
+        self.free_at_start = (
+            torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
+        )
         self.model = build_model(model_config, config.max_model_len, self.dtype, self.device)
         load_weights(self.model, config.model)
         self.sampler = Sampler(config.seed, self.device)
         self.prompt_scores = None  # the last step's prompt logprobs (execute)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kv_heads = self.attention_layers[0].num_kv_heads  # this rank's
-        self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype)  # what the cache stores
-        self.attention_backend = make_backend(config.attention_backend, self.device, self.block_size, self.dtype, self.kv_dtype)
+        self.kv_dtype = kv_cache_torch_dtype(
+            config.kv_cache_dtype, self.dtype
+        )  # what the cache stores
+        self.attention_backend = make_backend(
+            config.attention_backend, self.device, self.block_size, self.dtype, self.kv_dtype
+        )
         for layer in self.attention_layers:
             layer.backend = self.attention_backend
         if self.kv_dtype != self.dtype:
@@ -81,11 +104,24 @@ class ModelRunner:
         self.cuda_graphs: CUDAGraphs | None = None  # none yet: the warm-up below runs eagerly
         self.allocate_kv_cache(model_config)
         if self.use_cudagraphs():
-            prompt_tokens = min(config.max_num_batched_tokens, config.cuda_graph_max_tokens) if self.attention_backend.capturable_prefill else 0
-            self.cuda_graphs = CUDAGraphs(config.max_num_seqs, prompt_tokens, config.max_model_len, self.block_size,
-                                          model_config.hidden_size, self.dtype, self.device)
+            prompt_tokens = (
+                min(config.max_num_batched_tokens, config.cuda_graph_max_tokens)
+                if self.attention_backend.capturable_prefill
+                else 0
+            )
+            self.cuda_graphs = CUDAGraphs(
+                config.max_num_seqs,
+                prompt_tokens,
+                config.max_model_len,
+                self.block_size,
+                model_config.hidden_size,
+                self.dtype,
+                self.device,
+            )
             if self.world_size > 1:
-                keep_graphs(self.cuda_graphs.graphs)  # dropped before the group is left (distributed.py says why)
+                keep_graphs(
+                    self.cuda_graphs.graphs
+                )  # dropped before the group is left (distributed.py says why)
             self.cuda_graphs.capture(self.model)
         if self.device.type == "cuda":  # on a CPU a step outlasts any collection
             # What exists now (the libraries, the model, its captured graphs) lives as long as the
@@ -111,21 +147,34 @@ class ModelRunner:
         layer 0, one V vector at every position), and on the first prefill would make every
         later request's tokens depend on which request came first."""
         for layer in self.attention_layers:
-            layer.k_scale, layer.v_scale = (torch.ones(self.num_kv_heads, dtype=torch.float32, device=self.device) for _ in "kv")
+            layer.k_scale, layer.v_scale = (
+                torch.ones(self.num_kv_heads, dtype=torch.float32, device=self.device) for _ in "kv"
+            )
 
     def kv_block_bytes(self, cfg: ModelConfig) -> int:
         """Bytes of one block, K and V of every layer: half of bfloat16's for an fp8 cache."""
-        return 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * cfg.head_dim * self.kv_dtype.itemsize
+        return (
+            2
+            * cfg.num_hidden_layers
+            * self.block_size
+            * self.num_kv_heads
+            * cfg.head_dim
+            * self.kv_dtype.itemsize
+        )
 
     def allocate_kv_cache(self, cfg: ModelConfig) -> None:
         """A pool of blocks of `block_size` slots, as many as memory allows (or
         `num_kvcache_blocks`). Sequences take blocks as they grow."""
         block_bytes = self.kv_block_bytes(cfg)
-        one_seq = blocks_needed(self.config.max_model_len, self.block_size)  # blocks for one max-length sequence
+        one_seq = blocks_needed(
+            self.config.max_model_len, self.block_size
+        )  # blocks for one max-length sequence
         num_blocks = self.config.num_kvcache_blocks
         if num_blocks == -1:
             # never more than every batch slot at full length could use
-            num_blocks = min(self.kv_budget_bytes(cfg) // block_bytes, self.config.max_num_seqs * one_seq)
+            num_blocks = min(
+                self.kv_budget_bytes(cfg) // block_bytes, self.config.max_num_seqs * one_seq
+            )
             if self.world_size > 1:  # the same block ids on every rank
                 num_blocks = min_over_ranks(num_blocks, self.device)
         if num_blocks < one_seq:
@@ -135,13 +184,23 @@ class ModelRunner:
                 "(num_kvcache_blocks, gpu_memory_utilization or cpu_kvcache_bytes) or lower max_model_len"
             )
         self.num_kvcache_blocks = num_blocks
-        shape = (2, cfg.num_hidden_layers, num_blocks, self.block_size, self.num_kv_heads, cfg.head_dim)
+        shape = (
+            2,
+            cfg.num_hidden_layers,
+            num_blocks,
+            self.block_size,
+            self.num_kv_heads,
+            cfg.head_dim,
+        )
         self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.bind_kv_cache(self.kv_cache)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         for i, layer in enumerate(self.attention_layers):
-            layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]  # (blocks, block_size, kv_heads, head_dim)
+            layer.k_cache, layer.v_cache = (
+                kv_cache[0, i],
+                kv_cache[1, i],
+            )  # (blocks, block_size, kv_heads, head_dim)
 
     def kv_budget_bytes(self, cfg: ModelConfig) -> int:
         """CPU: a fixed budget. CUDA: what is left of `gpu_memory_utilization` of the card
@@ -152,7 +211,11 @@ class ModelRunner:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         warmup_bytes = self.warmup(cfg)
-        step_bytes = torch.cuda.max_memory_allocated(self.device) - warmup_bytes - torch.cuda.memory_allocated(self.device)
+        step_bytes = (
+            torch.cuda.max_memory_allocated(self.device)
+            - warmup_bytes
+            - torch.cuda.memory_allocated(self.device)
+        )
         free, total = torch.cuda.mem_get_info(self.device)
         engine_bytes = self.free_at_start - free  # held by this engine now
         budget = total * self.config.gpu_memory_utilization - engine_bytes - step_bytes
@@ -162,13 +225,24 @@ class ModelRunner:
         """Run the largest step the scheduler may send, with a throwaway cache; return its size.
         It holds the most tokens a step may hold and samples the most rows a step may sample,
         so its peak memory covers every step's activations, logits and sampler buffers."""
-        lengths = warmup_lengths(self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs)
+        lengths = warmup_lengths(
+            self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs
+        )
         blocks = [blocks_needed(n, self.block_size) for n in lengths]  # blocks per sequence
-        shape = (2, cfg.num_hidden_layers, sum(blocks), self.block_size, self.num_kv_heads, cfg.head_dim)
+        shape = (
+            2,
+            cfg.num_hidden_layers,
+            sum(blocks),
+            self.block_size,
+            self.num_kv_heads,
+            cfg.head_dim,
+        )
         scratch = torch.empty(shape, dtype=self.kv_dtype, device=self.device)
         self.bind_kv_cache(scratch)
         # sampled the costliest way: masks that sort, seeded noise
-        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.05, seed=0, max_tokens=1).resolve({})
+        params = SamplingParams(
+            temperature=1.0, top_k=50, top_p=0.9, min_p=0.05, seed=0, max_tokens=1
+        ).resolve({})
         seqs, first_block = [], 0
         for length, num_blocks in zip(lengths, blocks):
             seq = Sequence([0] * length, params)
@@ -181,7 +255,9 @@ class ModelRunner:
             warmup_proposals(seqs, spec.num_speculative_tokens)
         logits = self.execute(build_step_input(seqs, self.block_size))
         if logits is not None:  # rank 0 samples
-            pending = self.sample(logits, build_sampling_batch(seqs, []) if spec is None else verify_batch(seqs, []))
+            pending = self.sample(
+                logits, build_sampling_batch(seqs, []) if spec is None else verify_batch(seqs, [])
+            )
             if spec is not None:
                 pending.result()
         nbytes = scratch.numel() * scratch.element_size()
@@ -196,7 +272,9 @@ class ModelRunner:
         before sampled (`carried`, still on rank 0's device) put in at `carry_index`; rank 0 sends
         them to the other ranks."""
         input_ids, num_carried = t["input_ids"], len(t["carry_index"])
-        if num_carried == len(input_ids):  # a decode step of carried tokens only: carry_index is 0, 1, ..., in place
+        if num_carried == len(
+            input_ids
+        ):  # a decode step of carried tokens only: carry_index is 0, 1, ..., in place
             if self.rank == 0:
                 torch.index_select(carried, 0, t["carry_rows"], out=input_ids)
             if self.world_size > 1:
@@ -223,7 +301,9 @@ class ModelRunner:
             hidden = graphs.replay_decode(step.num_tokens)  # (seqs, hidden)
         else:
             arrays = step.arrays()
-            t = dict(zip(arrays, upload(list(arrays.values()), self.device)))  # the step's arrays on the device, one copy
+            t = dict(
+                zip(arrays, upload(list(arrays.values()), self.device))
+            )  # the step's arrays on the device, one copy
             context = Context(
                 cu_seqlens_q=t["cu_seqlens_q"],
                 slot_mapping=t["slot_mapping"],
@@ -231,17 +311,25 @@ class ModelRunner:
                 block_tables=t["block_tables"],
                 max_seqlen_q=step.max_seqlen_q,
                 is_decode=step.is_decode,
-                decode_order=t["decode_order"] if step.is_decode else None,  # only decode kernels read it
+                decode_order=t["decode_order"]
+                if step.is_decode
+                else None,  # only decode kernels read it
             )
-            hidden = self.forward(self.input_ids(t, carried), t["positions"], context)  # (tokens, hidden)
+            hidden = self.forward(
+                self.input_ids(t, carried), t["positions"], context
+            )  # (tokens, hidden)
         # prompt_logprobs: rank 0 keeps the step's scores (on their way to the host) for the engine to read
         self.prompt_scores = None
         if step.scoring is not None:
-            self.prompt_scores = score_rows(self.model, hidden, step.scoring, self.config.max_num_seqs)
+            self.prompt_scores = score_rows(
+                self.model, hidden, step.scoring, self.config.max_num_seqs
+            )
         num_rows = len(step.sample_rows)
         if not num_rows:
             return None
-        rows = hidden if num_rows == len(hidden) else hidden[t["sample_rows"]]  # every token samples: each decode row
+        rows = (
+            hidden if num_rows == len(hidden) else hidden[t["sample_rows"]]
+        )  # every token samples: each decode row
         return self.model.compute_logits(rows)  # (rows, vocab) on rank 0
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> PendingSample | PendingVerify:
@@ -253,7 +341,9 @@ class ModelRunner:
             return verify_step(self.sampler, logits, batch)
         return sample(self.sampler, logits, batch, path)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context
+    ) -> torch.Tensor:
         """A step with prompt tokens replays the graph captured for the next token count up when
         there is one (decode steps replay in `execute`); anything else runs eagerly."""
         if self.cuda_graphs is not None and self.cuda_graphs.can_replay(context, len(input_ids)):
@@ -269,14 +359,24 @@ class ModelRunner:
     def use_cudagraphs(self) -> bool:
         if self.config.enforce_eager:
             return False
-        if self.device.type != "cuda":  # eager by nature, nothing to act on: information, not a warning
-            log_once(logger, logging.INFO, f"CUDA graphs need a CUDA device; this {self.device.type} run is eager")
+        if (
+            self.device.type != "cuda"
+        ):  # eager by nature, nothing to act on: information, not a warning
+            log_once(
+                logger,
+                logging.INFO,
+                f"CUDA graphs need a CUDA device; this {self.device.type} run is eager",
+            )
             return False
         if not self.attention_backend.capturable:
-            log_once(logger, logging.WARNING, (
-                f"the {self.attention_backend.name} attention backend cannot be captured in a CUDA graph, so decode runs "
-                "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)"
-            ))
+            log_once(
+                logger,
+                logging.WARNING,
+                (
+                    f"the {self.attention_backend.name} attention backend cannot be captured in a CUDA graph, so decode runs "
+                    "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)"
+                ),
+            )
             return False
         return True
 

@@ -25,23 +25,31 @@ from .step_input import to_device
 
 
 @torch.inference_mode()
-def score_rows(model, hidden: torch.Tensor, scoring: PromptScoring, chunk_rows: int) -> PendingSample | None:
+def score_rows(
+    model, hidden: torch.Tensor, scoring: PromptScoring, chunk_rows: int
+) -> PendingSample | None:
     """On every rank (the LM head gathers on rank 0): the scored rows' logprobs, `chunk_rows` rows
     of logits at a time, their copies to the host queued; None on the other ranks."""
     device = hidden.device
     rows, targets = to_device(scoring.rows, device), to_device(scoring.targets, device)  # (scored,)
     parts = []
     for start in range(0, len(rows), chunk_rows):
-        logits = model.compute_logits(hidden[rows[start : start + chunk_rows]])  # (chunk, vocab) on rank 0
+        logits = model.compute_logits(
+            hidden[rows[start : start + chunk_rows]]
+        )  # (chunk, vocab) on rank 0
         if logits is not None:
             parts.append(logprobs_of(logits, targets[start : start + chunk_rows], scoring.num_top))
     if not parts:
         return None
-    chosen, top_values, top_ids = (torch.cat(column) for column in zip(*parts))  # (scored,), (scored, k), (scored, k)
+    chosen, top_values, top_ids = (
+        torch.cat(column) for column in zip(*parts)
+    )  # (scored,), (scored, k), (scored, k)
     return PendingSample(targets, (chosen, top_values, top_ids))
 
 
-def collect_scores(scoring: PromptScoring, scores: PendingSample, seqs: list[Sequence], requests: dict) -> None:
+def collect_scores(
+    scoring: PromptScoring, scores: PendingSample, seqs: list[Sequence], requests: dict
+) -> None:
     """Wait for the step's scores; append each sequence's to its request's prompt_logprobs
     (the top k cut to the k it asked for)."""
     entries = scores.result().logprobs  # (scored,) {"token_id", "logprob", "top_logprobs"}
@@ -51,6 +59,8 @@ def collect_scores(scoring: PromptScoring, scores: PendingSample, seqs: list[Seq
         request = requests.get(seq.request_id)
         if request is not None and not seq.is_finished:
             k = seq.params.prompt_logprobs
-            request.prompt_logprobs += [{**e, "top_logprobs": dict(list(e["top_logprobs"].items())[:k])}
-                                        for e in entries[offset : offset + count]]
+            request.prompt_logprobs += [
+                {**e, "top_logprobs": dict(list(e["top_logprobs"].items())[:k])}
+                for e in entries[offset : offset + count]
+            ]
         offset += count

@@ -26,14 +26,19 @@ def needs_prompt_scores(seq: Sequence) -> bool:
     return asks and seq.num_prompt_scored < seq.num_prompt_tokens - 1
 
 
-def plan_scoring(seqs: list[Sequence], starts: np.ndarray, ends: np.ndarray, cu: np.ndarray) -> PromptScoring | None:
+def plan_scoring(
+    seqs: list[Sequence], starts: np.ndarray, ends: np.ndarray, cu: np.ndarray
+) -> PromptScoring | None:
     """The rows to score in a step that feeds sequence i's positions [starts[i], ends[i]) at
     rows cu[i]..; None when no sequence asks."""
     rows, targets, owners, counts, num_top = [], [], [], [], 0
     for i, seq in enumerate(seqs):
         if not needs_prompt_scores(seq):
             continue
-        first, last = max(int(starts[i]), seq.num_prompt_scored), min(int(ends[i]), seq.num_prompt_tokens - 1)
+        first, last = (
+            max(int(starts[i]), seq.num_prompt_scored),
+            min(int(ends[i]), seq.num_prompt_tokens - 1),
+        )
         if first >= last:
             continue
         rows.append(np.arange(first, last) - starts[i] + cu[i])
@@ -43,7 +48,9 @@ def plan_scoring(seqs: list[Sequence], starts: np.ndarray, ends: np.ndarray, cu:
         num_top = max(num_top, seq.params.prompt_logprobs)
     if not owners:
         return None
-    return PromptScoring(np.concatenate(rows).astype(np.int64), np.concatenate(targets), num_top, owners, counts)
+    return PromptScoring(
+        np.concatenate(rows).astype(np.int64), np.concatenate(targets), num_top, owners, counts
+    )
 
 
 def mark_launched(scoring: PromptScoring | None, seqs: list[Sequence]) -> None:

@@ -46,21 +46,31 @@ class ReplayProposer:
     a wrong one with probability 1 - `accept_rate`. With the target's own greedy outputs it
     controls the acceptance rate, which random weights would otherwise leave near 0."""
 
-    def __init__(self, runs: list[list[int]], accept_rate: float = 1.0, vocab_size: int = 2, seed: int = 0):
-        self.runs, self.accept_rate, self.vocab_size = [list(r) for r in runs], accept_rate, vocab_size
+    def __init__(
+        self, runs: list[list[int]], accept_rate: float = 1.0, vocab_size: int = 2, seed: int = 0
+    ):
+        self.runs, self.accept_rate, self.vocab_size = (
+            [list(r) for r in runs],
+            accept_rate,
+            vocab_size,
+        )
         self.rng = np.random.default_rng(seed)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         out = []
         for seq, k in zip(seqs, ks):
             ids = seq.token_ids
-            n = seq.num_prompt_tokens  # the run of this prompt, at this position, even past a divergence
+            n = (
+                seq.num_prompt_tokens
+            )  # the run of this prompt, at this position, even past a divergence
             run = next((r for r in self.runs if len(r) > len(ids) and r[:n] == ids[:n]), [])
             guess = run[len(ids) : len(ids) + k]
             wrong = self.rng.random(len(guess)) >= self.accept_rate
             out.append(
                 [
-                    (t + 1 + int(self.rng.integers(self.vocab_size - 1))) % self.vocab_size if w else t
+                    (t + 1 + int(self.rng.integers(self.vocab_size - 1))) % self.vocab_size
+                    if w
+                    else t
                     for t, w in zip(guess, wrong)
                 ]
             )

@@ -52,7 +52,9 @@ def verify_rows(
     has_draft = draft_ids >= 0
     ids = draft_ids.clamp(min=0).unsqueeze(1)  # (rows, 1)
     if q is None:
-        q = torch.zeros_like(p).scatter_(1, ids, has_draft.unsqueeze(1).to(p.dtype))  # (rows, vocab)
+        q = torch.zeros_like(p).scatter_(
+            1, ids, has_draft.unsqueeze(1).to(p.dtype)
+        )  # (rows, vocab)
     p_d, q_d = p.gather(1, ids).squeeze(1), q.gather(1, ids).squeeze(1)  # (rows,)
     accepted = has_draft & (uniforms < acceptance_probability(p_d, q_d.clamp(min=1e-30)))
     drawn = (residual(p, q) / noise).argmax(dim=-1)  # argmax(w / E) ~ w / sum(w)
@@ -72,7 +74,9 @@ def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if (batch.temperatures == 0).any():  # known on the host: no sync
         greedy = (temperatures == 0).unsqueeze(1)  # (rows, 1)
         probs = torch.where(
-            greedy, torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[1]).to(probs.dtype), probs
+            greedy,
+            torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[1]).to(probs.dtype),
+            probs,
         )
     return probs / probs.sum(dim=-1, keepdim=True)
 

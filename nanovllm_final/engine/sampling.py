@@ -36,9 +36,15 @@ class SamplingBatch:
     penalties: dict | None  # repetition/presence/frequency (rows,) and the rows' prompt/output ids
     suppress: tuple[np.ndarray, np.ndarray] | None  # (row, token id) pairs masked out (min_tokens)
     num_logprobs: int | None  # the largest `logprobs` of the rows; None: no row asks
-    on_device: dict = field(default_factory=dict)  # the columns' device copies, kept with the columns (SamplingColumns)
-    grammar: object | None = None  # structured output: the constrained rows and their bitmask (structured.HostMask)
-    drafts: tuple | None = None  # speculative: the verifying sequences and each row's proposal (spec_verify.py)
+    on_device: dict = field(
+        default_factory=dict
+    )  # the columns' device copies, kept with the columns (SamplingColumns)
+    grammar: object | None = (
+        None  # structured output: the constrained rows and their bitmask (structured.HostMask)
+    )
+    drafts: tuple | None = (
+        None  # speculative: the verifying sequences and each row's proposal (spec_verify.py)
+    )
 
     @property
     def all_greedy(self) -> bool:
@@ -54,8 +60,14 @@ class SamplingBatch:
 def batch_path(batch: SamplingBatch, logits: torch.Tensor) -> Path:
     """The draw the batch takes (layers/sampler.py's pick_path), from what the host knows of it."""
     masks = batch.top_k is not None or batch.top_p is not None or batch.min_p is not None
-    return pick_path(logits.shape[-1], dispatch.use_kernel(logits), verify=batch.drafts is not None,
-                     all_greedy=batch.all_greedy, max_k=batch.max_k, masks=masks)
+    return pick_path(
+        logits.shape[-1],
+        dispatch.use_kernel(logits),
+        verify=batch.drafts is not None,
+        all_greedy=batch.all_greedy,
+        max_k=batch.max_k,
+        masks=masks,
+    )
 
 
 def completion_seed(seed: int, index: int) -> int:
@@ -76,11 +88,22 @@ def param_columns(seqs: list[Sequence]) -> dict:
     return {
         "temperatures": np.array([p.temperature for p in params], np.float32),
         "top_k": column("top_k", np.int64, 0),
-        "top_p": None if (top_p := column("top_p", np.float32, 1.0)) is None else np.maximum(top_p, TOP_P_FLOOR),
+        "top_p": None
+        if (top_p := column("top_p", np.float32, 1.0)) is None
+        else np.maximum(top_p, TOP_P_FLOOR),
         "min_p": column("min_p", np.float32, 0.0),
-        "seeds": np.array([-1 if p.seed is None else completion_seed(p.seed, s.index) for s, p in zip(seqs, params)], np.int64)
-        if any(p.seed is not None for p in params) else None,
-        "penalties": None if not any(p.has_penalties for p in params) else {
+        "seeds": np.array(
+            [
+                -1 if p.seed is None else completion_seed(p.seed, s.index)
+                for s, p in zip(seqs, params)
+            ],
+            np.int64,
+        )
+        if any(p.seed is not None for p in params)
+        else None,
+        "penalties": None
+        if not any(p.has_penalties for p in params)
+        else {
             "repetition": np.array([p.repetition_penalty for p in params], np.float32),
             "presence": np.array([p.presence_penalty for p in params], np.float32),
             "frequency": np.array([p.frequency_penalty for p in params], np.float32),
@@ -106,7 +129,9 @@ class SamplingColumns:
         return self.columns
 
 
-def build_sampling_batch(seqs: list[Sequence], eos_token_ids: list[int], columns: SamplingColumns | None = None) -> SamplingBatch:
+def build_sampling_batch(
+    seqs: list[Sequence], eos_token_ids: list[int], columns: SamplingColumns | None = None
+) -> SamplingBatch:
     """`seqs`: the sequences that sample this step, in row order. `columns`: the engine's, kept
     from step to step (computed afresh when None)."""
     cols = columns.get(seqs) if columns is not None else param_columns(seqs)
@@ -126,12 +151,16 @@ def build_sampling_batch(seqs: list[Sequence], eos_token_ids: list[int], columns
         min_p=cols["min_p"],
         seeds=cols["seeds"],
         positions=np.fromiter((s.num_completion_tokens for s in seqs), np.int64, len(seqs)),
-        penalties=None if penalties is None else {
+        penalties=None
+        if penalties is None
+        else {
             **penalties,
             "prompt_ids": [s.token_ids[: s.num_prompt_tokens] for s in seqs],
             "output_ids": [s.completion_token_ids for s in seqs],
         },
-        suppress=(np.array(suppress_rows, np.int64), np.array(suppress_ids, np.int64)) if suppress_rows else None,
+        suppress=(np.array(suppress_rows, np.int64), np.array(suppress_ids, np.int64))
+        if suppress_rows
+        else None,
         num_logprobs=cols["num_logprobs"],
         on_device=cols["on_device"],
     )
@@ -140,7 +169,9 @@ def build_sampling_batch(seqs: list[Sequence], eos_token_ids: list[int], columns
 @dataclass
 class SampledTokens:
     token_ids: list[int]  # one per sampling row
-    logprobs: list[dict] | None  # per row {"token_id", "logprob", "top_logprobs"}; None if no row asked
+    logprobs: (
+        list[dict] | None
+    )  # per row {"token_id", "logprob", "top_logprobs"}; None if no row asked
 
 
 class PendingSample:
@@ -149,7 +180,9 @@ class PendingSample:
 
     def __init__(self, token_ids: torch.Tensor, logprobs: tuple[torch.Tensor, ...] = ()):
         self.token_ids = token_ids  # (rows,) on the device
-        self.host = [t.to("cpu", non_blocking=True) for t in (token_ids, *logprobs)]  # into pinned memory on CUDA
+        self.host = [
+            t.to("cpu", non_blocking=True) for t in (token_ids, *logprobs)
+        ]  # into pinned memory on CUDA
         self.done = torch.cuda.Event() if token_ids.is_cuda else None
         if self.done is not None:
             self.done.record()
@@ -162,13 +195,16 @@ class PendingSample:
             return SampledTokens(ids, None)
         chosen, top_values, top_ids = rest
         logprobs = [
-            {"token_id": t, "logprob": lp, "top_logprobs": dict(zip(i, v))} for t, lp, v, i in zip(ids, chosen, top_values, top_ids)
+            {"token_id": t, "logprob": lp, "top_logprobs": dict(zip(i, v))}
+            for t, lp, v, i in zip(ids, chosen, top_values, top_ids)
         ]
         return SampledTokens(ids, logprobs)
 
 
 @torch.inference_mode()
-def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch, path: Path | None = None) -> PendingSample:
+def sample(
+    sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch, path: Path | None = None
+) -> PendingSample:
     """Penalties, the grammar's mask, then the draw `path` (batch_path's when None); logprobs from
     the raw logits. Queued on the device."""
     device = logits.device
@@ -176,21 +212,31 @@ def sample(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch, path: P
     raw = logits  # (rows, vocab) in the model's dtype
     logits = penalized(logits, batch)
     if batch.grammar is not None:  # before every draw below: each picks among the allowed tokens
-        inplace = logits is not raw or batch.num_logprobs is None  # the logprobs read the raw logits
+        inplace = (
+            logits is not raw or batch.num_logprobs is None
+        )  # the logprobs read the raw logits
         logits = apply_bitmask(logits, *batch.grammar.to(device), inplace=inplace)
     if path is Path.GREEDY:
         token_ids = logits.argmax(dim=-1)  # (rows,)
     else:
         # the rows' columns on the device, in one copy while the rows stay; positions change every step
-        names = [name for name in ("top_k", "top_p", "min_p", "seeds") if getattr(batch, name) is not None]
+        names = [
+            name
+            for name in ("top_k", "top_p", "min_p", "seeds")
+            if getattr(batch, name) is not None
+        ]
         if device not in batch.on_device:
-            batch.on_device[device] = upload([getattr(batch, name) for name in names] + [batch.temperatures], device)
+            batch.on_device[device] = upload(
+                [getattr(batch, name) for name in names] + [batch.temperatures], device
+            )
         *columns, temperatures = batch.on_device[device]
         optional = dict(zip(names, columns))
         if batch.seeds is not None:  # the seeded noise's input
             optional["positions"] = to_device(batch.positions, device)
         greedy_rows = bool((batch.temperatures == 0).any())
-        token_ids = sampler(logits, temperatures, max_k=batch.max_k, greedy_rows=greedy_rows, path=path, **optional)
+        token_ids = sampler(
+            logits, temperatures, max_k=batch.max_k, greedy_rows=greedy_rows, path=path, **optional
+        )
     if batch.num_logprobs is None:
         return PendingSample(token_ids)
     return PendingSample(token_ids, logprobs_of(raw, token_ids, batch.num_logprobs))
@@ -202,19 +248,30 @@ def penalized(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.penalties is not None:
         p = batch.penalties
         logits = apply_penalties(
-            logits.float(), token_counts(p["output_ids"], vocab_size, device), token_counts(p["prompt_ids"], vocab_size, device) > 0,
-            to_device(p["repetition"], device), to_device(p["presence"], device), to_device(p["frequency"], device),
+            logits.float(),
+            token_counts(p["output_ids"], vocab_size, device),
+            token_counts(p["prompt_ids"], vocab_size, device) > 0,
+            to_device(p["repetition"], device),
+            to_device(p["presence"], device),
+            to_device(p["frequency"], device),
         )
     if batch.suppress is not None:
         rows, ids = batch.suppress
-        logits = logits.index_put((to_device(rows, device), to_device(ids, device)), torch.tensor(float("-inf"), dtype=logits.dtype, device=device))
+        logits = logits.index_put(
+            (to_device(rows, device), to_device(ids, device)),
+            torch.tensor(float("-inf"), dtype=logits.dtype, device=device),
+        )
     return logits
 
 
-def token_counts(token_lists: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+def token_counts(
+    token_lists: list[list[int]], vocab_size: int, device: torch.device
+) -> torch.Tensor:
     """(rows, vocab) float32: how often each token occurs in each row's list."""
     width = max(1, max(len(ids) for ids in token_lists))
-    padded = np.full((len(token_lists), width), vocab_size, np.int64)  # vocab_size: padding, dropped below
+    padded = np.full(
+        (len(token_lists), width), vocab_size, np.int64
+    )  # vocab_size: padding, dropped below
     for i, ids in enumerate(token_lists):
         padded[i, : len(ids)] = ids
     index = to_device(padded, device)

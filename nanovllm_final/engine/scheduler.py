@@ -62,10 +62,16 @@ class Scheduler:
             num_tokens = len(seq)
             if seq.spec_token_ids:  # verify proposals: slots for them too
                 num_tokens += self.speculator.fit(seq, budget)
-            if budget == 0 or (seq.num_pending and seq.reaches_length_limit(num_tokens, self.max_model_len)):
-                still_running.append(seq)  # no room this step, or its last token is in flight: it keeps its blocks and waits
+            if budget == 0 or (
+                seq.num_pending and seq.reaches_length_limit(num_tokens, self.max_model_len)
+            ):
+                still_running.append(
+                    seq
+                )  # no room this step, or its last token is in flight: it keeps its blocks and waits
                 continue
-            missing = blocks.blocks_missing(seq, num_tokens)  # 0 unless its newest token starts a block
+            missing = blocks.blocks_missing(
+                seq, num_tokens
+            )  # 0 unless its newest token starts a block
             while missing > 0 and missing > blocks.num_free_blocks:
                 if self.running:
                     self.preempt(self.running.pop())  # the most recently admitted
@@ -88,7 +94,11 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             leader = seq.leader
-            if leader is not None and leader.status == SequenceStatus.RUNNING and leader.num_cached_tokens < leader.num_prompt_tokens:
+            if (
+                leader is not None
+                and leader.status == SequenceStatus.RUNNING
+                and leader.num_cached_tokens < leader.num_prompt_tokens
+            ):
                 break  # a sibling waits while its leader computes the prompt, to find its blocks in the cache
             if not self.block_manager.can_allocate(seq):
                 break

@@ -16,7 +16,13 @@ class Sequence:
 
     _ids = itertools.count()
 
-    def __init__(self, token_ids: list[int], params: SamplingParams, index: int = 0, leader: "Sequence | None" = None):
+    def __init__(
+        self,
+        token_ids: list[int],
+        params: SamplingParams,
+        index: int = 0,
+        leader: "Sequence | None" = None,
+    ):
         self.seq_id = next(Sequence._ids)
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)  # the tokens whose ids the host knows
@@ -29,10 +35,14 @@ class Sequence:
         self.leader = leader
         self.num_cached_tokens = 0  # tokens whose K/V are in the cache (only the rest are fed)
         self.num_prompt_hit_tokens = 0  # prompt tokens the prefix cache served at first admission
-        self.block_table: list[int] = []  # the physical KV blocks holding this sequence, in token order
+        self.block_table: list[
+            int
+        ] = []  # the physical KV blocks holding this sequence, in token order
         self.num_scheduled_tokens = 0  # tokens fed this step (a prompt may take several steps)
         self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
-        self.num_prompt_scored = 0  # prompt positions whose logprobs a launched step computes (prompt_logprobs.py)
+        self.num_prompt_scored = (
+            0  # prompt positions whose logprobs a launched step computes (prompt_logprobs.py)
+        )
         # Overlap scheduling: tokens sampled by steps still on the device. They follow
         # token_ids; their ids are the in-flight step's to hold (llm_engine.InFlight) until it
         # completes and `resolve` appends them.
@@ -42,8 +52,12 @@ class Sequence:
         self.spec_token_ids: list[int] = []
         self.num_draft_cached = 0  # tokens whose K/V the draft model has (engine/draft_model.py)
         self.finish_reason: str | None = None
-        self.grammar = None  # structured output: its xgrammar matcher, advanced by each resolved token
-        self.grammar_early: bool | None = None  # overlap: the matcher took the pending token already (accepted?)
+        self.grammar = (
+            None  # structured output: its xgrammar matcher, advanced by each resolved token
+        )
+        self.grammar_early: bool | None = (
+            None  # overlap: the matcher took the pending token already (accepted?)
+        )
 
     def __len__(self) -> int:
         """Tokens, pending ones included: what the cache must hold and the next step may feed."""
@@ -72,12 +86,16 @@ class Sequence:
     def samples_this_step(self) -> bool:
         """Does this step's feed reach the sequence's end (so a token is sampled)?"""
         fed = self.num_cached_tokens + self.num_scheduled_tokens
-        return fed == len(self.token_ids) + self.num_pending + len(self.spec_token_ids)  # == len(self) + proposals
+        return fed == len(self.token_ids) + self.num_pending + len(
+            self.spec_token_ids
+        )  # == len(self) + proposals
 
     def reaches_length_limit(self, num_tokens: int, max_model_len: int) -> bool:
         """Does the sequence end by length once it holds `num_tokens` tokens (max_tokens or max_model_len)?"""
         max_tokens = self.params.max_tokens
-        return (max_tokens is not None and num_tokens - self.num_prompt_tokens >= max_tokens) or num_tokens >= max_model_len
+        return (
+            max_tokens is not None and num_tokens - self.num_prompt_tokens >= max_tokens
+        ) or num_tokens >= max_model_len
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -21,7 +21,11 @@ class DraftRow:
 
     def __init__(self, seq: Sequence, i: int):
         self.seq, self.i = seq, i
-        self.params, self.index, self.num_prompt_tokens = seq.params, seq.index, seq.num_prompt_tokens
+        self.params, self.index, self.num_prompt_tokens = (
+            seq.params,
+            seq.index,
+            seq.num_prompt_tokens,
+        )
         self.num_completion_tokens = seq.num_completion_tokens + i
 
     @property
@@ -47,7 +51,9 @@ class PendingVerify:
     def __init__(self, seqs: list[Sequence], accepted: torch.Tensor, chosen: PendingSample):
         self.seqs = seqs
         self.accepted = accepted.to("cpu", non_blocking=True)  # before `chosen` records its event
-        self.chosen = chosen  # (rows,) each row's proposal if accepted, else its drawn token; and logprobs
+        self.chosen = (
+            chosen  # (rows,) each row's proposal if accepted, else its drawn token; and logprobs
+        )
 
     def result(self) -> Verified:
         rows, accepted = self.chosen.result(), self.accepted.tolist()
@@ -71,7 +77,9 @@ def verify_batch(seqs: list[Sequence], eos_token_ids: list[int]) -> SamplingBatc
     the sequences and each row's proposal (-1: the bonus row)."""
     rows = [DraftRow(seq, i) for seq in seqs for i in range(len(seq.spec_token_ids) + 1)]
     batch = build_sampling_batch(rows, eos_token_ids)
-    draft_ids = np.fromiter((x for seq in seqs for x in (*seq.spec_token_ids, -1)), np.int64, len(rows))
+    draft_ids = np.fromiter(
+        (x for seq in seqs for x in (*seq.spec_token_ids, -1)), np.int64, len(rows)
+    )
     batch.drafts = (seqs, draft_ids)
     return batch
 

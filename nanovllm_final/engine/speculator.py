@@ -62,7 +62,9 @@ class Speculator:
             if k > 0:
                 ready.append(seq)
                 ks.append(k)
-        proposals = [[-1] * k for k in ks] if self.after_schedule else self.proposer.propose(ready, ks)
+        proposals = (
+            [[-1] * k for k in ks] if self.after_schedule else self.proposer.propose(ready, ks)
+        )
         for seq, ids in zip(ready, proposals):
             seq.spec_token_ids = ids
 
@@ -70,7 +72,9 @@ class Speculator:
         """A draft model's proposals for the scheduled sequences, as many as their slots hold."""
         if self.after_schedule:
             drafting = [seq for seq in seqs if seq.spec_token_ids]
-            proposals = self.proposer.propose(drafting, [len(seq.spec_token_ids) for seq in drafting])
+            proposals = self.proposer.propose(
+                drafting, [len(seq.spec_token_ids) for seq in drafting]
+            )
             for seq, ids in zip(drafting, proposals):
                 seq.spec_token_ids = ids
 
@@ -103,7 +107,9 @@ class Speculator:
                 continue
             if k:  # a draft model fed the last token and the first k - 1 proposals
                 seq.num_draft_cached = len(seq.token_ids) + min(j, k - 1)
-            seq.num_cached_tokens = len(seq.token_ids) + j  # the fed token and the accepted proposals
+            seq.num_cached_tokens = (
+                len(seq.token_ids) + j
+            )  # the fed token and the accepted proposals
             seq.num_pending = j + 1
             shrank |= block_manager.trim(seq, len(seq))
         return shrank
@@ -121,5 +127,7 @@ class Speculator:
             "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_pos),
             "spec_decode_acceptance_rate": self.num_accepted_tokens / drafted if drafted else 0.0,
             # tokens a verification emits on average: its accepted proposals and the drawn one
-            "spec_decode_mean_acceptance_length": 1 + self.num_accepted_tokens / drafts if drafts else 0.0,
+            "spec_decode_mean_acceptance_length": 1 + self.num_accepted_tokens / drafts
+            if drafts
+            else 0.0,
         }

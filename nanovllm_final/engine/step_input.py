@@ -20,16 +20,22 @@ class StepInput:
     cu_seqlens_q: np.ndarray  # (seqs+1,) int32: where each sequence's tokens start
     context_lens: np.ndarray  # (seqs,) int32: cached tokens after this step's writes
     block_tables: np.ndarray  # (seqs, max_blocks) int32, padded with -1
-    sample_rows: np.ndarray  # (rows,) int64: index of the last fed token of each sequence that samples
+    sample_rows: (
+        np.ndarray
+    )  # (rows,) int64: index of the last fed token of each sequence that samples
     # tokens sampled by the step before, still on the device (overlap scheduling): the runner
     # puts that step's sampled ids of rows carry_rows into input_ids at carry_index
     carry_index: np.ndarray  # (carried,) int64
     carry_rows: np.ndarray  # (carried,) int64
     max_seqlen_q: int
-    is_decode: bool  # every sequence feeds exactly one token: the decode kernels (and CUDA graphs) run
+    is_decode: (
+        bool  # every sequence feeds exactly one token: the decode kernels (and CUDA graphs) run
+    )
     # the sequences by decreasing context length: the order the decode kernel starts them in
     decode_order: np.ndarray  # (seqs,) int32
-    scoring: PromptScoring | None = None  # the rows whose next prompt token is scored (prompt_logprobs)
+    scoring: PromptScoring | None = (
+        None  # the rows whose next prompt token is scored (prompt_logprobs)
+    )
     num_proposed: int = 0  # proposals fed (speculative decoding): each samples a row of its own
 
     @property
@@ -74,7 +80,9 @@ def pack(arrays: list[np.ndarray], pin: bool = False) -> tuple[torch.Tensor, lis
     return host, offsets
 
 
-def unpack(packed: torch.Tensor, arrays: list[np.ndarray], offsets: list[int]) -> list[torch.Tensor]:
+def unpack(
+    packed: torch.Tensor, arrays: list[np.ndarray], offsets: list[int]
+) -> list[torch.Tensor]:
     """Views of `packed` (pack's bytes, wherever they are) with the arrays' dtypes and shapes:
     the buffer is viewed once per dtype (its size and every offset are multiples of _ALIGN),
     then sliced per array, as few tensor ops as there can be (a step runs this on the host's
@@ -123,7 +131,9 @@ class BlockTables:
             old, rows = np.zeros_like(lens), range(len(seqs))
         else:
             if width > self.array.shape[1]:
-                self.array = np.pad(self.array, ((0, 0), (0, width - self.array.shape[1])), constant_values=-1)
+                self.array = np.pad(
+                    self.array, ((0, 0), (0, width - self.array.shape[1])), constant_values=-1
+                )
             old, rows = self.lens, np.flatnonzero(lens > self.lens).tolist()
         self.seq_ids = []  # until every row is written: a build that raised leaves the next one to start over
         for i in rows:
@@ -132,8 +142,12 @@ class BlockTables:
         return self.array.copy()  # the step's own: the next step writes into self.array
 
 
-def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[int, int] | None = None,
-                     block_tables: BlockTables | None = None) -> StepInput:
+def build_step_input(
+    seqs: list[Sequence],
+    block_size: int,
+    pending_rows: dict[int, int] | None = None,
+    block_tables: BlockTables | None = None,
+) -> StepInput:
     """Each sequence feeds `num_scheduled_tokens` tokens from `num_cached_tokens` on; the
     per-token arrays are computed with numpy, not a Python loop over tokens. `pending_rows`:
     the step in flight's output row of each sequence it samples for (seq_id -> row).
@@ -142,26 +156,46 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
     # the sequences' counters as arrays, one plain attribute per pass (a decode step has hundreds of rows)
     starts = np.fromiter((s.num_cached_tokens for s in seqs), np.int64, n)  # (seqs,)
     counts = np.fromiter((s.num_scheduled_tokens for s in seqs), np.int64, n)  # (seqs,)
-    known = np.fromiter((len(s.token_ids) for s in seqs), np.int64, n)  # (seqs,) tokens whose ids the host knows
-    pending = np.fromiter((s.num_pending for s in seqs), np.int64, n)  # (seqs,) sampled ones still on the device
-    proposed = np.fromiter((len(s.spec_token_ids) for s in seqs), np.int64, n)  # (seqs,) speculative decoding
+    known = np.fromiter(
+        (len(s.token_ids) for s in seqs), np.int64, n
+    )  # (seqs,) tokens whose ids the host knows
+    pending = np.fromiter(
+        (s.num_pending for s in seqs), np.int64, n
+    )  # (seqs,) sampled ones still on the device
+    proposed = np.fromiter(
+        (len(s.spec_token_ids) for s in seqs), np.int64, n
+    )  # (seqs,) speculative decoding
     ends = starts + counts
     cu = np.zeros(len(seqs) + 1, np.int64)
     np.cumsum(counts, out=cu[1:])
     seq_of_token = np.repeat(np.arange(len(seqs)), counts)  # (tokens,)
     positions = np.arange(cu[-1]) - cu[seq_of_token] + starts[seq_of_token]  # (tokens,)
-    tables = (block_tables if block_tables is not None else BlockTables()).build(seqs)  # (seqs, max_blocks)
-    slots = tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    tables = (block_tables if block_tables is not None else BlockTables()).build(
+        seqs
+    )  # (seqs, max_blocks)
+    slots = (
+        tables[seq_of_token, positions // block_size].astype(np.int64) * block_size
+        + positions % block_size
+    )
     max_seqlen_q = int(counts.max())
     is_decode = max_seqlen_q == 1
-    if is_decode:  # one token each: the one at `start`; a pending one (most, with overlap) is 0 here
+    if (
+        is_decode
+    ):  # one token each: the one at `start`; a pending one (most, with overlap) is 0 here
         input_ids = np.zeros(n, np.int64)
         for i in np.flatnonzero(starts < known).tolist():
             input_ids[i] = seqs[i].token_ids[starts[i]]
     else:
-        input_ids = np.fromiter(chain.from_iterable(fed_ids(s, a, b) for s, a, b in zip(seqs, starts.tolist(), ends.tolist())),
-                                np.int64, int(cu[-1]))
-    samples = ends == known + pending + proposed  # (seqs,) the feed reaches the end: Sequence.samples_this_step
+        input_ids = np.fromiter(
+            chain.from_iterable(
+                fed_ids(s, a, b) for s, a, b in zip(seqs, starts.tolist(), ends.tolist())
+            ),
+            np.int64,
+            int(cu[-1]),
+        )
+    samples = (
+        ends == known + pending + proposed
+    )  # (seqs,) the feed reaches the end: Sequence.samples_this_step
     carried = np.flatnonzero(pending)  # (carried,) rows whose fed token is a pending one
     return StepInput(
         input_ids=input_ids,
@@ -172,7 +206,9 @@ def build_step_input(seqs: list[Sequence], block_size: int, pending_rows: dict[i
         block_tables=tables,
         sample_rows=sample_rows(cu, samples, proposed),
         carry_index=cu[1:][carried] - 1,
-        carry_rows=np.fromiter((pending_rows[seqs[i].seq_id] for i in carried.tolist()), np.int64, len(carried)),
+        carry_rows=np.fromiter(
+            (pending_rows[seqs[i].seq_id] for i in carried.tolist()), np.int64, len(carried)
+        ),
         max_seqlen_q=max_seqlen_q,
         is_decode=is_decode,
         decode_order=np.argsort(-ends, kind="stable").astype(np.int32),
@@ -188,5 +224,7 @@ def sample_rows(cu: np.ndarray, samples: np.ndarray, proposed: np.ndarray) -> np
         return (cu[1:] - 1)[samples]
     counts = np.where(samples, 1 + proposed, 0)  # (seqs,)
     ends = np.repeat(cu[1:], counts)  # (rows,)
-    within = np.arange(len(ends)) - np.repeat(np.cumsum(counts) - counts, counts)  # (rows,) 0..count-1
+    within = np.arange(len(ends)) - np.repeat(
+        np.cumsum(counts) - counts, counts
+    )  # (rows,) 0..count-1
     return ends - np.repeat(counts, counts) + within

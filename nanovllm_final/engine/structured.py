@@ -49,9 +49,13 @@ except ImportError:  # no Triton: the PyTorch code masks
 
 COMPILE_TIMEOUT_S = 10.0  # a grammar still compiling after this long ends its request with an error
 CACHE_SIZE = 256  # compiled grammars kept (by schema)
-FILL_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))  # the host threads that fill a step's bitmask rows
+FILL_THREADS = max(
+    1, min(8, (os.cpu_count() or 2) // 2)
+)  # the host threads that fill a step's bitmask rows
 POOL_VOCAB = 32768  # below this many grammar ids a row fills in about a microsecond: one thread, no pool hand-offs
-MISSING_EXTRA = "structured output needs the grammar engine xgrammar: pip install 'nanovllm-staged[structured]'"
+MISSING_EXTRA = (
+    "structured output needs the grammar engine xgrammar: pip install 'nanovllm-staged[structured]'"
+)
 
 
 @functools.cache
@@ -66,7 +70,11 @@ def xgrammar():
 
 def check_available() -> Problem | None:
     """The problem with serving a structured-output request here (the extra missing), or None."""
-    return None if xgrammar() is not None else Problem(MISSING_EXTRA, "structured_outputs", "unsupported")
+    return (
+        None
+        if xgrammar() is not None
+        else Problem(MISSING_EXTRA, "structured_outputs", "unsupported")
+    )
 
 
 def clean_error(err: Exception) -> str:
@@ -81,8 +89,14 @@ def bounded_strings(schema: dict) -> dict:
     which JSON parsers refuse (such strings hold no escapes then)."""
     schema = copy.deepcopy(schema)
     for sub, _, _ in subschemas(schema):
-        if sub.get("type") == "string" and ("minLength" in sub or "maxLength" in sub) and "pattern" not in sub \
-                and "format" not in sub and "enum" not in sub and "const" not in sub:
+        if (
+            sub.get("type") == "string"
+            and ("minLength" in sub or "maxLength" in sub)
+            and "pattern" not in sub
+            and "format" not in sub
+            and "enum" not in sub
+            and "const" not in sub
+        ):
             low, high = sub.pop("minLength", 0), sub.pop("maxLength", "")
             sub["pattern"] = f'^[^"\\\\\\x00-\\x1f]{{{low},{high}}}$'
     return schema
@@ -92,7 +106,9 @@ class Job:
     """One grammar's compile: pending, then a CompiledGrammar or an error message."""
 
     def __init__(self):
-        self.started: float | None = None  # when a worker took it (the time limit counts from there)
+        self.started: float | None = (
+            None  # when a worker took it (the time limit counts from there)
+        )
         self.future: Future | None = None
         self.error: str | None = None
 
@@ -103,7 +119,11 @@ class Job:
             if err is None:
                 return self.future.result()
             self.error = f"the grammar does not compile: {clean_error(err)}"
-        elif self.error is None and self.started is not None and time.perf_counter() - self.started > timeout_s:
+        elif (
+            self.error is None
+            and self.started is not None
+            and time.perf_counter() - self.started > timeout_s
+        ):
             self.error = f"the grammar took more than {timeout_s:g} s to compile (the time limit)"
         if self.error is not None:
             raise ValueError(self.error)
@@ -114,29 +134,46 @@ class Grammars:
     """The engine's structured-output state: grammars compiling or cached, requests waiting for
     theirs, and the step's token bitmask. xgrammar is loaded on the first request that needs it."""
 
-    fill_on_worker = False  # overlap: fill on the engine's thread and draw at once (True: on the mask worker,
+    fill_on_worker = (
+        False  # overlap: fill on the engine's thread and draw at once (True: on the mask worker,
+    )
     # the draw held back until the next forward; structured_bench times both)
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int], timeout_s: float = COMPILE_TIMEOUT_S):
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        timeout_s: float = COMPILE_TIMEOUT_S,
+    ):
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
         self.stop_ids = frozenset(eos_token_ids)  # the matchers' stop tokens
         self.timeout_s = timeout_s
         self.compiler = None
-        self.filler = None  # xgrammar's BatchGrammarMatcher: its threads fill the rows of a step's bitmask
+        self.filler = (
+            None  # xgrammar's BatchGrammarMatcher: its threads fill the rows of a step's bitmask
+        )
         self.queue: queue.SimpleQueue = queue.SimpleQueue()  # (job, params), for the workers
         self.workers: list[threading.Thread] = []  # two: one slow grammar leaves the other free
         self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
         self.waiting: list[tuple] = []  # (Request, Job)
         self.used = False  # no structured request yet: steps skip the bitmask entirely
-        self.device: torch.device | None = None  # a GPU: the masks go there, filled in pinned memory
-        self.mask_worker: ThreadPoolExecutor | None = None  # overlap: fills a step's mask off the engine's thread
+        self.device: torch.device | None = (
+            None  # a GPU: the masks go there, filled in pinned memory
+        )
+        self.mask_worker: ThreadPoolExecutor | None = (
+            None  # overlap: fills a step's mask off the engine's thread
+        )
 
     def _compiler(self):
         if self.compiler is None:
             xgr = xgrammar()
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.grammar_vocab,
-                                                      stop_token_ids=self.eos_token_ids)
-            self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # cached here, by key
+            info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer, vocab_size=self.grammar_vocab, stop_token_ids=self.eos_token_ids
+            )
+            self.compiler = xgr.GrammarCompiler(
+                info, max_threads=1, cache_enabled=False
+            )  # cached here, by key
         return self.compiler
 
     @property
@@ -145,14 +182,20 @@ class Grammars:
         vocab_size. The ids past them decode to no text: apply_bitmask masks them without a bit, and
         the matchers skip them (xgrammar checks a token against its special ids one by one: 151k of
         them, 60 us a token, where a random-weight model's vocab_size far exceeds its tokenizer)."""
-        return min(self.vocab_size, max(len(self.tokenizer), max(self.eos_token_ids, default=0) + 1))
+        return min(
+            self.vocab_size, max(len(self.tokenizer), max(self.eos_token_ids, default=0) + 1)
+        )
 
     def _compile(self, job: Job, params: StructuredOutputsParams):
         job.started = time.perf_counter()
         compiler, kind, value = self._compiler(), params.kind, getattr(params, params.kind)
         if kind == "json":
-            return compiler.compile_json_schema(json.dumps(bounded_strings(value)), any_whitespace=False)
-        if kind == "json_object":  # an object (xgrammar's builtin JSON grammar takes any value), compact
+            return compiler.compile_json_schema(
+                json.dumps(bounded_strings(value)), any_whitespace=False
+            )
+        if (
+            kind == "json_object"
+        ):  # an object (xgrammar's builtin JSON grammar takes any value), compact
             return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
         if kind == "regex":
             return compiler.compile_regex(value)
@@ -170,8 +213,13 @@ class Grammars:
         job = self.cache[key] = Job()
         job.future = Future()
         self.queue.put((job, params))
-        if not self.workers:  # daemon threads: a compile past its time limit cannot hold up the process's exit
-            self.workers = [threading.Thread(target=self._work, name=f"grammar-{i}", daemon=True) for i in range(2)]
+        if (
+            not self.workers
+        ):  # daemon threads: a compile past its time limit cannot hold up the process's exit
+            self.workers = [
+                threading.Thread(target=self._work, name=f"grammar-{i}", daemon=True)
+                for i in range(2)
+            ]
             for worker in self.workers:
                 worker.start()
             LIVE.add(self)
@@ -213,7 +261,9 @@ class Grammars:
         host in one buffer (pinned on a GPU, for one copy to the device); None if no row has one.
         `ended`: the seq_ids whose matcher `advance` ended (none other is here: a sequence whose
         grammar ends as its token resolves is finished), whose steps run in vain."""
-        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and seq.seq_id not in ended]
+        rows = [
+            i for i, seq in enumerate(seqs) if seq.grammar is not None and seq.seq_id not in ended
+        ]
         if not rows:
             return None
         pin = self.device is not None and self.device.type == "cuda"
@@ -227,18 +277,33 @@ class Grammars:
                 threads = FILL_THREADS if self.grammar_vocab >= POOL_VOCAB else 1
                 self.filler = xgrammar().BatchGrammarMatcher(max_threads=threads)
             self.filler.batch_fill_next_token_bitmask(matchers, mask.filled)
-        if self.grammar_vocab % 32:  # the last word's bits past grammar_vocab: no token of the grammar's
+        if (
+            self.grammar_vocab % 32
+        ):  # the last word's bits past grammar_vocab: no token of the grammar's
             mask.bitmask[:, -1] &= np.int32((1 << self.grammar_vocab % 32) - 1)
         return mask
 
     def fill_later(self, seqs: list, ended: frozenset[int] = frozenset()) -> Future:
         """`bitmask(seqs, ended)` on the mask worker (started on first use): the Future of its result."""
-        if self.mask_worker is None:  # on a GPU, the worker's CUDA calls (pinned memory) on the engine's device
+        if (
+            self.mask_worker is None
+        ):  # on a GPU, the worker's CUDA calls (pinned memory) on the engine's device
             gpu = self.device is not None and self.device.type == "cuda"
-            index = (self.device.index if self.device.index is not None else torch.cuda.current_device()) if gpu else None
-            self.mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask",
-                                                  initializer=torch.cuda.set_device if gpu else None,
-                                                  initargs=(index,) if gpu else ())
+            index = (
+                (
+                    self.device.index
+                    if self.device.index is not None
+                    else torch.cuda.current_device()
+                )
+                if gpu
+                else None
+            )
+            self.mask_worker = ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="grammar-mask",
+                initializer=torch.cuda.set_device if gpu else None,
+                initargs=(index,) if gpu else (),
+            )
         return self.mask_worker.submit(self.bitmask, list(seqs), ended)
 
     def advance(self, seqs: list, token_ids: list[int]) -> frozenset[int]:
@@ -276,16 +341,24 @@ class HostMask:
     to the device in one copy that the host does not wait for."""
 
     def __init__(self, packed: torch.Tensor, num_rows: int, words: int, offset: int, pinned: bool):
-        self.packed, self.offset, self.pinned = packed, offset, pinned  # (bytes,) uint8: rows, then bitmask at offset
+        self.packed, self.offset, self.pinned = (
+            packed,
+            offset,
+            pinned,
+        )  # (bytes,) uint8: rows, then bitmask at offset
         self.rows = packed[: 8 * num_rows].numpy().view(np.int64)  # (c,)
         # (c, words) int32, as xgrammar fills it
-        self.filled = packed[offset : offset + 4 * num_rows * words].view(torch.int32).view(num_rows, words)
+        self.filled = (
+            packed[offset : offset + 4 * num_rows * words].view(torch.int32).view(num_rows, words)
+        )
         self.bitmask = self.filled.numpy()  # (c, words), the same memory
 
     @classmethod
     def allocate(cls, num_rows: int, words: int, pin: bool) -> "HostMask":
         offset = -(-8 * num_rows // 16) * 16  # the bitmask's, 16-byte aligned
-        size = offset + -(-4 * num_rows * words // 16) * 16  # viewed whole as int64 and int32 (unpack)
+        size = (
+            offset + -(-4 * num_rows * words // 16) * 16
+        )  # viewed whole as int64 and int32 (unpack)
         packed = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
         return cls(packed, num_rows, words, offset, pin)
 
@@ -293,7 +366,9 @@ class HostMask:
         """[rows, bitmask] on the device."""
         if not self.pinned or device.type != "cuda":
             return upload([self.rows, self.bitmask], device)
-        return unpack(self.packed.to(device, non_blocking=True), [self.rows, self.bitmask], [0, self.offset])
+        return unpack(
+            self.packed.to(device, non_blocking=True), [self.rows, self.bitmask], [0, self.offset]
+        )
 
 
 LIVE: weakref.WeakSet = weakref.WeakSet()  # every Grammars that started workers
@@ -320,8 +395,9 @@ def accepts(seq, token_id: int, stop_ids: set[int]) -> bool:
     return ok and not (token_id in stop_ids and seq.grammar.is_terminated())
 
 
-def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor,
-                  inplace: bool = False) -> torch.Tensor:
+def apply_bitmask(
+    logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor, inplace: bool = False
+) -> torch.Tensor:
     """`logits` (rows_all, vocab) whose `rows` (c,) keep only the tokens set in `bitmask` (c, words)
     int32 (bit j of word w: token 32 w + j; the tokens past 32 words are not allowed); the others
     become -inf. Every draw after this (argmax, top-k candidates, softmax) then picks an allowed
@@ -331,11 +407,15 @@ def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tenso
     return apply_bitmask_reference(logits, rows, bitmask)
 
 
-def apply_bitmask_reference(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+def apply_bitmask_reference(
+    logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor
+) -> torch.Tensor:
     """apply_bitmask in PyTorch, in a copy: the bits unpacked into a (c, words, 32) temporary."""
     width = min(logits.shape[1], 32 * bitmask.shape[1])
     bits = torch.arange(32, device=logits.device, dtype=torch.int32)
     allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :width].bool()  # (c, width)
-    masked = torch.full((len(rows), logits.shape[1]), float("-inf"), dtype=logits.dtype, device=logits.device)
+    masked = torch.full(
+        (len(rows), logits.shape[1]), float("-inf"), dtype=logits.dtype, device=logits.device
+    )
     masked[:, :width] = logits[rows, :width].masked_fill(~allowed, float("-inf"))  # (c, vocab)
     return logits.index_put((rows,), masked)

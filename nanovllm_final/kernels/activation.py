@@ -11,7 +11,9 @@ from .launch import pdl_args, wait_for_prior_kernel
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_xt, N: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, stride_xt, N: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
     wait_for_prior_kernel(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
@@ -31,6 +33,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
     if tokens > 0:
         block = min(1024, triton.next_power_of_2(n))
-        _silu_and_mul_kernel[(tokens, triton.cdiv(n, block))](x, out, x.stride(0), N=n, BLOCK=block, num_warps=warps(block), **pdl_args(x.device))
+        _silu_and_mul_kernel[(tokens, triton.cdiv(n, block))](
+            x, out, x.stride(0), N=n, BLOCK=block, num_warps=warps(block), **pdl_args(x.device)
+        )
     return out
-

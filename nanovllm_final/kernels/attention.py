@@ -69,28 +69,47 @@ FP8_MAX = tl.constexpr(448.0)  # the largest float8 e4m3 value
 # transposes V in registers before its shared-memory store and gives up pipelining its load; an
 # fp16 operand the warpgroup MMA reads either way.
 PV_FP8 = {"decode": False, "prefill": False}
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter's fp8 cast needs help (_e4m3)
+_INTERPRETED = (
+    os.environ.get("TRITON_INTERPRET") == "1"
+)  # the interpreter's fp8 cast needs help (_e4m3)
 
 
 def _fp8_args(k_cache: torch.Tensor, k_scale, v_scale) -> tuple:
     """(k_scale, v_scale, FP8) for a launch: an fp8 cache needs its scales; otherwise any
     pointer stands in (never read)."""
     fp8 = k_cache.dtype == torch.float8_e4m3fn
-    assert not fp8 or (k_scale is not None and v_scale is not None), "an fp8 KV cache needs k_scale and v_scale"
+    assert not fp8 or (k_scale is not None and v_scale is not None), (
+        "an fp8 KV cache needs k_scale and v_scale"
+    )
     return (k_scale, v_scale, True) if fp8 else (k_cache, k_cache, False)
 
 
-def _fp8_launch(kernel: str, q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_scale, fp8_dot: bool | None,
-                pv_fp8: bool | None, q_scale: torch.Tensor | None) -> tuple[tuple, dict]:
+def _fp8_launch(
+    kernel: str,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    k_scale,
+    v_scale,
+    fp8_dot: bool | None,
+    pv_fp8: bool | None,
+    q_scale: torch.Tensor | None,
+) -> tuple[tuple, dict]:
     """((k_scale, v_scale, q_scale) pointers, the FP8 constexprs) of a launch of `kernel` ("decode"
     or "prefill"). FP8_DOT: the scores are e4m3 q by the fp8 cache's e4m3 K on tensor cores (fp8_dot;
     None: where dispatch.fp8_dot says); PV_FP8: so is P·V (pv_fp8; None: PV_FP8[kernel]); Q_DYNAMIC:
     q's scale is each row's own (q_scale None), else the static per-tensor q_scale, (1,) float32."""
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
     dot = fp8 and (dispatch.fp8_dot(q) if fp8_dot is None else fp8_dot)
-    assert q_scale is None or (q_scale.numel() == 1 and q_scale.dtype == torch.float32), "q_scale: (1,) float32"
-    flags = {"FP8": fp8, "FP8_DOT": dot, "PV_FP8": dot and (PV_FP8[kernel] if pv_fp8 is None else pv_fp8),
-             "Q_DYNAMIC": q_scale is None, "ROUND": _INTERPRETED}
+    assert q_scale is None or (q_scale.numel() == 1 and q_scale.dtype == torch.float32), (
+        "q_scale: (1,) float32"
+    )
+    flags = {
+        "FP8": fp8,
+        "FP8_DOT": dot,
+        "PV_FP8": dot and (PV_FP8[kernel] if pv_fp8 is None else pv_fp8),
+        "Q_DYNAMIC": q_scale is None,
+        "ROUND": _INTERPRETED,
+    }
     return (k_scale, v_scale, k_scale if q_scale is None else q_scale), flags
 
 
@@ -128,14 +147,22 @@ def _to_e4m3(x, scale):
 
 @triton.jit
 def _store_kvcache_kernel(
-    key_ptr, value_ptr,          # (N, KVH, D), strides below, last dim contiguous
-    k_cache_ptr, v_cache_ptr,    # contiguous (num_blocks * block_size, KVH, D) slots
-    slot_mapping_ptr,            # (N,)
-    k_scale_ptr, v_scale_ptr,    # (KVH,) fp32, read when FP8
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    KVH: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    FP8: tl.constexpr,           # the cache is float8 e4m3: store x / scale
+    key_ptr,
+    value_ptr,  # (N, KVH, D), strides below, last dim contiguous
+    k_cache_ptr,
+    v_cache_ptr,  # contiguous (num_blocks * block_size, KVH, D) slots
+    slot_mapping_ptr,  # (N,)
+    k_scale_ptr,
+    v_scale_ptr,  # (KVH,) fp32, read when FP8
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    KVH: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr,  # the cache is float8 e4m3: store x / scale
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)  # int64: big caches overflow int32
@@ -144,11 +171,17 @@ def _store_kvcache_kernel(
     offs_h = tl.arange(0, BLOCK_H)  # [BLOCK_H]
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     mask = (offs_h[:, None] < KVH) & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
-    k = tl.load(key_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
-    v = tl.load(value_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    k = tl.load(
+        key_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask
+    )
+    v = tl.load(
+        value_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask
+    )
     if FP8:
         h_mask = offs_h < KVH
-        k = _to_e4m3(k, tl.load(k_scale_ptr + offs_h, mask=h_mask, other=1.0)[:, None])  # scales [BLOCK_H, 1]
+        k = _to_e4m3(
+            k, tl.load(k_scale_ptr + offs_h, mask=h_mask, other=1.0)[:, None]
+        )  # scales [BLOCK_H, 1]
         v = _to_e4m3(v, tl.load(v_scale_ptr + offs_h, mask=h_mask, other=1.0)[:, None])
     dst = slot * (KVH * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -174,10 +207,22 @@ def store_kvcache(
         return
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
     _store_kvcache_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        KVH=kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(head_dim), FP8=fp8,
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k_scale,
+        v_scale,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        KVH=kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        FP8=fp8,
     )
 
 
@@ -188,8 +233,19 @@ def store_kvcache(
 
 @triton.jit
 def _load_kv_tile(
-    cache_ptr, block_table_row_ptr, offs_n, n_mask, kv_head, offs_d, d_mask,
-    stride_cb, stride_cs, stride_ch, PAGE_SIZE: tl.constexpr, MASK_N: tl.constexpr, MASK_D: tl.constexpr,
+    cache_ptr,
+    block_table_row_ptr,
+    offs_n,
+    n_mask,
+    kv_head,
+    offs_d,
+    d_mask,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    PAGE_SIZE: tl.constexpr,
+    MASK_N: tl.constexpr,
+    MASK_D: tl.constexpr,
 ):
     """Rows offs_n (key positions of one sequence) of one kv head: [BLOCK_N, BLOCK_D], in the
     cache's dtype (_online_softmax_step makes the products' operands of it). An fp8 cache's
@@ -203,7 +259,9 @@ def _load_kv_tile(
         block_ids = tl.load(block_table_row_ptr + offs_n // PAGE_SIZE, mask=n_mask, other=0)
     else:
         block_ids = tl.load(block_table_row_ptr + offs_n // PAGE_SIZE)
-    row = block_ids.to(tl.int64) * stride_cb + (offs_n % PAGE_SIZE) * stride_cs + kv_head * stride_ch
+    row = (
+        block_ids.to(tl.int64) * stride_cb + (offs_n % PAGE_SIZE) * stride_cs + kv_head * stride_ch
+    )
     ptrs = cache_ptr + row[:, None] + offs_d[None, :]
     if MASK_N:
         tile = tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
@@ -251,8 +309,16 @@ def _quantize_q(q, q_scale_ptr, Q_DYNAMIC: tl.constexpr, ROUND: tl.constexpr):
 
 
 @triton.jit
-def _q_operand(q, qk_scale, k_s, q_scale_ptr, FP8: tl.constexpr, FP8_DOT: tl.constexpr, Q_DYNAMIC: tl.constexpr,
-               ROUND: tl.constexpr):
+def _q_operand(
+    q,
+    qk_scale,
+    k_s,
+    q_scale_ptr,
+    FP8: tl.constexpr,
+    FP8_DOT: tl.constexpr,
+    Q_DYNAMIC: tl.constexpr,
+    ROUND: tl.constexpr,
+):
     """(q as the score product's operand [ROWS, BLOCK_D], the scores' scale: a scalar or [ROWS, 1]).
     K's scale folds into the softmax scale: q . (k * k_s) == (q . k) * k_s. FP8_DOT: q in e4m3
     (_quantize_q), its rows' scales folded in as well, for e4m3 x e4m3 products with the fp8
@@ -284,8 +350,19 @@ def _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8: tl.constexpr):
 
 
 @triton.jit
-def _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, mask, APPLY_MASK: tl.constexpr, PV_FP8: tl.constexpr,
-                         ROUND: tl.constexpr):
+def _online_softmax_step(
+    q,
+    k,
+    v,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    mask,
+    APPLY_MASK: tl.constexpr,
+    PV_FP8: tl.constexpr,
+    ROUND: tl.constexpr,
+):
     """Fold one key tile into the running softmax state of a block of query rows.
 
     q [ROWS, BLOCK_D] (_q_operand's), k/v [BLOCK_N, BLOCK_D] as loaded, mask [ROWS, BLOCK_N]
@@ -328,8 +405,12 @@ def _prefill_tile(cu_seqlens_q_ptr, num_seqs, index, BLOCK_M: tl.constexpr, BLOC
     tiles = (ends - starts + BLOCK_M - 1) // BLOCK_M  # [BLOCK_S] query tiles of each sequence
     tiles_end = tl.cumsum(tiles, 0)  # [BLOCK_S] where each sequence's tiles end in the list
     flat = tl.sum(tiles, 0) - 1 - index  # position in the list, counted from its start
-    seq = tl.sum((tiles_end <= flat).to(tl.int32), 0)  # the sequences whose tiles end at or before it
-    first = tl.sum(tl.where(offs_s == seq, tiles_end - tiles, 0), 0)  # the sequence's first tile in the list
+    seq = tl.sum(
+        (tiles_end <= flat).to(tl.int32), 0
+    )  # the sequences whose tiles end at or before it
+    first = tl.sum(
+        tl.where(offs_s == seq, tiles_end - tiles, 0), 0
+    )  # the sequence's first tile in the list
     if flat < 0:
         seq = -1
     return seq, flat - first
@@ -340,21 +421,38 @@ def _prefill_tile(cu_seqlens_q_ptr, num_seqs, index, BLOCK_M: tl.constexpr, BLOC
 # the CUDA graphs are captured (one per BLOCK_S) serve every eager step too.
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr,
-    k_scale_ptr, v_scale_ptr,                  # (KVH,) fp32, read when FP8
-    q_scale_ptr,                               # (1,) fp32: q's static scale, read when FP8_DOT and not Q_DYNAMIC
-    qk_scale,                                  # softmax scale * log2(e)
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_cb, stride_cs, stride_ch,           # cache strides: block, slot in block, kv head
-    stride_bt,                                 # block table row stride
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    cu_seqlens_q_ptr,
+    context_lens_ptr,
+    block_tables_ptr,
+    k_scale_ptr,
+    v_scale_ptr,  # (KVH,) fp32, read when FP8
+    q_scale_ptr,  # (1,) fp32: q's static scale, read when FP8_DOT and not Q_DYNAMIC
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,  # cache strides: block, slot in block, kv head
+    stride_bt,  # block table row stride
     num_seqs,
-    GROUP: tl.constexpr,                       # query heads per kv head
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,                     # num_seqs, padded to a power of two (at least 16)
-    FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
-    FP8_DOT: tl.constexpr, PV_FP8: tl.constexpr, Q_DYNAMIC: tl.constexpr, ROUND: tl.constexpr,  # see _fp8_launch
+    GROUP: tl.constexpr,  # query heads per kv head
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # num_seqs, padded to a power of two (at least 16)
+    FP8: tl.constexpr,  # the cache is float8 e4m3 (see _load_kv_tile)
+    FP8_DOT: tl.constexpr,
+    PV_FP8: tl.constexpr,
+    Q_DYNAMIC: tl.constexpr,
+    ROUND: tl.constexpr,  # see _fp8_launch
 ):
     # Query heads are the fast grid axis: the heads of one tile start together and share its
     # keys in L2. The second axis counts the tiles of every sequence backwards, so the last
@@ -378,8 +476,11 @@ def _paged_prefill_kernel(
     q_pos = prefix_len + offs_m  # [BLOCK_M] absolute positions of our queries
 
     q_rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
 
     # Online softmax state, fp32 (base-2 logits).
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max
@@ -399,28 +500,87 @@ def _paged_prefill_kernel(
     # Phase 1: tiles below the diagonal (the cached prefix, earlier query tiles): no mask.
     for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, True, True)  # [BLOCK_N, BLOCK_D]
-        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, True, True)  # [BLOCK_N, BLOCK_D]
-        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, None, False, PV_FP8, ROUND)
+        k = _load_kv_tile(
+            k_cache_ptr,
+            bt_row,
+            offs_n,
+            all_n,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+            True,
+            True,
+        )  # [BLOCK_N, BLOCK_D]
+        v = _load_kv_tile(
+            v_cache_ptr,
+            bt_row,
+            offs_n,
+            all_n,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+            True,
+            True,
+        )  # [BLOCK_N, BLOCK_D]
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, m_i, l_i, acc, qk_scale, None, False, PV_FP8, ROUND
+        )
 
     # Phase 2: tiles on the diagonal: mask keys after each query (and past the context).
     for start_n in range(full_end, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
-        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, True, True)
-        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, True, True)
+        k = _load_kv_tile(
+            k_cache_ptr,
+            bt_row,
+            offs_n,
+            n_mask,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+            True,
+            True,
+        )
+        v = _load_kv_tile(
+            v_cache_ptr,
+            bt_row,
+            offs_n,
+            n_mask,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+            True,
+            True,
+        )
         causal = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
-        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, causal, True, PV_FP8, ROUND)
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, m_i, l_i, acc, qk_scale, causal, True, PV_FP8, ROUND
+        )
 
     if PV_FP8:
         v_s = v_s / FP8_MAX  # P was scaled by FP8_MAX
     out = acc * (v_s / l_i)[:, None]  # sum p * (v * v_s) / l
-    tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
 
 
 def paged_prefill_attention(
@@ -439,7 +599,8 @@ def paged_prefill_attention(
     *,
     k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
     v_scale: torch.Tensor | None = None,
-    fp8_dot: bool | None = None,  # an fp8 cache's products on e4m3 tensor cores (_fp8_launch); None: the device's
+    fp8_dot: bool
+    | None = None,  # an fp8 cache's products on e4m3 tensor cores (_fp8_launch); None: the device's
     pv_fp8: bool | None = None,
     q_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (N, heads, head_dim), q.dtype
@@ -459,22 +620,40 @@ def paged_prefill_attention(
     tiles = tuning.for_device(q.device).prefill(head_dim)
     BLOCK_M, BLOCK_N = BLOCK_M or tiles["BLOCK_M"], BLOCK_N or tiles["BLOCK_N"]
     num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
-    max_tiles = triton.cdiv(num_tokens, BLOCK_M) + num_seqs  # >= the tiles of any split of num_tokens into num_seqs
+    max_tiles = (
+        triton.cdiv(num_tokens, BLOCK_M) + num_seqs
+    )  # >= the tiles of any split of num_tokens into num_seqs
     grid = (num_heads, max_tiles)
     scales, flags = _fp8_launch("prefill", q, k_cache, k_scale, v_scale, fp8_dot, pv_fp8, q_scale)
     _paged_prefill_kernel[grid](
-        q, k_cache, v_cache, out,
-        cu_seqlens_q, context_lens, block_tables,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        cu_seqlens_q,
+        context_lens,
+        block_tables,
         *scales,
         scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         block_tables.stride(0),
         num_seqs,
-        GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N),
+        GROUP=num_heads // kv_heads,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=k_cache.shape[1],
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=_block_d(head_dim, flags, BLOCK_N),
         BLOCK_S=max(16, triton.next_power_of_2(num_seqs)),
-        **flags, num_warps=num_warps, num_stages=num_stages,
+        **flags,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
 
@@ -508,17 +687,46 @@ def _split_range(context_len, split, num_splits, SPLIT: tl.constexpr, BLOCK_N: t
     if SPLIT:
         partition = tl.maximum(tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N), 1) * BLOCK_N
         kv_start = split * partition
-        return kv_start, tl.minimum(context_len, kv_start + partition), tl.cdiv(context_len, partition)
+        return (
+            kv_start,
+            tl.minimum(context_len, kv_start + partition),
+            tl.cdiv(context_len, partition),
+        )
     else:
         return 0, context_len, 1
 
 
 @triton.jit
 def _store_new_kv(
-    new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, seq, kv_head, k_s, v_s, offs_d, d_mask,
-    pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
-    stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, FP8: tl.constexpr,
+    new_k_ptr,
+    new_v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    seq,
+    kv_head,
+    k_s,
+    v_s,
+    offs_d,
+    d_mask,
+    pos,
+    cos_ptr,
+    sin_ptr,
+    stride_cos,
+    k_w_ptr,
+    eps,
+    stride_nk,
+    stride_nkh,
+    stride_nv,
+    stride_nvh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    ROPE: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """Sequence seq's new K/V of one kv head into its cache slot (slot_ptr[seq]; -1: none), as
     store_kvcache writes them; with ROPE, K is rotated (after its norm) first, as the rotary layer
@@ -531,25 +739,61 @@ def _store_new_kv(
         mask = row_ok[:, None] & d_mask[None, :]
         k_row = seq.to(tl.int64) * stride_nk + kv_head * stride_nkh + zero  # [1]
         if ROPE:
-            k = rope_rows(new_k_ptr, k_row, row_ok, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, offs_d,
-                          HEAD_DIM, HAS_NORM)
+            k = rope_rows(
+                new_k_ptr,
+                k_row,
+                row_ok,
+                pos,
+                cos_ptr,
+                sin_ptr,
+                stride_cos,
+                k_w_ptr,
+                eps,
+                offs_d,
+                HEAD_DIM,
+                HAS_NORM,
+            )
         else:
             k = tl.load(new_k_ptr + k_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
         v_row = seq.to(tl.int64) * stride_nv + kv_head * stride_nvh + zero
         v = tl.load(new_v_ptr + v_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
         if FP8:
             k, v = _to_e4m3(k, k_s), _to_e4m3(v, v_s)
-        dst = ((slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs + kv_head * stride_ch
-               + zero[:, None] + offs_d[None, :])
+        dst = (
+            (slot // PAGE_SIZE) * stride_cb
+            + (slot % PAGE_SIZE) * stride_cs
+            + kv_head * stride_ch
+            + zero[:, None]
+            + offs_d[None, :]
+        )
         tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
         tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
     tl.debug_barrier()
 
 
 @triton.jit
-def _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d, h_mask,
-                  stride_qs, stride_qh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROPE: tl.constexpr,
-                  HAS_NORM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _load_group_q(
+    q_ptr,
+    seq,
+    kv_head,
+    pos,
+    cos_ptr,
+    sin_ptr,
+    stride_cos,
+    q_w_ptr,
+    eps,
+    offs_d,
+    h_mask,
+    stride_qs,
+    stride_qh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    ROPE: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """The GROUP query heads of one kv head as the rows of a [BLOCK_H, BLOCK_D] matrix (padding
     rows 0), in q's dtype; with ROPE rotated first (after the q norm).
     The rotation works element by element, so it runs on the GROUP real rows only (BLOCK_G of
@@ -557,9 +801,24 @@ def _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_pt
     q_row = q_ptr + seq.to(tl.int64) * stride_qs
     if ROPE:
         offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
-        q = rope_rows(q_row, (kv_head * GROUP + offs_g) * stride_qh, offs_g < GROUP, pos, cos_ptr, sin_ptr,
-                      stride_cos, q_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM)  # [BLOCK_G, BLOCK_D]
-        q = tl.reshape(tl.broadcast_to(q[None, :, :], (BLOCK_H // BLOCK_G, BLOCK_G, BLOCK_D)), (BLOCK_H, BLOCK_D))
+        q = rope_rows(
+            q_row,
+            (kv_head * GROUP + offs_g) * stride_qh,
+            offs_g < GROUP,
+            pos,
+            cos_ptr,
+            sin_ptr,
+            stride_cos,
+            q_w_ptr,
+            eps,
+            offs_d,
+            HEAD_DIM,
+            HAS_NORM,
+        )  # [BLOCK_G, BLOCK_D]
+        q = tl.reshape(
+            tl.broadcast_to(q[None, :, :], (BLOCK_H // BLOCK_G, BLOCK_G, BLOCK_D)),
+            (BLOCK_H, BLOCK_D),
+        )
         q = tl.where(h_mask[:, None], q, 0.0).to(q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
     else:
         heads = kv_head * GROUP + tl.arange(0, BLOCK_H)  # [BLOCK_H]
@@ -569,8 +828,19 @@ def _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_pt
 
 
 @triton.jit
-def _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, offs_d, mask, h_mask,
-                  HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _merge_splits(
+    part_out_ptr,
+    part_lse_ptr,
+    first_row,
+    num_valid,
+    num_splits,
+    offs_d,
+    mask,
+    h_mask,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """The GROUP heads' outputs from their num_valid partial softmaxes: each split weighs by its
     share of the probability mass (softmax of the log-sum-exps), merged online. first_row
     [BLOCK_H]: each head's row of split 0. Loads bypass L1 (.cg): other programs wrote them."""
@@ -580,8 +850,12 @@ def _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, 
     for split in range(0, num_valid):
         row = first_row + split  # [BLOCK_H]
         lse = tl.load(part_lse_ptr + row, mask=h_mask, other=0.0, cache_modifier=".cg")  # [BLOCK_H]
-        part = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0,
-                       cache_modifier=".cg")  # [BLOCK_H, BLOCK_D]
+        part = tl.load(
+            part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=mask,
+            other=0.0,
+            cache_modifier=".cg",
+        )  # [BLOCK_H, BLOCK_D]
         m_new = tl.maximum(m, lse)
         alpha, beta = tl.exp2(m - m_new), tl.exp2(lse - m_new)
         acc = acc * alpha[:, None] + part * beta[:, None]
@@ -591,22 +865,60 @@ def _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, 
 
 
 @triton.jit
-def _write_output(out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_ptr, counts_ptr, seq, kv_head,
-                  heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS: tl.constexpr, KVH: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _write_output(
+    out,
+    m_i,
+    l_safe,
+    out_ptrs,
+    out_mask,
+    part_out_ptr,
+    part_lse_ptr,
+    counts_ptr,
+    seq,
+    kv_head,
+    heads,
+    h_mask,
+    offs_d,
+    split,
+    num_valid,
+    num_splits,
+    NUM_HEADS: tl.constexpr,
+    KVH: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """This program's output [BLOCK_H, BLOCK_D] to out_ptrs; with several splits that see keys,
     its partial result and log-sum-exp (base 2) go to the split buffers instead, and the last of
     the sequence's splits to finish (counted with an atomic) merges them and resets the count."""
     if SPLIT:
         if num_valid > 1:
-            first_row = (seq.to(tl.int64) * NUM_HEADS + heads) * num_splits  # [BLOCK_H]: split 0's rows
-            tl.store(part_out_ptr + (first_row + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
+            first_row = (
+                seq.to(tl.int64) * NUM_HEADS + heads
+            ) * num_splits  # [BLOCK_H]: split 0's rows
+            tl.store(
+                part_out_ptr + (first_row + split)[:, None] * HEAD_DIM + offs_d[None, :],
+                out,
+                mask=out_mask,
+            )
             tl.store(part_lse_ptr + first_row + split, m_i + tl.log2(l_safe), mask=h_mask)
             tl.debug_barrier()  # all of this program's partials are written before it counts itself
             count_ptr = counts_ptr + seq * KVH + kv_head
             if tl.atomic_add(count_ptr, 1, sem="acq_rel") == num_valid - 1:  # the others are done
-                out = _merge_splits(part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, offs_d,
-                                    out_mask, h_mask, HEAD_DIM, BLOCK_H, BLOCK_D)
+                out = _merge_splits(
+                    part_out_ptr,
+                    part_lse_ptr,
+                    first_row,
+                    num_valid,
+                    num_splits,
+                    offs_d,
+                    out_mask,
+                    h_mask,
+                    HEAD_DIM,
+                    BLOCK_H,
+                    BLOCK_D,
+                )
                 tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=out_mask)
                 tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
         else:  # the whole context in one split: its result is the output
@@ -617,36 +929,63 @@ def _write_output(out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_p
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr,
-    out_ptr,                                   # (S, H, D) output
-    part_out_ptr, part_lse_ptr,                # (S, H, num_splits, D), (S, H, num_splits) fp32 (when SPLIT)
-    counts_ptr,                                # (S * KVH,) int32 zeros: finished splits (when SPLIT), reset by the merge
-    new_k_ptr, new_v_ptr, slot_ptr,            # (S, KVH, D) x2 and (S,): the new tokens' K/V and slots (when STORE)
-    pos_ptr, cos_ptr, sin_ptr, q_w_ptr, k_w_ptr,  # (S,), (positions, D) x2, (D,) x2: RoPE and q/k norms (when ROPE)
-    context_lens_ptr, block_tables_ptr,
-    order_ptr,                                 # (S,) int32: the sequences in launch order (when ORDERED)
-    k_scale_ptr, v_scale_ptr,                  # (KVH,) fp32, read when FP8
-    q_scale_ptr,                               # (1,) fp32: q's static scale, read when FP8_DOT and not Q_DYNAMIC
-    qk_scale,                                  # softmax scale * log2(e)
-    eps,                                       # the q/k norms' epsilon
-    stride_qs, stride_qh, stride_os, stride_oh,
-    stride_cb, stride_cs, stride_ch,
-    stride_nk, stride_nkh, stride_nv, stride_nvh,
-    stride_cos, stride_bt,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,  # (S, H, D) output
+    part_out_ptr,
+    part_lse_ptr,  # (S, H, num_splits, D), (S, H, num_splits) fp32 (when SPLIT)
+    counts_ptr,  # (S * KVH,) int32 zeros: finished splits (when SPLIT), reset by the merge
+    new_k_ptr,
+    new_v_ptr,
+    slot_ptr,  # (S, KVH, D) x2 and (S,): the new tokens' K/V and slots (when STORE)
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_w_ptr,
+    k_w_ptr,  # (S,), (positions, D) x2, (D,) x2: RoPE and q/k norms (when ROPE)
+    context_lens_ptr,
+    block_tables_ptr,
+    order_ptr,  # (S,) int32: the sequences in launch order (when ORDERED)
+    k_scale_ptr,
+    v_scale_ptr,  # (KVH,) fp32, read when FP8
+    q_scale_ptr,  # (1,) fp32: q's static scale, read when FP8_DOT and not Q_DYNAMIC
+    qk_scale,  # softmax scale * log2(e)
+    eps,  # the q/k norms' epsilon
+    stride_qs,
+    stride_qh,
+    stride_os,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_nk,
+    stride_nkh,
+    stride_nv,
+    stride_nvh,
+    stride_cos,
+    stride_bt,
     num_splits,
-    NUM_HEADS: tl.constexpr, KVH: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    KVH: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    SPLIT: tl.constexpr,                       # False: one split, write `out` directly
-    STORE: tl.constexpr,                       # write the new tokens' K/V first
-    ROPE: tl.constexpr,                        # q and new K come unrotated: rotate them (HAS_NORM: norms first)
+    SPLIT: tl.constexpr,  # False: one split, write `out` directly
+    STORE: tl.constexpr,  # write the new tokens' K/V first
+    ROPE: tl.constexpr,  # q and new K come unrotated: rotate them (HAS_NORM: norms first)
     HAS_NORM: tl.constexpr,
-    ORDERED: tl.constexpr,                     # program i handles sequence order[i]
-    BLOCK_G: tl.constexpr,                     # GROUP padded to a power of two
-    BLOCK_H: tl.constexpr,                     # and to at least 16 (tl.dot's least M): _group_rows
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    FP8: tl.constexpr,                         # the cache is float8 e4m3 (see _load_kv_tile)
-    FP8_DOT: tl.constexpr, PV_FP8: tl.constexpr, Q_DYNAMIC: tl.constexpr, ROUND: tl.constexpr,  # see _fp8_launch
-    PDL: tl.constexpr,                         # launched with programmatic dependent launch (launch.py)
+    ORDERED: tl.constexpr,  # program i handles sequence order[i]
+    BLOCK_G: tl.constexpr,  # GROUP padded to a power of two
+    BLOCK_H: tl.constexpr,  # and to at least 16 (tl.dot's least M): _group_rows
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr,  # the cache is float8 e4m3 (see _load_kv_tile)
+    FP8_DOT: tl.constexpr,
+    PV_FP8: tl.constexpr,
+    Q_DYNAMIC: tl.constexpr,
+    ROUND: tl.constexpr,  # see _fp8_launch
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (launch.py)
 ):
     wait_for_prior_kernel(PDL)
     # The kv head is the fastest grid axis, so the GPU starts programs sequence by sequence
@@ -672,7 +1011,11 @@ def _paged_decode_kernel(
     kv_start, kv_end, num_valid = _split_range(context_len, split, num_splits, SPLIT, BLOCK_N)
     if kv_start >= kv_end:  # a split past a short context: nothing to do
         if context_len == 0 and split == 0:  # a padding row: zeros
-            tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(
+                out_ptrs,
+                tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
+                mask=out_mask,
+            )
         return
 
     k_s, v_s = _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8)
@@ -680,12 +1023,59 @@ def _paged_decode_kernel(
     if ROPE:
         pos = tl.load(pos_ptr + seq).to(tl.int64)
     if STORE and kv_end == context_len:  # this program holds the last key: the new token's
-        _store_new_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, seq, kv_head, k_s, v_s, offs_d,
-                      d_mask, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps,
-                      stride_nk, stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch,
-                      HEAD_DIM, PAGE_SIZE, ROPE, HAS_NORM, FP8)
-    q = _load_group_q(q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d, h_mask,
-                      stride_qs, stride_qh, GROUP, HEAD_DIM, ROPE, HAS_NORM, BLOCK_G, BLOCK_H, BLOCK_D)
+        _store_new_kv(
+            new_k_ptr,
+            new_v_ptr,
+            k_cache_ptr,
+            v_cache_ptr,
+            slot_ptr,
+            seq,
+            kv_head,
+            k_s,
+            v_s,
+            offs_d,
+            d_mask,
+            pos,
+            cos_ptr,
+            sin_ptr,
+            stride_cos,
+            k_w_ptr,
+            eps,
+            stride_nk,
+            stride_nkh,
+            stride_nv,
+            stride_nvh,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            HEAD_DIM,
+            PAGE_SIZE,
+            ROPE,
+            HAS_NORM,
+            FP8,
+        )
+    q = _load_group_q(
+        q_ptr,
+        seq,
+        kv_head,
+        pos,
+        cos_ptr,
+        sin_ptr,
+        stride_cos,
+        q_w_ptr,
+        eps,
+        offs_d,
+        h_mask,
+        stride_qs,
+        stride_qh,
+        GROUP,
+        HEAD_DIM,
+        ROPE,
+        HAS_NORM,
+        BLOCK_G,
+        BLOCK_H,
+        BLOCK_D,
+    )
     q, qk_scale = _q_operand(q, qk_scale, k_s, q_scale_ptr, FP8, FP8_DOT, Q_DYNAMIC, ROUND)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -701,19 +1091,68 @@ def _paged_decode_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         n_mask = offs_n < kv_end
         rows = tl.minimum(offs_n, kv_end - 1)  # [BLOCK_N] valid positions
-        k = _load_kv_tile(k_cache_ptr, bt_row, rows, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, False, HEAD_DIM < BLOCK_D)  # [BLOCK_N, BLOCK_D]
-        v = _load_kv_tile(v_cache_ptr, bt_row, rows, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE, False, HEAD_DIM < BLOCK_D)  # [BLOCK_N, BLOCK_D]
-        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :], True, PV_FP8, ROUND)
+        k = _load_kv_tile(
+            k_cache_ptr,
+            bt_row,
+            rows,
+            n_mask,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+            False,
+            HEAD_DIM < BLOCK_D,
+        )  # [BLOCK_N, BLOCK_D]
+        v = _load_kv_tile(
+            v_cache_ptr,
+            bt_row,
+            rows,
+            n_mask,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+            False,
+            HEAD_DIM < BLOCK_D,
+        )  # [BLOCK_N, BLOCK_D]
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :], True, PV_FP8, ROUND
+        )
 
     if PV_FP8:
         v_s = v_s / FP8_MAX  # P was scaled by FP8_MAX
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc * (v_s / l_safe)[:, None]  # [BLOCK_H, BLOCK_D]: sum p * (v * v_s) / l
-    _write_output(out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_ptr, counts_ptr, seq, kv_head,
-                  heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS, KVH, HEAD_DIM, SPLIT,
-                  BLOCK_H, BLOCK_D)
+    _write_output(
+        out,
+        m_i,
+        l_safe,
+        out_ptrs,
+        out_mask,
+        part_out_ptr,
+        part_lse_ptr,
+        counts_ptr,
+        seq,
+        kv_head,
+        heads,
+        h_mask,
+        offs_d,
+        split,
+        num_valid,
+        num_splits,
+        NUM_HEADS,
+        KVH,
+        HEAD_DIM,
+        SPLIT,
+        BLOCK_H,
+        BLOCK_D,
+    )
 
 
 def _group_rows(group: int, flags: dict, num_warps: int, device: torch.device) -> int:
@@ -743,8 +1182,14 @@ class SplitCounters:
         return buffers[-1]
 
 
-def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: torch.device, BLOCK_N: int,
-                       programs_per_sm: int) -> int:
+def default_num_splits(
+    num_seqs: int,
+    kv_heads: int,
+    max_context: int,
+    device: torch.device,
+    BLOCK_N: int,
+    programs_per_sm: int,
+) -> int:
     """Split-K factor for decode: 1 when the batch alone fills the GPU (programs_per_sm programs
     on every SM), else enough splits for the tuning's waves of them (at most one split per key
     tile, at most its max_splits)."""
@@ -756,15 +1201,23 @@ def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: t
     return max(1, min(waves, triton.cdiv(max_context, BLOCK_N), rule["max_splits"]))
 
 
-def _split_buffers(q: torch.Tensor, kv_heads: int, num_splits: int, counters: SplitCounters | None,
-                   out: torch.Tensor, context_lens: torch.Tensor) -> tuple:
+def _split_buffers(
+    q: torch.Tensor,
+    kv_heads: int,
+    num_splits: int,
+    counters: SplitCounters | None,
+    out: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> tuple:
     """(part_out, part_lse, counts) of split-K: each split's output and log-sum-exp, and the
     counters; without splits, stand-ins (unread)."""
     assert num_splits >= 1
     if num_splits == 1:
         return out, out, context_lens
     num_seqs, num_heads, head_dim = q.shape
-    part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    part_out = torch.empty(
+        num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+    )
     part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     return part_out, part_lse, (counters or SplitCounters()).get(q.device, num_seqs * kv_heads)
 
@@ -775,7 +1228,9 @@ def _new_kv_args(q: torch.Tensor, kv_heads: int, new_kv: tuple | None) -> tuple:
         return q, q, q
     new_k, new_v, slot_mapping = new_kv  # (seqs, kv_heads, head_dim) x2, (seqs,)
     num_seqs, _, head_dim = q.shape
-    assert new_k.shape == new_v.shape == (num_seqs, kv_heads, head_dim) and slot_mapping.shape == (num_seqs,)
+    assert new_k.shape == new_v.shape == (num_seqs, kv_heads, head_dim) and slot_mapping.shape == (
+        num_seqs,
+    )
     assert new_k.stride(-1) == 1 and new_v.stride(-1) == 1
     return new_kv
 
@@ -786,7 +1241,9 @@ def _rope_args(q: torch.Tensor, new_kv: tuple | None, rope: tuple | None) -> tup
     if rope is None:
         return q, q, q, None, None, 0.0
     assert new_kv is not None, "rope rotates the new K as it stores it: it needs new_kv"
-    positions, cos, sin, q_w, k_w, _ = rope  # (seqs,), (positions, head_dim) x2, (head_dim,) x2 or None
+    positions, cos, sin, q_w, k_w, _ = (
+        rope  # (seqs,), (positions, head_dim) x2, (head_dim,) x2 or None
+    )
     assert positions.shape == (q.shape[0],) and cos.shape[1] == q.shape[2]
     assert cos.is_contiguous() and sin.is_contiguous()
     assert (q_w is None) == (k_w is None)
@@ -800,7 +1257,8 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # (num_seqs,) int32, includes the current token
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32, padded with -1
     scale: float,
-    order: torch.Tensor | None = None,  # (num_seqs,) int32 permutation: the launch order of the sequences
+    order: torch.Tensor
+    | None = None,  # (num_seqs,) int32 permutation: the launch order of the sequences
     num_splits: int | None = None,  # split-K factor; None = default_num_splits(...)
     BLOCK_N: int | None = None,  # keys per tile; this and the two below, None: the device's tuning
     num_warps: int | None = None,
@@ -808,20 +1266,28 @@ def paged_decode_attention(
     *,
     k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
     v_scale: torch.Tensor | None = None,
-    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # (k, v, slot_mapping) of the new tokens
-    rope: tuple | None = None,  # (positions, cos, sin, q_norm weight or None, k_norm weight or None, eps)
-    counters: SplitCounters | None = None,  # split-K's counters; None: fresh ones (not for a CUDA graph)
-    fp8_dot: bool | None = None,  # an fp8 cache's products on e4m3 tensor cores (_fp8_launch); None: the device's
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    | None = None,  # (k, v, slot_mapping) of the new tokens
+    rope: tuple
+    | None = None,  # (positions, cos, sin, q_norm weight or None, k_norm weight or None, eps)
+    counters: SplitCounters
+    | None = None,  # split-K's counters; None: fresh ones (not for a CUDA graph)
+    fp8_dot: bool
+    | None = None,  # an fp8 cache's products on e4m3 tensor cores (_fp8_launch); None: the device's
     pv_fp8: bool | None = None,
     q_scale: torch.Tensor | None = None,
-    BLOCK_H: int | None = None,  # rows of the products (_group_rows); None: the least that suits the device
+    BLOCK_H: int
+    | None = None,  # rows of the products (_group_rows); None: the least that suits the device
 ) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
     """Attention of each sequence's single query (position context_len - 1) over its cache: one
     program per (sequence, kv head[, split]) for all query heads of the GQA group. The launch
     reads no device values (graph-capturable); a context_len of 0 gives zeros. `new_kv` and
     `rope`: see "Decode" above. `order` changes only which programs start first: in a batch of
     mixed lengths, longest first keeps the last wave short (the runner passes it, step_input.py)."""
-    (num_seqs, num_heads, head_dim), (kv_heads, page_size) = q.shape, (k_cache.shape[2], k_cache.shape[1])
+    (num_seqs, num_heads, head_dim), (kv_heads, page_size) = (
+        q.shape,
+        (k_cache.shape[2], k_cache.shape[1]),
+    )
     assert num_heads % kv_heads == 0 and k_cache.shape[3] == head_dim
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride()
     group = num_heads // kv_heads
@@ -834,26 +1300,67 @@ def paged_decode_attention(
     num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
     if num_splits is None:
         max_context = block_tables.shape[1] * page_size  # upper bound on any context_len
-        num_splits = default_num_splits(num_seqs, kv_heads, max_context, q.device, BLOCK_N, tiles["programs_per_sm"])
-    part_out, part_lse, counts = _split_buffers(q, kv_heads, num_splits, counters, out, context_lens)
+        num_splits = default_num_splits(
+            num_seqs, kv_heads, max_context, q.device, BLOCK_N, tiles["programs_per_sm"]
+        )
+    part_out, part_lse, counts = _split_buffers(
+        q, kv_heads, num_splits, counters, out, context_lens
+    )
     new_k, new_v, slot_mapping = _new_kv_args(q, kv_heads, new_kv)
     positions, cos, sin, q_w, k_w, eps = _rope_args(q, new_kv, rope)
     _paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse, counts, new_k, new_v, slot_mapping,
-        positions, cos, sin, q if q_w is None else q_w, q if k_w is None else k_w,
-        context_lens, block_tables, order if order is not None else context_lens,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_out,
+        part_lse,
+        counts,
+        new_k,
+        new_v,
+        slot_mapping,
+        positions,
+        cos,
+        sin,
+        q if q_w is None else q_w,
+        q if k_w is None else k_w,
+        context_lens,
+        block_tables,
+        order if order is not None else context_lens,
         *scales,
-        scale * LOG2E, eps,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
-        cos.stride(0), block_tables.stride(0),
+        scale * LOG2E,
+        eps,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        new_k.stride(0),
+        new_k.stride(1),
+        new_v.stride(0),
+        new_v.stride(1),
+        cos.stride(0),
+        block_tables.stride(0),
         num_splits,
-        NUM_HEADS=num_heads, KVH=kv_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        SPLIT=num_splits > 1, STORE=new_kv is not None, ROPE=rope is not None, HAS_NORM=q_w is not None,
+        NUM_HEADS=num_heads,
+        KVH=kv_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        SPLIT=num_splits > 1,
+        STORE=new_kv is not None,
+        ROPE=rope is not None,
+        HAS_NORM=q_w is not None,
         ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
-        BLOCK_G=triton.next_power_of_2(group), BLOCK_H=BLOCK_H or _group_rows(group, flags, num_warps, q.device),
-        BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N), **flags,
-        num_warps=num_warps, num_stages=num_stages, **pdl_args(q.device),
+        BLOCK_G=triton.next_power_of_2(group),
+        BLOCK_H=BLOCK_H or _group_rows(group, flags, num_warps, q.device),
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=_block_d(head_dim, flags, BLOCK_N),
+        **flags,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        **pdl_args(q.device),
     )
     return out

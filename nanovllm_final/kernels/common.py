@@ -22,7 +22,6 @@ def rounded(x, dtype: tl.constexpr):
         return x.to(dtype).to(tl.float32)
 
 
-
 @triton.jit
 def swiglu(acc_g, acc_u, dtype: tl.constexpr):
     """silu(gate) * up from the float32 projections, rounded to `dtype` where the reference

@@ -33,7 +33,9 @@ def use_kernel(x: torch.Tensor) -> bool:
 def takes_gemv(x: torch.Tensor) -> bool:
     """Whether a layer's input x (tokens, features) takes the matrix-vector kernels (gemv.py):
     a kernel's input of at most the device's gemv.rows contiguous rows."""
-    return use_kernel(x) and x.shape[0] <= tuning.for_device(x.device).gemv_rows and x.is_contiguous()
+    return (
+        use_kernel(x) and x.shape[0] <= tuning.for_device(x.device).gemv_rows and x.is_contiguous()
+    )
 
 
 def fp8_dot(q: torch.Tensor) -> bool:
@@ -49,7 +51,9 @@ def fp8_dot(q: torch.Tensor) -> bool:
 
 @functools.cache
 def _fp8_dot_device(device: torch.device) -> bool:
-    return os.environ.get("NANOVLLM_FP8_DOT", "0") == "1" and torch.cuda.get_device_capability(device) >= (8, 9)
+    return os.environ.get("NANOVLLM_FP8_DOT", "0") == "1" and torch.cuda.get_device_capability(
+        device
+    ) >= (8, 9)
 
 
 @contextlib.contextmanager

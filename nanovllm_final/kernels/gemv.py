@@ -20,10 +20,20 @@ from .launch import pdl_args, wait_for_prior_kernel
 
 @triton.jit
 def gate_up_gemv_kernel(
-    x_ptr, w_ptr, ids_ptr, out_ptr,
-    stride_xt, stride_we, stride_wn,  # x: (T, K); w: (E, 2N, K); last dims contiguous
-    N, K,
-    TOP_K: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    ids_ptr,
+    out_ptr,
+    stride_xt,
+    stride_we,
+    stride_wn,  # x: (T, K); w: (E, 2N, K); last dims contiguous
+    N,
+    K,
+    TOP_K: tl.constexpr,
+    ROUTED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[pair, n-block] = silu(gate[e] @ x[token]) * (up[e] @ x[token]) for one pair
     (ROUTED=False: expert 0, a dense MLP's weights)."""
@@ -36,7 +46,9 @@ def gate_up_gemv_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    g_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+    g_ptrs = (
+        w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    )  # [BLOCK_N, BLOCK_K]
     u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the gate rows
     x_ptrs = x_ptr + token * stride_xt + offs_k  # [BLOCK_K]
     acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -50,15 +62,29 @@ def gate_up_gemv_kernel(
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
-    tl.store(out_ptr + pair.to(tl.int64) * N + offs_n, swiglu(acc_g, acc_u, out_ptr.dtype.element_ty), mask=n_ok)
+    tl.store(
+        out_ptr + pair.to(tl.int64) * N + offs_n,
+        swiglu(acc_g, acc_u, out_ptr.dtype.element_ty),
+        mask=n_ok,
+    )
 
 
 @triton.jit
 def down_gemv_sum_kernel(
-    h_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr,
-    stride_we, stride_wn,  # h: (pairs, K) contiguous; w: (E, N, K), last dim contiguous; out: (T, N) contiguous
-    N, K,
-    TOP_K: tl.constexpr, ROUTED: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    h_ptr,
+    w_ptr,
+    ids_ptr,
+    weights_ptr,
+    out_ptr,
+    stride_we,
+    stride_wn,  # h: (pairs, K) contiguous; w: (E, N, K), last dim contiguous; out: (T, N) contiguous
+    N,
+    K,
+    TOP_K: tl.constexpr,
+    ROUTED: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """out[token, n-block] = sum over the token's top_k slots of routing_weight * (down[e] @ h[pair]).
@@ -72,21 +98,29 @@ def down_gemv_sum_kernel(
     pairs = token * TOP_K + offs_s  # [BLOCK_S]
     if ROUTED:
         experts = tl.load(ids_ptr + pairs, mask=s_ok, other=0).to(tl.int64)  # [BLOCK_S]
-        routing = tl.load(weights_ptr + pairs, mask=s_ok, other=0.0).to(tl.float32)  # [BLOCK_S]; 0 past TOP_K
+        routing = tl.load(weights_ptr + pairs, mask=s_ok, other=0.0).to(
+            tl.float32
+        )  # [BLOCK_S]; 0 past TOP_K
     else:
         experts = tl.zeros([BLOCK_S], dtype=tl.int64)
         routing = tl.where(s_ok, 1.0, 0.0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    b_ptrs = (w_ptr + experts[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
-              + offs_k[None, None, :])  # [BLOCK_S, BLOCK_N, BLOCK_K]
+    b_ptrs = (
+        w_ptr
+        + experts[:, None, None] * stride_we
+        + offs_n[None, :, None].to(tl.int64) * stride_wn
+        + offs_k[None, None, :]
+    )  # [BLOCK_S, BLOCK_N, BLOCK_K]
     h_ptrs = h_ptr + pairs[:, None] * K + offs_k[None, :]  # [BLOCK_S, BLOCK_K]
     sn_ok = s_ok[:, None] & n_ok[None, :]  # [BLOCK_S, BLOCK_N]
     acc = tl.zeros((BLOCK_S, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
-        a = tl.load(h_ptrs, mask=s_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)  # [BLOCK_S, BLOCK_K]
+        a = tl.load(h_ptrs, mask=s_ok[:, None] & k_ok[None, :], other=0.0).to(
+            tl.float32
+        )  # [BLOCK_S, BLOCK_K]
         b = tl.load(b_ptrs, mask=sn_ok[:, :, None] & k_ok[None, None, :], other=0.0).to(tl.float32)
         acc += tl.sum(b * a[:, None, :], axis=2)  # [BLOCK_S, BLOCK_N]
         h_ptrs += BLOCK_K
@@ -96,7 +130,9 @@ def down_gemv_sum_kernel(
     tl.store(out_ptr + token * N + offs_n, tl.sum(per_pair, axis=0).to(dtype), mask=n_ok)
 
 
-def dense_gate_up(x: torch.Tensor, gate_up: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
+def dense_gate_up(
+    x: torch.Tensor, gate_up: torch.Tensor, tiles: dict | None = None
+) -> torch.Tensor:
     """silu(gate @ x) * (up @ x) for a few rows in one launch: x (T, hidden), gate_up
     (2 * inter, hidden) = [gate | up] rows -> (T, inter). tiles: the device's gemv gate_up by default."""
     assert x.is_contiguous() and gate_up.is_contiguous()
@@ -106,8 +142,20 @@ def dense_gate_up(x: torch.Tensor, gate_up: torch.Tensor, tiles: dict | None = N
     h = torch.empty(tokens, inter, dtype=x.dtype, device=x.device)  # (T, inter)
     if tokens:
         gate_up_gemv_kernel[(tokens, triton.cdiv(inter, tiles["BLOCK_N"]))](
-            x, gate_up, x, h, x.stride(0), 0, gate_up.stride(0), inter, k, TOP_K=1, ROUTED=False, **tiles,
-            **pdl_args(x.device))
+            x,
+            gate_up,
+            x,
+            h,
+            x.stride(0),
+            0,
+            gate_up.stride(0),
+            inter,
+            k,
+            TOP_K=1,
+            ROUTED=False,
+            **tiles,
+            **pdl_args(x.device),
+        )
     return h
 
 
@@ -128,5 +176,19 @@ def gemv(x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None) -> torch.T
     if tokens:
         tiles = tiles or tuning.for_device(x.device).gemv("linear")
         down_gemv_sum_kernel[(tokens, triton.cdiv(n, tiles["BLOCK_N"]))](
-            x, w, x, x, out, 0, w.stride(0), n, k, TOP_K=1, ROUTED=False, BLOCK_S=1, **tiles, **pdl_args(x.device))
+            x,
+            w,
+            x,
+            x,
+            out,
+            0,
+            w.stride(0),
+            n,
+            k,
+            TOP_K=1,
+            ROUTED=False,
+            BLOCK_S=1,
+            **tiles,
+            **pdl_args(x.device),
+        )
     return out

@@ -21,9 +21,13 @@ def _mask_kernel(logits_ptr, bitmask_ptr, rows_ptr, vocab, words, stride, BLOCK:
     row = tl.load(rows_ptr + i).to(tl.int64)
     tokens = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     word = tokens // 32
-    packed = tl.load(bitmask_ptr + i * words + word, mask=(tokens < vocab) & (word < words), other=0)
+    packed = tl.load(
+        bitmask_ptr + i * words + word, mask=(tokens < vocab) & (word < words), other=0
+    )
     allowed = (packed >> (tokens % 32)) & 1
-    tl.store(logits_ptr + row * stride + tokens, float("-inf"), mask=(tokens < vocab) & (allowed == 0))
+    tl.store(
+        logits_ptr + row * stride + tokens, float("-inf"), mask=(tokens < vocab) & (allowed == 0)
+    )
 
 
 def mask_logits_(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
@@ -33,5 +37,14 @@ def mask_logits_(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor
     count, vocab = rows.shape[0], logits.shape[1]
     if count:
         grid = (count, triton.cdiv(vocab, BLOCK))
-        _mask_kernel[grid](logits, bitmask, rows, vocab, bitmask.shape[1], logits.stride(0), BLOCK=BLOCK, num_warps=8)
+        _mask_kernel[grid](
+            logits,
+            bitmask,
+            rows,
+            vocab,
+            bitmask.shape[1],
+            logits.stride(0),
+            BLOCK=BLOCK,
+            num_warps=8,
+        )
     return logits

@@ -27,9 +27,13 @@ except ImportError:  # a Triton without grid dependency control: PDL stays off
 @functools.cache
 def pdl_args(device: torch.device) -> dict:
     """{"PDL": True, "launch_pdl": True} where PDL works, else {"PDL": False}."""
-    on = (gdc_wait is not None and device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-          and os.environ.get("NANOVLLM_PDL", "1") != "0"
-          and torch.cuda.get_device_capability(device) >= (9, 0))
+    on = (
+        gdc_wait is not None
+        and device.type == "cuda"
+        and os.environ.get("TRITON_INTERPRET") != "1"
+        and os.environ.get("NANOVLLM_PDL", "1") != "0"
+        and torch.cuda.get_device_capability(device) >= (9, 0)
+    )
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 

@@ -33,9 +33,15 @@ from .launch import pdl_args
 
 @triton.jit
 def _route_kernel(
-    logits_ptr, weights_ptr, ids_ptr,
-    stride_lt, num_experts,  # logits: (T, E), last dim contiguous; weights, ids: (T, TOP_K) contiguous
-    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    logits_ptr,
+    weights_ptr,
+    ids_ptr,
+    stride_lt,
+    num_experts,  # logits: (T, E), last dim contiguous; weights, ids: (T, TOP_K) contiguous
+    TOP_K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """One token: the float32 softmax over its experts, the TOP_K largest probabilities in
     descending order (equal ones: the lowest expert first), renormalised by their float32 sum
@@ -43,7 +49,9 @@ def _route_kernel(
     token = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)  # [BLOCK_E]
     e_ok = offs_e < num_experts
-    logits = tl.load(logits_ptr + token * stride_lt + offs_e, mask=e_ok, other=-float("inf")).to(tl.float32)
+    logits = tl.load(logits_ptr + token * stride_lt + offs_e, mask=e_ok, other=-float("inf")).to(
+        tl.float32
+    )
     exp = tl.exp(logits - tl.max(logits, 0))  # [BLOCK_E]; 0 past the experts
     probs = tl.where(e_ok, exp / tl.sum(exp, 0), -1.0)  # [BLOCK_E]; -1: never chosen
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K] slots
@@ -63,20 +71,35 @@ def _route_kernel(
     tl.store(ids_ptr + token * TOP_K + offs_k, ids, mask=k_ok)
 
 
-def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """layers/moe.py's route in one launch, one program per token: router_logits (T, E) ->
     weights (T, top_k) in router_logits' dtype, expert_ids (T, top_k) int64, heaviest first."""
     tokens, num_experts = router_logits.shape
     assert router_logits.stride(-1) == 1 and 0 < top_k <= num_experts
-    weights = torch.empty(tokens, top_k, dtype=router_logits.dtype, device=router_logits.device)  # (T, top_k)
-    expert_ids = torch.empty(tokens, top_k, dtype=torch.int64, device=router_logits.device)  # (T, top_k)
+    weights = torch.empty(
+        tokens, top_k, dtype=router_logits.dtype, device=router_logits.device
+    )  # (T, top_k)
+    expert_ids = torch.empty(
+        tokens, top_k, dtype=torch.int64, device=router_logits.device
+    )  # (T, top_k)
     if tokens == 0:
         return weights, expert_ids
     block_e = triton.next_power_of_2(num_experts)
     _route_kernel[(tokens,)](
-        router_logits, weights, expert_ids, router_logits.stride(0), num_experts,
-        TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
-        num_warps=max(1, min(8, block_e // 256)),  # a few experts per thread: the reductions stay in a warp
+        router_logits,
+        weights,
+        expert_ids,
+        router_logits.stride(0),
+        num_experts,
+        TOP_K=top_k,
+        RENORMALIZE=renormalize,
+        BLOCK_E=block_e,
+        BLOCK_K=triton.next_power_of_2(top_k),
+        num_warps=max(
+            1, min(8, block_e // 256)
+        ),  # a few experts per thread: the reductions stay in a warp
     )
     return weights, expert_ids
 
@@ -94,14 +117,21 @@ def _count_kernel(ids_ptr, counts_ptr, rows_ptr, num_pairs, max_rows, BLOCK: tl.
 @triton.jit
 def _plan_kernel(
     counts_ptr,  # (E,) int32 in: pairs per expert; out: each expert's first row (the scatter's cursor)
-    block_expert_ptr, num_rows_ptr, num_blocks, num_experts,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr,
+    block_expert_ptr,
+    num_rows_ptr,
+    num_blocks,
+    num_experts,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """One program: pad each expert's run to whole blocks, lay the runs end to end and name the
     expert of every block."""
     offs_e = tl.arange(0, BLOCK_E)  # [BLOCK_E]
     e_ok = offs_e < num_experts
-    padded = (tl.load(counts_ptr + offs_e, mask=e_ok, other=0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # [BLOCK_E]
+    padded = (
+        (tl.load(counts_ptr + offs_e, mask=e_ok, other=0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    )  # [BLOCK_E]
     ends = tl.cumsum(padded, 0)  # [BLOCK_E]: where each expert's run ends
     tl.store(counts_ptr + offs_e, ends - padded, mask=e_ok)
     tl.store(num_rows_ptr, tl.sum(padded, 0))
@@ -123,7 +153,9 @@ def _scatter_kernel(ids_ptr, cursor_ptr, rows_ptr, num_pairs, BLOCK: tl.constexp
     tl.store(rows_ptr + dest, offs, mask=ok)
 
 
-def align_by_expert(expert_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def align_by_expert(
+    expert_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """expert_ids (tokens, top_k) -> (rows, block_expert, num_rows):
     rows (max_rows,) int32: the pair (token * top_k + slot) of each row, grouped by expert; tokens * top_k marks padding;
     block_expert (max_rows / block_m,) int32: the expert of each block of rows;
@@ -137,18 +169,38 @@ def align_by_expert(expert_ids: torch.Tensor, num_experts: int, block_m: int) ->
     block_expert = torch.empty(max_rows // block_m, dtype=torch.int32, device=device)
     num_rows = torch.empty(1, dtype=torch.int32, device=device)
     _count_kernel[(triton.cdiv(max_rows, 1024),)](flat, counts, rows, pairs, max_rows, BLOCK=1024)
-    _plan_kernel[(1,)](counts, block_expert, num_rows, block_expert.numel(), num_experts,
-                       BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=128)
+    _plan_kernel[(1,)](
+        counts,
+        block_expert,
+        num_rows,
+        block_expert.numel(),
+        num_experts,
+        BLOCK_M=block_m,
+        BLOCK_E=triton.next_power_of_2(num_experts),
+        BLOCK=128,
+    )
     _scatter_kernel[(triton.cdiv(pairs, 1024),)](flat, counts, rows, pairs, BLOCK=1024)
     return rows, block_expert, num_rows
 
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, w_ptr, out_ptr, rows_ptr, block_expert_ptr, num_rows_ptr,
-    stride_xt, stride_we, stride_wn,  # x: (T, K) rows; w: (E, 2N, K); last dims contiguous
-    num_pairs, N, K,
-    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    rows_ptr,
+    block_expert_ptr,
+    num_rows_ptr,
+    stride_xt,
+    stride_we,
+    stride_wn,  # x: (T, K) rows; w: (E, 2N, K); last dims contiguous
+    num_pairs,
+    N,
+    K,
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """out[pair] = silu(x[token] @ gate[e]^T) * (x[token] @ up[e]^T) for one block of rows and N-columns."""
     pid_m = tl.program_id(0)
@@ -162,7 +214,9 @@ def _gate_up_kernel(
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
     a_ptrs = x_ptr + tokens[:, None] * stride_xt + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
-    g_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
+    g_ptrs = (
+        w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    )  # [BLOCK_K, BLOCK_N]
     u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the gate rows
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -182,34 +236,57 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    h_ptr, w_ptr, weights_ptr, out_ptr, rows_ptr, block_expert_ptr, num_rows_ptr,
-    stride_we, stride_wn,  # h: (pairs, K) contiguous; w: (E, N, K), last dim contiguous
-    num_pairs, N, K,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    h_ptr,
+    w_ptr,
+    weights_ptr,
+    out_ptr,
+    rows_ptr,
+    block_expert_ptr,
+    num_rows_ptr,
+    stride_we,
+    stride_wn,  # h: (pairs, K) contiguous; w: (E, N, K), last dim contiguous
+    num_pairs,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """out[pair] = routing_weight[pair] * (h[pair] @ down[e]^T) for one block of rows and N-columns."""
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
         return
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    rows = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # [BLOCK_M] pairs
+    rows = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(
+        tl.int64
+    )  # [BLOCK_M] pairs
     row_ok = rows < num_pairs
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = h_ptr + rows[:, None] * K + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
-    b_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
+    b_ptrs = (
+        w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    )  # [BLOCK_K, BLOCK_N]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(a, tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0), input_precision="ieee")
+        acc += tl.dot(
+            a,
+            tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0),
+            input_precision="ieee",
+        )
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     dtype = out_ptr.dtype.element_ty
     weight = tl.load(weights_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)  # [BLOCK_M]
     y = rounded(acc, dtype) * weight[:, None]
-    tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], y.to(dtype), mask=row_ok[:, None] & n_ok[None, :])
+    tl.store(
+        out_ptr + rows[:, None] * N + offs_n[None, :],
+        y.to(dtype),
+        mask=row_ok[:, None] & n_ok[None, :],
+    )
 
 
 def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.Tensor:
@@ -222,13 +299,37 @@ def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.T
     inter = down.shape[2]
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
     gate_up_gemv_kernel[(tokens * top_k, triton.cdiv(inter, tiles["BLOCK_N"]))](
-        x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden,
-        TOP_K=top_k, ROUTED=True, **tiles, **pdl_args(x.device))
+        x,
+        gate_up,
+        ids,
+        h,
+        x.stride(0),
+        gate_up.stride(0),
+        gate_up.stride(1),
+        inter,
+        hidden,
+        TOP_K=top_k,
+        ROUTED=True,
+        **tiles,
+        **pdl_args(x.device),
+    )
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)  # (tokens, hidden)
     down_gemv_sum_kernel[(tokens, triton.cdiv(hidden, down_block_n))](
-        h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter,
-        TOP_K=top_k, ROUTED=True, BLOCK_S=triton.next_power_of_2(top_k),
-        **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k}, **pdl_args(x.device))
+        h,
+        down,
+        ids,
+        weights.contiguous(),
+        out,
+        down.stride(0),
+        down.stride(1),
+        hidden,
+        inter,
+        TOP_K=top_k,
+        ROUTED=True,
+        BLOCK_S=triton.next_power_of_2(top_k),
+        **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k},
+        **pdl_args(x.device),
+    )
     return out
 
 
@@ -240,7 +341,8 @@ def fused_experts(
     expert_ids: torch.Tensor,  # (T, top_k)
     block_m: int | None = None,
     tiles: dict | None = None,
-    small: bool | None = None,  # the matrix-vector path; None: at most the device's moe.small_pairs pairs
+    small: bool
+    | None = None,  # the matrix-vector path; None: at most the device's moe.small_pairs pairs
 ) -> torch.Tensor:
     """sum over each token's top_k experts e of weight * down[e] @ (silu(gate[e] @ x) * (up[e] @ x)): (T, hidden).
     `tiles` overrides the launch's tile sizes (tuning's moe.gemv or moe.grouped, by path)."""
@@ -248,29 +350,61 @@ def fused_experts(
     num_experts, inter = down.shape[0], down.shape[2]
     top_k = expert_ids.shape[1]
     assert x.stride(-1) == 1 and gate_up.stride(-1) == 1 and down.stride(-1) == 1
-    assert gate_up.shape == (num_experts, 2 * inter, hidden) and down.shape == (num_experts, hidden, inter)
+    assert gate_up.shape == (num_experts, 2 * inter, hidden) and down.shape == (
+        num_experts,
+        hidden,
+        inter,
+    )
     pairs = tokens * top_k
     if pairs == 0:
         return torch.zeros_like(x)
     choices = tuning.for_device(x.device)
     if small if small is not None else pairs <= choices.moe_small_pairs:
-        return _experts_gemv(x, gate_up, down, weights, expert_ids, {**choices.moe_gemv(), **(tiles or {})})
-    block_m = block_m or (16 if pairs <= 16 * num_experts else 64)  # few rows per expert (decode): small blocks
+        return _experts_gemv(
+            x, gate_up, down, weights, expert_ids, {**choices.moe_gemv(), **(tiles or {})}
+        )
+    block_m = block_m or (
+        16 if pairs <= 16 * num_experts else 64
+    )  # few rows per expert (decode): small blocks
     rows, block_expert, num_rows = align_by_expert(expert_ids, num_experts, block_m)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
-    tiles = {**choices.moe_grouped(pairs), **(tiles or {})}  # BLOCK_N, BLOCK_K and the launch's num_warps, num_stages
+    tiles = {
+        **choices.moe_grouped(pairs),
+        **(tiles or {}),
+    }  # BLOCK_N, BLOCK_K and the launch's num_warps, num_stages
     block_n = tiles["BLOCK_N"]
     _gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
-        x, gate_up, h, rows, block_expert, num_rows,
-        x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        pairs, inter, hidden,
-        TOP_K=top_k, BLOCK_M=block_m, **tiles,
+        x,
+        gate_up,
+        h,
+        rows,
+        block_expert,
+        num_rows,
+        x.stride(0),
+        gate_up.stride(0),
+        gate_up.stride(1),
+        pairs,
+        inter,
+        hidden,
+        TOP_K=top_k,
+        BLOCK_M=block_m,
+        **tiles,
     )
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)  # (pairs, hidden)
     _down_kernel[(block_expert.numel(), triton.cdiv(hidden, block_n))](
-        h, down, weights.contiguous(), out, rows, block_expert, num_rows,
-        down.stride(0), down.stride(1),
-        pairs, hidden, inter,
-        BLOCK_M=block_m, **tiles,
+        h,
+        down,
+        weights.contiguous(),
+        out,
+        rows,
+        block_expert,
+        num_rows,
+        down.stride(0),
+        down.stride(1),
+        pairs,
+        hidden,
+        inter,
+        BLOCK_M=block_m,
+        **tiles,
     )
     return out.view(tokens, top_k, hidden).sum(dim=1)  # (T, hidden)

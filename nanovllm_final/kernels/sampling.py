@@ -15,7 +15,6 @@ import triton.language as tl
 from .common import warps
 from .launch import pdl_args, wait_for_prior_kernel
 
-
 # ---------------------------------------------------------------------------------------
 # The sampler's noise: each token's Exp(1) value hashed from its row's key and its token id
 # ---------------------------------------------------------------------------------------
@@ -37,7 +36,9 @@ def _keyed_exponential(key, token_ids):
     ids [BLOCK] -> their Exp(1) noise [BLOCK] float32, the same bits as the PyTorch code."""
     k = key.to(tl.uint32)
     h = _mix32(_mix32(k ^ (token_ids.to(tl.uint32) * 0x27D4EB2F)) ^ k)
-    u = tl.minimum(((h >> 8).to(tl.float32) + 0.5) * (2.0**-24), 1 - 2.0**-24)  # uniform in (0, 1), never 1
+    u = tl.minimum(
+        ((h >> 8).to(tl.float32) + 0.5) * (2.0**-24), 1 - 2.0**-24
+    )  # uniform in (0, 1), never 1
     return -tl.log(u)
 
 
@@ -49,8 +50,16 @@ def _keyed_exponential(key, token_ids):
 
 @triton.jit
 def _gumbel_argmax_chunk_kernel(
-    logits_ptr, key_ptr, temp_ptr, best_ptr, best_id_ptr,
-    stride_l, V, CHUNKS, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    logits_ptr,
+    key_ptr,
+    temp_ptr,
+    best_ptr,
+    best_id_ptr,
+    stride_l,
+    V,
+    CHUNKS,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The maximum and its first index in one chunk of a row: of the logits in a greedy row
     (T = 0), of the Gumbel-max score in the others (only they hash noise)."""
@@ -59,22 +68,32 @@ def _gumbel_argmax_chunk_kernel(
     chunk = tl.program_id(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = offs < V
-    logit = tl.load(logits_ptr + row * stride_l + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    logit = tl.load(logits_ptr + row * stride_l + offs, mask=mask, other=float("-inf")).to(
+        tl.float32
+    )
     t = tl.load(temp_ptr + row)
     if t == 0:
-        best, best_i = tl.max(logit, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        best, best_i = tl.max(
+            logit, axis=0, return_indices=True, return_indices_tie_break_left=True
+        )
     else:
         e = _keyed_exponential(tl.load(key_ptr + row), offs)
         # float32 as the reference computes it: the logit widened, an IEEE division, libdevice's log
-        score = tl.div_rn(logit, tl.maximum(t, 1e-5)) - tl.log(e)  # -inf in the masked lanes; T clamped as by_temperature
-        best, best_i = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        score = tl.div_rn(logit, tl.maximum(t, 1e-5)) - tl.log(
+            e
+        )  # -inf in the masked lanes; T clamped as by_temperature
+        best, best_i = tl.max(
+            score, axis=0, return_indices=True, return_indices_tie_break_left=True
+        )
     out = row * CHUNKS + chunk
     tl.store(best_ptr + out, best)
     tl.store(best_id_ptr + out, chunk * BLOCK + best_i.to(tl.int64))
 
 
 @triton.jit
-def _gumbel_argmax_combine_kernel(best_ptr, best_id_ptr, out_ptr, CHUNKS, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+def _gumbel_argmax_combine_kernel(
+    best_ptr, best_id_ptr, out_ptr, CHUNKS, BLOCK_C: tl.constexpr, PDL: tl.constexpr
+):
     """The id of a row's largest chunk maximum: the first chunk's on a tie, as argmax's."""
     wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -104,11 +123,27 @@ def gumbel_argmax(
     if rows > 0:
         temperatures = temperatures.contiguous()
         _gumbel_argmax_chunk_kernel[(rows, chunks)](
-            logits, keys.contiguous(), temperatures, best, best_id,
-            logits.stride(0), vocab, chunks, BLOCK=block, num_warps=warps(block), **pdl_args(logits.device),
+            logits,
+            keys.contiguous(),
+            temperatures,
+            best,
+            best_id,
+            logits.stride(0),
+            vocab,
+            chunks,
+            BLOCK=block,
+            num_warps=warps(block),
+            **pdl_args(logits.device),
         )
-        _gumbel_argmax_combine_kernel[(rows,)](best, best_id, out, chunks, BLOCK_C=triton.next_power_of_2(chunks),
-                                               num_warps=1, **pdl_args(logits.device))
+        _gumbel_argmax_combine_kernel[(rows,)](
+            best,
+            best_id,
+            out,
+            chunks,
+            BLOCK_C=triton.next_power_of_2(chunks),
+            num_warps=1,
+            **pdl_args(logits.device),
+        )
     return out
 
 
@@ -133,7 +168,15 @@ def _key_value(key):
 
 
 @triton.jit
-def _group_max_kernel(x_ptr, out_ptr, stride_x, num_groups, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr):
+def _group_max_kernel(
+    x_ptr,
+    out_ptr,
+    stride_x,
+    num_groups,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """out[row, g] = max of logits g * GROUP .. (g + 1) * GROUP - 1, for BLOCK_G groups a program."""
     wait_for_prior_kernel(PDL)
     row = tl.program_id(0)
@@ -141,12 +184,25 @@ def _group_max_kernel(x_ptr, out_ptr, stride_x, num_groups, GROUP: tl.constexpr,
     ok = groups < num_groups
     offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [BLOCK_G, GROUP]
     x = tl.load(x_ptr + row.to(tl.int64) * stride_x + offs, mask=ok[:, None], other=float("-inf"))
-    tl.store(out_ptr + row.to(tl.int64) * num_groups + groups, tl.max(x, axis=1).to(tl.float32), mask=ok)
+    tl.store(
+        out_ptr + row.to(tl.int64) * num_groups + groups, tl.max(x, axis=1).to(tl.float32), mask=ok
+    )
 
 
 @triton.jit
-def _top_groups_kernel(x_ptr, maxima_ptr, values_ptr, ids_ptr, stride_x, num_groups, k,
-                       GROUP: tl.constexpr, BLOCK_NG: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _top_groups_kernel(
+    x_ptr,
+    maxima_ptr,
+    values_ptr,
+    ids_ptr,
+    stride_x,
+    num_groups,
+    k,
+    GROUP: tl.constexpr,
+    BLOCK_NG: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """Per row: the k groups of largest maxima, then the k largest logits among those groups'
     k * GROUP, largest first (an argmax taken out k times, over order keys)."""
     wait_for_prior_kernel(PDL)
@@ -164,12 +220,19 @@ def _top_groups_kernel(x_ptr, maxima_ptr, values_ptr, ids_ptr, stride_x, num_gro
     taken = (offs_k < k)[:, None]
     x = tl.load(x_ptr + row * stride_x + ids, mask=taken, other=0.0).to(tl.float32)
     keys = tl.where(taken, _order_key(x), _REMOVED)  # [BLOCK_K, GROUP]
-    flat = offs_k[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [BLOCK_K, GROUP]: each candidate's place
+    flat = (
+        offs_k[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    )  # [BLOCK_K, GROUP]: each candidate's place
     for i in range(0, k):
         key = tl.max(tl.max(keys, axis=1), axis=0)
-        place = tl.min(tl.min(tl.where(keys == key, flat, BLOCK_K * GROUP), axis=1), axis=0)  # the first holding it
+        place = tl.min(
+            tl.min(tl.where(keys == key, flat, BLOCK_K * GROUP), axis=1), axis=0
+        )  # the first holding it
         tl.store(values_ptr + row * k + i, _key_value(key).to(values_ptr.dtype.element_ty))
-        tl.store(ids_ptr + row * k + i, tl.sum(tl.sum(tl.where(flat == place, ids, 0), axis=1), axis=0).to(tl.int64))
+        tl.store(
+            ids_ptr + row * k + i,
+            tl.sum(tl.sum(tl.where(flat == place, ids, 0), axis=1), axis=0).to(tl.int64),
+        )
         keys = tl.where(flat == place, _REMOVED, keys)
 
 
@@ -186,12 +249,31 @@ def top_candidates(logits: torch.Tensor, k: int, group: int) -> tuple[torch.Tens
         return values, ids
     maxima = torch.empty(rows, num_groups, dtype=torch.float32, device=logits.device)
     block_g = max(1, 4096 // group)
-    _group_max_kernel[(rows, triton.cdiv(num_groups, block_g))](logits, maxima, logits.stride(0), num_groups,
-                                                                 GROUP=group, BLOCK_G=block_g, num_warps=4, **pdl_args(logits.device))
+    _group_max_kernel[(rows, triton.cdiv(num_groups, block_g))](
+        logits,
+        maxima,
+        logits.stride(0),
+        num_groups,
+        GROUP=group,
+        BLOCK_G=block_g,
+        num_warps=4,
+        **pdl_args(logits.device),
+    )
     block_k = triton.next_power_of_2(k)
-    _top_groups_kernel[(rows,)](logits, maxima, values, ids, logits.stride(0), num_groups, k,
-                                GROUP=group, BLOCK_NG=triton.next_power_of_2(num_groups), BLOCK_K=block_k,
-                                num_warps=warps(block_k * group), **pdl_args(logits.device))
+    _top_groups_kernel[(rows,)](
+        logits,
+        maxima,
+        values,
+        ids,
+        logits.stride(0),
+        num_groups,
+        k,
+        GROUP=group,
+        BLOCK_NG=triton.next_power_of_2(num_groups),
+        BLOCK_K=block_k,
+        num_warps=warps(block_k * group),
+        **pdl_args(logits.device),
+    )
     return values, ids
 
 
@@ -203,9 +285,21 @@ def top_candidates(logits: torch.Tensor, k: int, group: int) -> tuple[torch.Tens
 
 @triton.jit
 def _candidates_draw_kernel(
-    values_ptr, ids_ptr, key_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
-    stride_v, stride_i, K,
-    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr,
+    values_ptr,
+    ids_ptr,
+    key_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    out_ptr,
+    stride_v,
+    stride_i,
+    K,
+    HAS_TOP_K: tl.constexpr,
+    HAS_TOP_P: tl.constexpr,
+    HAS_MIN_P: tl.constexpr,
+    BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_prior_kernel(PDL)
@@ -225,7 +319,9 @@ def _candidates_draw_kernel(
     if HAS_TOP_P:
         top_p = tl.load(top_p_ptr + row)
         before = tl.cumsum(kept, axis=0) - kept  # the mass of the more likely candidates
-        bound = tl.where(top_p >= 1, float("inf"), top_p * tl.sum(kept, axis=0))  # top_p 1: keep all
+        bound = tl.where(
+            top_p >= 1, float("inf"), top_p * tl.sum(kept, axis=0)
+        )  # top_p 1: keep all
         keep = keep & (before < bound)
     if HAS_MIN_P:
         keep = keep & (p >= tl.load(min_p_ptr + row) * tl.max(p, axis=0))
@@ -250,18 +346,34 @@ def candidates_draw(
     argmax(p / noise) with noise = sampler.keyed_exponential(keys, ids), the first on a tie as
     torch.argmax's. One launch for the ~20 that the PyTorch code takes."""
     rows, k = values.shape
-    assert ids.shape == (rows, k) and keys.shape == (rows,) and keys.dtype == torch.int64 and temperatures.shape == (rows,)
+    assert (
+        ids.shape == (rows, k)
+        and keys.shape == (rows,)
+        and keys.dtype == torch.int64
+        and temperatures.shape == (rows,)
+    )
     assert values.stride(-1) == 1 and ids.stride(-1) == 1 and temperatures.dtype == torch.float32
     out = torch.empty(rows, dtype=torch.int64, device=values.device)
     if rows > 0:
         unused = temperatures  # any pointer stands in for an absent mask (never read)
         block = max(16, triton.next_power_of_2(k))
         _candidates_draw_kernel[(rows,)](
-            values, ids, keys.contiguous(), temperatures.contiguous(),
-            unused if top_k is None else top_k.contiguous(), unused if top_p is None else top_p.contiguous(),
-            unused if min_p is None else min_p.contiguous(), out,
-            values.stride(0), ids.stride(0), k,
-            HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
-            BLOCK=block, num_warps=warps(block), **pdl_args(values.device),
+            values,
+            ids,
+            keys.contiguous(),
+            temperatures.contiguous(),
+            unused if top_k is None else top_k.contiguous(),
+            unused if top_p is None else top_p.contiguous(),
+            unused if min_p is None else min_p.contiguous(),
+            out,
+            values.stride(0),
+            ids.stride(0),
+            k,
+            HAS_TOP_K=top_k is not None,
+            HAS_TOP_P=top_p is not None,
+            HAS_MIN_P=min_p is not None,
+            BLOCK=block,
+            num_warps=warps(block),
+            **pdl_args(values.device),
         )
     return out

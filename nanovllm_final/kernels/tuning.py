@@ -45,8 +45,11 @@ SCHEMA = {
     "decode_splits": ("waves", "max_splits"),
     "prefill_attention": {"*": _PREFILL},
     "gemv": {"rows": None, "linear": _GEMV, "gate_up": _GEMV, "down": _GEMV},
-    "moe": {"small_pairs": None, "gemv": (*_GEMV, "DOWN_BLOCK_N", "DOWN_BLOCK_K"),
-            "grouped": {"*": _GROUPED}},
+    "moe": {
+        "small_pairs": None,
+        "gemv": (*_GEMV, "DOWN_BLOCK_N", "DOWN_BLOCK_K"),
+        "grouped": {"*": _GROUPED},
+    },
 }
 
 
@@ -61,8 +64,10 @@ class Device:
     l2: int  # bytes
 
     def __str__(self) -> str:
-        return (f"{self.sms} SMs, {self.shared_memory // 1024} KiB shared memory, compute capability "
-                f"{self.capability[0]}.{self.capability[1]}, {self.l2 // 2**20} MiB L2")
+        return (
+            f"{self.sms} SMs, {self.shared_memory // 1024} KiB shared memory, compute capability "
+            f"{self.capability[0]}.{self.capability[1]}, {self.l2 // 2**20} MiB L2"
+        )
 
 
 def describe(device: torch.device) -> Device:
@@ -75,7 +80,9 @@ def describe(device: torch.device) -> Device:
 def _cuda_device(index: int) -> Device:
     p = torch.cuda.get_device_properties(index)
     smem = getattr(p, "shared_memory_per_block_optin", 48 * 1024)
-    return Device(p.name, p.multi_processor_count, smem, (p.major, p.minor), getattr(p, "L2_cache_size", 0))
+    return Device(
+        p.name, p.multi_processor_count, smem, (p.major, p.minor), getattr(p, "L2_cache_size", 0)
+    )
 
 
 def file_name(device_name: str) -> str:
@@ -91,16 +98,29 @@ def rules(dev: Device) -> dict:
     if dev.name == "cpu":
         return _cpu_rules()
     stages = 3 if dev.shared_memory >= 128 * 1024 else 2
-    decode = {"bf16": {"64": _tiles(_DECODE, 128, 4, 2, 2), "128": _tiles(_DECODE, 64, 2, stages, 2)},
-              "fp8": {"128": _tiles(_DECODE, 64, 2, 2, 6)}}
+    decode = {
+        "bf16": {"64": _tiles(_DECODE, 128, 4, 2, 2), "128": _tiles(_DECODE, 64, 2, stages, 2)},
+        "fp8": {"128": _tiles(_DECODE, 64, 2, 2, 6)},
+    }
     return {
-        "decode_attention": decode, "decode_splits": {"waves": 2, "max_splits": 32},
+        "decode_attention": decode,
+        "decode_splits": {"waves": 2, "max_splits": 32},
         "prefill_attention": {"128": _tiles(_PREFILL, 64, 64, 4, 2)},
-        "gemv": {"rows": 2, "linear": _tiles(_GEMV, 2, 1024, 2), "gate_up": _tiles(_GEMV, 1, 1024, 2),
-                 "down": _tiles(_GEMV, 2, 4096, 4)},
-        "moe": {"small_pairs": 64, "gemv": {**_tiles(_GEMV, 4, 1024, 4), "DOWN_BLOCK_N": 2, "DOWN_BLOCK_K": 256},
-                "grouped": {"2048": _tiles(_GROUPED, 64, 128, 4, stages), "8192": _tiles(_GROUPED, 64, 64, 4, stages),
-                            "65536": _tiles(_GROUPED, 128, 64, 4, stages)}},
+        "gemv": {
+            "rows": 2,
+            "linear": _tiles(_GEMV, 2, 1024, 2),
+            "gate_up": _tiles(_GEMV, 1, 1024, 2),
+            "down": _tiles(_GEMV, 2, 4096, 4),
+        },
+        "moe": {
+            "small_pairs": 64,
+            "gemv": {**_tiles(_GEMV, 4, 1024, 4), "DOWN_BLOCK_N": 2, "DOWN_BLOCK_K": 256},
+            "grouped": {
+                "2048": _tiles(_GROUPED, 64, 128, 4, stages),
+                "8192": _tiles(_GROUPED, 64, 64, 4, stages),
+                "65536": _tiles(_GROUPED, 128, 64, 4, stages),
+            },
+        },
     }
 
 
@@ -110,10 +130,17 @@ def _cpu_rules() -> dict:
         "decode_attention": {"bf16": {"128": decode}, "fp8": {"128": decode}},
         "decode_splits": {"waves": 2, "max_splits": 32},
         "prefill_attention": {"128": _tiles(_PREFILL, 32, 32, 1, 1)},
-        "gemv": {"rows": 2, "linear": _tiles(_GEMV, 16, 32, 1), "gate_up": _tiles(_GEMV, 16, 32, 1),
-                 "down": _tiles(_GEMV, 16, 16, 1)},
-        "moe": {"small_pairs": 64, "gemv": {**_tiles(_GEMV, 16, 32, 1), "DOWN_BLOCK_N": 32, "DOWN_BLOCK_K": 32},
-                "grouped": {"65536": _tiles(_GROUPED, 16, 16, 1, 1)}},
+        "gemv": {
+            "rows": 2,
+            "linear": _tiles(_GEMV, 16, 32, 1),
+            "gate_up": _tiles(_GEMV, 16, 32, 1),
+            "down": _tiles(_GEMV, 16, 16, 1),
+        },
+        "moe": {
+            "small_pairs": 64,
+            "gemv": {**_tiles(_GEMV, 16, 32, 1), "DOWN_BLOCK_N": 32, "DOWN_BLOCK_K": 32},
+            "grouped": {"65536": _tiles(_GROUPED, 16, 16, 1, 1)},
+        },
     }
 
 
@@ -132,7 +159,9 @@ def _check(value, schema, source: str, at: str) -> None:
     where = at or "the top level"
     if schema is None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"kernel config {source}: {at} must be a non-negative integer, got {value!r}")
+            raise ValueError(
+                f"kernel config {source}: {at} must be a non-negative integer, got {value!r}"
+            )
         return
     if not isinstance(value, dict):
         raise ValueError(f"kernel config {source}: {where} must be an object, got {value!r}")
@@ -140,7 +169,9 @@ def _check(value, schema, source: str, at: str) -> None:
         schema = dict.fromkeys(schema)
     if "*" in schema:
         if not value or not all(key.isdigit() for key in value):
-            raise ValueError(f"kernel config {source}: {where} must map sizes (digits) to entries, got {list(value)}")
+            raise ValueError(
+                f"kernel config {source}: {where} must map sizes (digits) to entries, got {list(value)}"
+            )
         for key, entry in value.items():
             _check(entry, schema["*"], source, f"{at}.{key}")
         return
@@ -205,8 +236,12 @@ _OVERRIDES: list[dict] = []
 
 def for_device(device: torch.device) -> Tuning:
     """The device's choices (logged once per device), with any `override` in force on top."""
-    tuning = _for(device.type, device.index if device.type != "cuda" or device.index is not None
-                  else torch.cuda.current_device())
+    tuning = _for(
+        device.type,
+        device.index
+        if device.type != "cuda" or device.index is not None
+        else torch.cuda.current_device(),
+    )
     for changes in _OVERRIDES:
         tuning = Tuning(_merged(tuning.config, changes), tuning.source + " (overridden)")
     return tuning

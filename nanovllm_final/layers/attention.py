@@ -38,29 +38,57 @@ from torch import nn
 from .context import get_context
 from .rotary import RotaryEmbedding
 
-BACKENDS = {"torch": ".attention_torch", "triton": "..kernels.attention", "flash_attn": ".attention_flash"}
+BACKENDS = {
+    "torch": ".attention_torch",
+    "triton": "..kernels.attention",
+    "flash_attn": ".attention_flash",
+}
 
 
-def make_backend(name: str, device: torch.device, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> ModuleType:
+def make_backend(
+    name: str,
+    device: torch.device,
+    block_size: int,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
+) -> ModuleType:
     """The backend for `name`. "auto": flash-attn if installed and the block size, dtype and
     KV-cache dtype (`kv_dtype`, default `dtype`) suit it, else our Triton kernels on CUDA,
     else the PyTorch reference."""
     has_flash = importlib.util.find_spec("flash_attn") is not None
     has_triton = importlib.util.find_spec("triton") is not None
     fp8 = kv_dtype is not None and kv_dtype != dtype
-    flash_ok = device.type == "cuda" and has_flash and block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16) and not fp8
+    flash_ok = (
+        device.type == "cuda"
+        and has_flash
+        and block_size % 256 == 0
+        and dtype in (torch.float16, torch.bfloat16)
+        and not fp8
+    )
     if name == "auto":
-        name = "flash_attn" if flash_ok else "triton" if device.type == "cuda" and has_triton else "torch"
+        name = (
+            "flash_attn"
+            if flash_ok
+            else "triton"
+            if device.type == "cuda" and has_triton
+            else "torch"
+        )
     if name == "flash_attn" and fp8:
-        raise ValueError("attention_backend='flash_attn' does not read an fp8 KV cache; with kv_cache_dtype='fp8' use "
-                         "attention_backend 'triton', 'torch' or 'auto'")
+        raise ValueError(
+            "attention_backend='flash_attn' does not read an fp8 KV cache; with kv_cache_dtype='fp8' use "
+            "attention_backend 'triton', 'torch' or 'auto'"
+        )
     if name == "flash_attn" and not flash_ok:
         raise ValueError(
             "attention_backend='flash_attn' needs CUDA, the flash-attn package, a kvcache_block_size that is a multiple of 256 "
             f"and dtype float16 or bfloat16 (got {device.type}, block size {block_size}, {dtype})"
         )
-    if name == "triton" and not (has_triton and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")):
-        raise ValueError("attention_backend='triton' needs the triton package and a CUDA device (or TRITON_INTERPRET=1 to run it slowly on CPU)")
+    if name == "triton" and not (
+        has_triton and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    ):
+        raise ValueError(
+            "attention_backend='triton' needs the triton package and a CUDA device (or TRITON_INTERPRET=1 to run it slowly on CPU)"
+        )
     return importlib.import_module(BACKENDS[name], __package__)
 
 
@@ -74,14 +102,31 @@ class Attention(nn.Module):
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.k_cache = self.v_cache = torch.tensor([])  # (num_blocks, block_size, kv_heads, head_dim), set by the runner
-        self.k_scale = self.v_scale = None  # (kv_heads,) float32 for an fp8 cache, set by the runner
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = (
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+        )
+        self.k_cache = self.v_cache = torch.tensor(
+            []
+        )  # (num_blocks, block_size, kv_heads, head_dim), set by the runner
+        self.k_scale = self.v_scale = (
+            None  # (kv_heads,) float32 for an fp8 cache, set by the runner
+        )
         self.backend: ModuleType | None = None  # set by the runner
         self.counters = None  # the Triton decode's split-K counters (SplitCounters): they live as long as the layer
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                rotary: RotaryEmbedding, q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rotary: RotaryEmbedding,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+    ) -> torch.Tensor:
         # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim) of the new tokens only,
         # as the qkv projection gives them: `rotary` (after Qwen3's q_norm, k_norm) is applied here
         ctx = get_context()
@@ -90,15 +135,34 @@ class Attention(nn.Module):
             extra = {}
             if self.backend.fuses_rope:  # and rotates q and k in the same launch
                 self.counters = self.counters or self.backend.SplitCounters()
-                extra = {"rope": rotary.kernel_args(positions, q_norm, k_norm), "counters": self.counters}
+                extra = {
+                    "rope": rotary.kernel_args(positions, q_norm, k_norm),
+                    "counters": self.counters,
+                }
             else:
                 q, k = rotary(positions, q, k, q_norm, k_norm)
             return self.backend.paged_decode_attention(
-                q, self.k_cache, self.v_cache, ctx.context_lens, ctx.block_tables, self.scale, ctx.decode_order,
-                new_kv=(k, v, ctx.slot_mapping), **scales, **extra,
+                q,
+                self.k_cache,
+                self.v_cache,
+                ctx.context_lens,
+                ctx.block_tables,
+                self.scale,
+                ctx.decode_order,
+                new_kv=(k, v, ctx.slot_mapping),
+                **scales,
+                **extra,
             )  # (seqs, heads, head_dim)
         q, k = rotary(positions, q, k, q_norm, k_norm)
         self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, **scales)
         return self.backend.paged_prefill_attention(
-            q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, self.scale, ctx.max_seqlen_q, **scales
+            q,
+            self.k_cache,
+            self.v_cache,
+            ctx.cu_seqlens_q,
+            ctx.context_lens,
+            ctx.block_tables,
+            self.scale,
+            ctx.max_seqlen_q,
+            **scales,
         )  # (tokens, heads, head_dim)

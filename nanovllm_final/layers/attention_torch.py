@@ -155,53 +155,105 @@ def batched_attention(
         k, v = dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype)
     visible = None  # one sequence's one query sees every key
     if seqs > 1 or q_len > 1:
-        last = lens[:, None] - q_len + torch.arange(q_len, device=q.device)  # (seqs, q_len) each query's position
-        visible = torch.arange(ctx, device=q.device) <= last[:, :, None]  # (seqs, q_len, ctx): keys up to the query
-    if seqs > 1:  # past a shorter context, the slots may hold anything (NaN): zeros, which the mask hides
+        last = (
+            lens[:, None] - q_len + torch.arange(q_len, device=q.device)
+        )  # (seqs, q_len) each query's position
+        visible = (
+            torch.arange(ctx, device=q.device) <= last[:, :, None]
+        )  # (seqs, q_len, ctx): keys up to the query
+    if (
+        seqs > 1
+    ):  # past a shorter context, the slots may hold anything (NaN): zeros, which the mask hides
         real = visible[:, -1, :, None, None]  # (seqs, ctx, 1, 1)
         k, v = k.where(real, 0), v.where(real, 0)
     q32, k, v = (x if x.dtype == torch.float32 else x.float() for x in (q, k, v))
     out = F.scaled_dot_product_attention(  # query head h reads kv head h // (heads // kv_heads) (enable_gqa)
-        q32.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        None if visible is None else visible[:, None], scale=scale, enable_gqa=True,
+        q32.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        None if visible is None else visible[:, None],
+        scale=scale,
+        enable_gqa=True,
     )  # (seqs, heads, q_len, head_dim)
     return out.transpose(1, 2).to(q.dtype)
 
 
-def _chunked(q, k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale) -> torch.Tensor:
+def _chunked(
+    q, k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale
+) -> torch.Tensor:
     """batched_attention over chunks of the sequences, each within SCORES_PER_CHUNK scores."""
     seqs, q_len, heads, _ = q.shape
     ctx = int(context_lens.max())
     step = max(1, SCORES_PER_CHUNK // (q_len * heads * ctx))
     if step >= seqs:
-        return batched_attention(q, k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale)
-    return torch.cat([
-        batched_attention(q[i : i + step], k_cache, v_cache, context_lens[i : i + step], block_tables[i : i + step],
-                          scale, k_scale, v_scale)
-        for i in range(0, seqs, step)
-    ])
+        return batched_attention(
+            q, k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale
+        )
+    return torch.cat(
+        [
+            batched_attention(
+                q[i : i + step],
+                k_cache,
+                v_cache,
+                context_lens[i : i + step],
+                block_tables[i : i + step],
+                scale,
+                k_scale,
+                v_scale,
+            )
+            for i in range(0, seqs, step)
+        ]
+    )
 
 
-def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q,
-                            k_scale=None, v_scale=None):
+def paged_prefill_attention(
+    q,
+    k_cache,
+    v_cache,
+    cu_seqlens_q,
+    context_lens,
+    block_tables,
+    scale,
+    max_seqlen_q,
+    k_scale=None,
+    v_scale=None,
+):
     seqs = len(context_lens)
-    if seqs and len(q) == seqs * max_seqlen_q:  # every sequence feeds max_seqlen_q tokens (a verify step)
+    if (
+        seqs and len(q) == seqs * max_seqlen_q
+    ):  # every sequence feeds max_seqlen_q tokens (a verify step)
         q = q.view(seqs, max_seqlen_q, *q.shape[1:])
-        return _chunked(q, k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale).flatten(0, 1)
+        return _chunked(
+            q, k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale
+        ).flatten(0, 1)
     out = torch.zeros_like(q)
     cu = cu_seqlens_q.tolist()
     for i, ctx in enumerate(context_lens.tolist()):
         if cu[i + 1] > cu[i] and ctx:
             qi = q[None, cu[i] : cu[i + 1]]  # (1, q_len, heads, head_dim)
             lens, tables = context_lens[i : i + 1], block_tables[i : i + 1]
-            out[cu[i] : cu[i + 1]] = batched_attention(qi, k_cache, v_cache, lens, tables, scale, k_scale, v_scale)[0]
+            out[cu[i] : cu[i + 1]] = batched_attention(
+                qi, k_cache, v_cache, lens, tables, scale, k_scale, v_scale
+            )[0]
     return out
 
 
-def paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order=None, k_scale=None,
-                           v_scale=None, new_kv=None):
+def paged_decode_attention(
+    q,
+    k_cache,
+    v_cache,
+    context_lens,
+    block_tables,
+    scale,
+    order=None,
+    k_scale=None,
+    v_scale=None,
+    new_kv=None,
+):
     # `order` is a launch order for GPU kernels: nothing to schedule here
     if new_kv is not None:
         k, v, slot_mapping = new_kv
         store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    return _chunked(q[:, None], k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale)[:, 0]
+    return _chunked(
+        q[:, None], k_cache, v_cache, context_lens, block_tables, scale, k_scale, v_scale
+    )[:, 0]

@@ -24,12 +24,22 @@ MIN_WEIGHT = 1 << 17  # elements: from here on oneDNN is the faster for two rows
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x (rows, in), weight (out, in): (rows, out)."""
-    if not (AVAILABLE and x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > 1 and weight.numel() >= MIN_WEIGHT
-            and x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)):
+    if not (
+        AVAILABLE
+        and x.device.type == "cpu"
+        and x.dim() == 2
+        and x.shape[0] > 1
+        and weight.numel() >= MIN_WEIGHT
+        and x.dtype == weight.dtype == torch.float32
+        and (bias is None or bias.dtype == torch.float32)
+    ):
         return F.linear(x, weight, bias)
     packed = getattr(weight, "onednn_packed", None)
     if packed is None or packed[0] != weight._version:
         with torch.no_grad():
-            packed = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT))
+            packed = (
+                weight._version,
+                torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT),
+            )
         weight.onednn_packed = packed
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[1], bias, "none", [], "")

@@ -19,12 +19,16 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size = vocab_size
         self.rows_per_rank = divide(vocab_size, "vocab_size")
         self.vocab_start = self.tp_rank * self.rows_per_rank
-        self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size))  # (vocab / tp, hidden)
+        self.weight = nn.Parameter(
+            torch.empty(self.rows_per_rank, hidden_size)
+        )  # (vocab / tp, hidden)
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if loaded.shape != (self.vocab_size, param.shape[1]):
-            raise ValueError(f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit an embedding of shape {(self.vocab_size, param.shape[1])}")
+            raise ValueError(
+                f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit an embedding of shape {(self.vocab_size, param.shape[1])}"
+            )
         param.data.copy_(loaded.narrow(0, self.vocab_start, self.rows_per_rank))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -32,7 +36,9 @@ class VocabParallelEmbedding(nn.Module):
             return F.embedding(input_ids, self.weight)  # (tokens, hidden)
         local = input_ids - self.vocab_start  # (tokens,) row in this rank's shard
         mine = (local >= 0) & (local < self.rows_per_rank)  # (tokens,) ids this rank holds
-        x = F.embedding(local * mine, self.weight) * mine.unsqueeze(1)  # (tokens, hidden), zeros where not mine
+        x = F.embedding(local * mine, self.weight) * mine.unsqueeze(
+            1
+        )  # (tokens, hidden), zeros where not mine
         return all_reduce(x)  # (tokens, hidden)
 
 

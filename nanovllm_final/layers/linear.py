@@ -35,7 +35,9 @@ class Linear(nn.Module):
         target = param.data if shard_id is None else self.shard(param.data, shard_id)
         loaded = self.rank_part(param, loaded)
         if target.shape != loaded.shape:
-            raise ValueError(f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit a parameter slice of shape {tuple(target.shape)}")
+            raise ValueError(
+                f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit a parameter slice of shape {tuple(target.shape)}"
+            )
         target.copy_(loaded)
 
     def rank_part(self, param: nn.Parameter, loaded: torch.Tensor) -> torch.Tensor:
@@ -58,7 +60,9 @@ class Linear(nn.Module):
         (kernels/gemv.py: cuBLAS's kernels for one row are far from the memory bound), else F.linear."""
         if bias is None and dispatch.takes_gemv(x):
             return dispatch.gemv.gemv(x, self.weight)
-        return cpu_linear.linear(x, self.weight, bias)  # F.linear, on the CPU through oneDNN for 2+ rows
+        return cpu_linear.linear(
+            x, self.weight, bias
+        )  # F.linear, on the CPU through oneDNN for 2+ rows
 
 
 class ColumnParallelLinear(Linear):
@@ -107,10 +111,15 @@ class QKVParallelLinear(MergedColumnParallelLinear):
     them, and `num_heads` / `num_kv_heads` are this rank's counts (the one place they are
     computed: attention and the KV cache read them from here)."""
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False
+    ):
         sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
         super().__init__(hidden_size, sizes, bias)
-        self.num_heads, self.num_kv_heads = divide(num_heads, "num_attention_heads"), divide(num_kv_heads, "num_key_value_heads")
+        self.num_heads, self.num_kv_heads = (
+            divide(num_heads, "num_attention_heads"),
+            divide(num_kv_heads, "num_key_value_heads"),
+        )
 
     def shard(self, data: torch.Tensor, shard_id: str) -> torch.Tensor:
         return super().shard(data, "qkv".index(shard_id))

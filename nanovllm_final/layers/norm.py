@@ -20,7 +20,9 @@ class RMSNorm(nn.Module):
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        if dtype == self.weight.dtype == torch.float32:  # the same in one op (a CPU step pays per op)
+        if (
+            dtype == self.weight.dtype == torch.float32
+        ):  # the same in one op (a CPU step pays per op)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

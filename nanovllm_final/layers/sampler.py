@@ -48,11 +48,15 @@ def keyed_exponential(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tens
     tokens = _mul32(token_ids.to(torch.int64), 0x27D4EB2F)  # (n,) or (rows, n)
     h = _mix32(_mix32(keys[:, None] ^ tokens) ^ keys[:, None])  # (rows, n)
     u = ((h >> 8).float() + 0.5) * 2.0**-24  # uniform in (0, 1), 24 bits
-    u = u.clamp(max=1 - 2.0**-24)  # the top value rounds to 1.0 in float32: E = 0 would make p / E NaN, drawn by argmax
+    u = u.clamp(
+        max=1 - 2.0**-24
+    )  # the top value rounds to 1.0 in float32: E = 0 would make p / E NaN, drawn by argmax
     return -torch.log(u)
 
 
-def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+def seeded_exponential(
+    seeds: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor
+) -> torch.Tensor:
     """keyed_exponential with the keys of seeded rows: a pure function of (seed, position, token id)."""
     return keyed_exponential(seed_keys(seeds, positions), token_ids)
 
@@ -69,7 +73,9 @@ def apply_penalties(
     seen in the prompt or the output; presence and frequency subtract from generated tokens."""
     generated = output_counts > 0
     r = repetition.unsqueeze(1)  # (rows, 1)
-    logits = torch.where(prompt_mask | generated, torch.where(logits > 0, logits / r, logits * r), logits)
+    logits = torch.where(
+        prompt_mask | generated, torch.where(logits > 0, logits / r, logits * r), logits
+    )
     return logits - frequency.unsqueeze(1) * output_counts - presence.unsqueeze(1) * generated
 
 
@@ -119,10 +125,14 @@ def top_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     if group is None:
         return logits.topk(k, dim=-1)
     if dispatch.use_kernel(logits):
-        return dispatch.sampling.top_candidates(logits, k, group)  # the same two passes, in two launches
+        return dispatch.sampling.top_candidates(
+            logits, k, group
+        )  # the same two passes, in two launches
     maxima = logits.unflatten(-1, (vocab // group, group)).amax(-1)  # (rows, vocab // group)
     groups = maxima.topk(k, dim=-1).indices  # (rows, k)
-    ids = (groups.unsqueeze(-1) * group + torch.arange(group, device=logits.device)).flatten(1)  # (rows, k * group)
+    ids = (groups.unsqueeze(-1) * group + torch.arange(group, device=logits.device)).flatten(
+        1
+    )  # (rows, k * group)
     values, pick = logits.gather(1, ids).topk(k, dim=-1)  # (rows, k)
     return values, ids.gather(1, pick)
 
@@ -138,7 +148,9 @@ def mask_probs(
     keep = torch.ones_like(probs, dtype=torch.bool)
     if top_k is not None or top_p is not None:
         sorted_p, order = probs.sort(dim=-1, descending=True)  # (rows, vocab)
-        keep = keep.scatter(-1, order, keep_sorted(sorted_p, top_k, top_p))  # back to vocabulary order
+        keep = keep.scatter(
+            -1, order, keep_sorted(sorted_p, top_k, top_p)
+        )  # back to vocabulary order
     if min_p is not None:
         keep &= probs >= min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
     return probs.masked_fill(~keep, 0.0)
@@ -149,15 +161,28 @@ class Path(enum.Enum):
 
     VERIFY = "verify"  # speculative rows: accept or reject proposals (engine/rejection_sampler.py)
     GREEDY = "greedy"  # every row at temperature 0: the argmax, no noise
-    FUSED_TEMPERATURE = "fused_temperature"  # no masks, a kernel: Gumbel-max over the vocabulary, in one pass
-    FUSED_CANDIDATES = "fused_candidates"  # every row has top_k, a kernel: masks and the draw among the candidates
-    CANDIDATES = "candidates"  # every row has top_k: softmax, masks and noise over the top-k candidates
+    FUSED_TEMPERATURE = (
+        "fused_temperature"  # no masks, a kernel: Gumbel-max over the vocabulary, in one pass
+    )
+    FUSED_CANDIDATES = (
+        "fused_candidates"  # every row has top_k, a kernel: masks and the draw among the candidates
+    )
+    CANDIDATES = (
+        "candidates"  # every row has top_k: softmax, masks and noise over the top-k candidates
+    )
     MASKED = "masked"  # masks, some row without top_k: softmax and masks over the vocabulary
     TEMPERATURE = "temperature"  # no masks: argmax(logits / T - log E), no softmax
 
 
-def pick_path(vocab: int, fused: bool, *, verify: bool = False, all_greedy: bool = False, max_k: int | None = None,
-              masks: bool = False) -> Path:
+def pick_path(
+    vocab: int,
+    fused: bool,
+    *,
+    verify: bool = False,
+    all_greedy: bool = False,
+    max_k: int | None = None,
+    masks: bool = False,
+) -> Path:
     """The draw of a batch, from what the host knows of it: `fused` (dispatch.use_kernel of its
     logits), rows that verify proposals, every row greedy, every row's top_k in 1..`max_k`, any
     top-k / top-p / min-p mask. Candidates only pay when max_k is below the vocabulary."""
@@ -203,7 +228,8 @@ class Sampler(nn.Module):
         top_p: torch.Tensor | None = None,
         min_p: torch.Tensor | None = None,
         seeds: torch.Tensor | None = None,  # (rows,) int64, -1 = no seed (the engine's generator)
-        positions: torch.Tensor | None = None,  # (rows,) int64: the output index each row samples (with seeds)
+        positions: torch.Tensor
+        | None = None,  # (rows,) int64: the output index each row samples (with seeds)
         max_k: int | None = None,  # every row's top_k is in 1..max_k (known on the host)
         greedy_rows: bool = True,  # False: no row has temperature 0 (known on the host)
         path: Path | None = None,  # pick_path's choice (None: chosen here, from the arguments)
@@ -220,20 +246,28 @@ class Sampler(nn.Module):
             path = pick_path(vocab, dispatch.use_kernel(logits), max_k=max_k, masks=masks)
         if path is Path.GREEDY:
             return logits.argmax(dim=-1)  # (rows,)
-        if path is Path.FUSED_TEMPERATURE:  # one launch, the noise hashed in registers from each row's key
+        if (
+            path is Path.FUSED_TEMPERATURE
+        ):  # one launch, the noise hashed in registers from each row's key
             keys = self.row_keys(seeds, positions, logits.shape[0], logits.device)
-            return dispatch.sampling.gumbel_argmax(logits, keys, temperatures)  # the greedy rows' argmax too
+            return dispatch.sampling.gumbel_argmax(
+                logits, keys, temperatures
+            )  # the greedy rows' argmax too
         candidates = probs = None  # probs None: the draw needs no probabilities (temperature only)
         if path in (Path.CANDIDATES, Path.FUSED_CANDIDATES):
             values, candidates = top_candidates(logits, max_k)  # (rows, max_k), largest first
         if path is Path.FUSED_CANDIDATES:
             keys = self.row_keys(seeds, positions, logits.shape[0], logits.device)
-            sampled = dispatch.sampling.candidates_draw(values, candidates, keys, temperatures, top_k, top_p, min_p)
+            sampled = dispatch.sampling.candidates_draw(
+                values, candidates, keys, temperatures, top_k, top_p, min_p
+            )
         else:
             if path is Path.CANDIDATES:
                 probs = candidate_probs(values, temperatures, top_k, top_p, min_p)
             elif path is Path.MASKED:
-                probs = mask_probs(torch.softmax(by_temperature(logits, temperatures), dim=-1), top_k, top_p, min_p)
+                probs = mask_probs(
+                    torch.softmax(by_temperature(logits, temperatures), dim=-1), top_k, top_p, min_p
+                )
             sampled = self.draw(logits, temperatures, probs, candidates, seeds, positions)
         if not greedy_rows:
             return sampled
@@ -243,27 +277,44 @@ class Sampler(nn.Module):
         self,
         logits: torch.Tensor,  # (rows, vocab)
         temperatures: torch.Tensor,  # (rows,)
-        probs: torch.Tensor | None,  # (rows, vocab) or (rows, k) masked probabilities; None: temperature only
-        candidates: torch.Tensor | None,  # (rows, k) the token ids of probs' columns; None: the vocabulary
+        probs: torch.Tensor
+        | None,  # (rows, vocab) or (rows, k) masked probabilities; None: temperature only
+        candidates: torch.Tensor
+        | None,  # (rows, k) the token ids of probs' columns; None: the vocabulary
         seeds: torch.Tensor | None,
         positions: torch.Tensor | None,
     ) -> torch.Tensor:  # (rows,) int64
         """Gumbel-max in PyTorch: Exp(1) noise from the generator, seeded rows' from their keys."""
         vocab = logits.shape[-1]
         shape = logits.shape if candidates is None else candidates.shape
-        noise = torch.empty(shape, device=logits.device).exponential_(generator=self.generator)  # Exp(1)
+        noise = torch.empty(shape, device=logits.device).exponential_(
+            generator=self.generator
+        )  # Exp(1)
         if seeds is not None:
             seeded = seeds >= 0  # (rows,)
-            ids = candidates if candidates is not None else torch.arange(vocab, device=logits.device)
-            noise = torch.where(seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, ids), noise)
-        if probs is None:  # argmax(p_i / E_i) = argmax(logit_i / T - log E_i): softmax's normaliser drops out
+            ids = (
+                candidates if candidates is not None else torch.arange(vocab, device=logits.device)
+            )
+            noise = torch.where(
+                seeded.unsqueeze(1), seeded_exponential(seeds.clamp(min=0), positions, ids), noise
+            )
+        if (
+            probs is None
+        ):  # argmax(p_i / E_i) = argmax(logit_i / T - log E_i): softmax's normaliser drops out
             choice = (by_temperature(logits, temperatures) - noise.log_()).argmax(dim=-1)  # (rows,)
         else:
             choice = (probs / noise).argmax(dim=-1)  # (rows,)
-        return choice if candidates is None else candidates.gather(1, choice.unsqueeze(1)).squeeze(1)
+        return (
+            choice if candidates is None else candidates.gather(1, choice.unsqueeze(1)).squeeze(1)
+        )
 
-    def row_keys(self, seeds: torch.Tensor | None, positions: torch.Tensor | None, rows: int,
-                 device: torch.device) -> torch.Tensor:
+    def row_keys(
+        self,
+        seeds: torch.Tensor | None,
+        positions: torch.Tensor | None,
+        rows: int,
+        device: torch.device,
+    ) -> torch.Tensor:
         """(rows,) int64 keys of the fused draws: seeded rows' seed_keys, the others' from the generator."""
         keys = torch.randint(0, 2**32, (rows,), generator=self.generator, device=device)
         if seeds is None:
@@ -271,9 +322,13 @@ class Sampler(nn.Module):
         return torch.where(seeds >= 0, seed_keys(seeds.clamp(min=0), positions), keys)
 
 
-def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def logprobs_of(
+    logits: torch.Tensor, token_ids: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """log_softmax of the raw logits in float32: the sampled tokens' (rows,), and the top k's
     values and ids (rows, k)."""
     lp = torch.log_softmax(logits.float(), dim=-1)  # (rows, vocab)
-    top = lp.topk(k, dim=-1) if k > 0 else (lp.new_empty(len(lp), 0), token_ids.new_empty(len(lp), 0))  # no views of lp
+    top = (
+        lp.topk(k, dim=-1) if k > 0 else (lp.new_empty(len(lp), 0), token_ids.new_empty(len(lp), 0))
+    )  # no views of lp
     return lp.gather(1, token_ids.unsqueeze(1)).squeeze(1), top[0], top[1]

@@ -25,13 +25,21 @@ from ..validate import Problem
 from .echo import echo_choices, wants_scores
 from .engine_client import EngineClient, Handle
 from .limits import Limits, Workers, check_shape, decode
-from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, make_sampling_params, parse
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RequestError,
+    make_sampling_params,
+    parse,
+)
+from .response_format import GrammarCheck
 from .router_endpoints import add_router_endpoints
 from .tokenizer_routes import add_tokenizer_routes
-from .response_format import GrammarCheck
 
 log = logging.getLogger("nanovllm.server")
-CUT_OFF_SEND_S = 1.0  # how long a stream cut off for slow reading waits to hand over its error event and [DONE]
+CUT_OFF_SEND_S = (
+    1.0  # how long a stream cut off for slow reading waits to hand over its error event and [DONE]
+)
 MIN_LOGPROB = -9999.0  # what a logprob of -inf is written as (JSON has no infinity)
 
 
@@ -65,11 +73,19 @@ class EventStream(StreamingResponse):
                 group.start_soon(cut_off)
                 await self.listen_for_disconnect(receive)
                 group.cancel_scope.cancel()
-            if self.handle.cut_off.is_set():  # the last events go into the buffer, for a client that reads on
+            if (
+                self.handle.cut_off.is_set()
+            ):  # the last events go into the buffer, for a client that reads on
                 with anyio.move_on_after(CUT_OFF_SEND_S):
                     last = _sse(self.handle.error.body()) + "data: [DONE]\n\n"
                     try:
-                        await send({"type": "http.response.body", "body": last.encode(), "more_body": False})
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "body": last.encode(),
+                                "more_body": False,
+                            }
+                        )
                     except (OSError, RuntimeError):
                         pass  # the client is gone, or the response never started
         finally:
@@ -119,14 +135,21 @@ class Reply:
                 yield merged
             failed = [i for i, m in merged.items() if m[3] == "error"]
             if failed:  # a step failed on this request (the engine goes on with the others)
-                raise RequestError(f"the engine failed while generating choice {failed[0]}", status=500, code="engine_error")
+                raise RequestError(
+                    f"the engine failed while generating choice {failed[0]}",
+                    status=500,
+                    code="engine_error",
+                )
 
     def usage(self) -> dict:
         prompt_tokens = sum(len(p) for p in self.handle.prompts)
         completion_tokens = sum(self.num_tokens)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": sum(self.handle.cached_tokens)}}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(self.handle.cached_tokens)},
+        }
 
 
 class Endpoint:
@@ -156,19 +179,40 @@ class Endpoint:
         return bool(req.logprobs) if self.chat else req.logprobs is not None
 
     def logprobs(self, entries: list[dict], offset: int = 0) -> dict:
-        return self.server.chat_logprobs(entries) if self.chat else self.server.completion_logprobs(entries, offset)
+        return (
+            self.server.chat_logprobs(entries)
+            if self.chat
+            else self.server.completion_logprobs(entries, offset)
+        )
 
-    def choice(self, index: int, text: str, logprobs: dict | None, finish_reason: str | None, chunk: bool) -> dict:
+    def choice(
+        self, index: int, text: str, logprobs: dict | None, finish_reason: str | None, chunk: bool
+    ) -> dict:
         if not self.chat:
-            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        content = {"delta": {"content": text} if text else {}} if chunk else {"message": {"role": "assistant", "content": text}}
+            return {
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
+        content = (
+            {"delta": {"content": text} if text else {}}
+            if chunk
+            else {"message": {"role": "assistant", "content": text}}
+        )
         return {"index": index, **content, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class Server:
     """The application's state: the engine client, the endpoints, and what requests are checked against."""
 
-    def __init__(self, client: EngineClient, served_model_names: list[str], shutdown_grace_s: float = 5.0, limits: Limits | None = None):
+    def __init__(
+        self,
+        client: EngineClient,
+        served_model_names: list[str],
+        shutdown_grace_s: float = 5.0,
+        limits: Limits | None = None,
+    ):
         self.client = client
         self.names = served_model_names
         self.max_model_len = client.config.max_model_len
@@ -187,7 +231,9 @@ class Server:
         body = await self.read_body(request)
         req, prompts, params = await self.workers.run(body, lambda raw: self.prepare(endpoint, raw))
         limit = self.limits.request_timeout_s
-        left = None if limit is None else max(0.0, arrival + limit - asyncio.get_running_loop().time())
+        left = (
+            None if limit is None else max(0.0, arrival + limit - asyncio.get_running_loop().time())
+        )
         await self.grammar_check(params)  # a grammar that does not compile is a 400 here
         try:
             handle = await asyncio.wait_for(self.submit(prompts, params, endpoint.prefix), left)
@@ -195,7 +241,12 @@ class Server:
             raise self.timeout_error() from None
         timer = self.deadline(handle, arrival)
         reply = Reply(handle, keep_logprobs=not req.stream)
-        head = {"id": handle.request_ids[0], "object": endpoint.object, "created": int(handle.created), "model": self.names[0]}
+        head = {
+            "id": handle.request_ids[0],
+            "object": endpoint.object,
+            "created": int(handle.created),
+            "model": self.names[0],
+        }
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             chunk_head = {**head, "object": endpoint.chunk_object}
@@ -206,18 +257,33 @@ class Server:
                 if not reply.done:
                     self.client.abort(handle)
 
-            return EventStream(self.stream(endpoint, req, reply, chunk_head, include_usage), handle, on_close)
+            return EventStream(
+                self.stream(endpoint, req, reply, chunk_head, include_usage), handle, on_close
+            )
         try:
             await self.collect(request, reply)
         finally:
             if timer is not None:
                 timer.cancel()
-        if wants_scores(req):  # the choices first: a score-only one counts no completion tokens in usage
+        if wants_scores(
+            req
+        ):  # the choices first: a score-only one counts no completion tokens in usage
             return {**head, "choices": echo_choices(self, req, reply), "usage": reply.usage()}
         want = endpoint.want_logprobs(req)
-        return {**head, "choices": [
-            endpoint.choice(i, "".join(reply.text[i]), endpoint.logprobs(reply.logprobs[i]) if want else None, reply.finish_reason[i], chunk=False)
-            for i in range(len(reply.text))], "usage": reply.usage()}
+        return {
+            **head,
+            "choices": [
+                endpoint.choice(
+                    i,
+                    "".join(reply.text[i]),
+                    endpoint.logprobs(reply.logprobs[i]) if want else None,
+                    reply.finish_reason[i],
+                    chunk=False,
+                )
+                for i in range(len(reply.text))
+            ],
+            "usage": reply.usage(),
+        }
 
     def prepare(self, endpoint: Endpoint, body: bytes, data=None, generate: bool = True) -> tuple:
         """On a worker thread: the body checked in the order of cost (limits.py), then parsed,
@@ -225,13 +291,19 @@ class Server:
         `generate`: a prompt only tokenized is not held to the pending budget)."""
         in_flight = self.client.in_flight if generate else 0
         if data is None:
-            data = decode(body, endpoint.chat, in_flight, self.client.max_pending, self.max_model_len)
+            data = decode(
+                body, endpoint.chat, in_flight, self.client.max_pending, self.max_model_len
+            )
         else:
             check_shape(data, endpoint.chat, in_flight, self.client.max_pending, self.max_model_len)
         req = parse(endpoint.request_class, data)
         if req.model is not None and req.model not in self.names:
-            raise RequestError(f"the model {req.model!r} does not exist here; this server serves {self.names[0]!r}",
-                               "model", status=404, code="model_not_found")
+            raise RequestError(
+                f"the model {req.model!r} does not exist here; this server serves {self.names[0]!r}",
+                "model",
+                status=404,
+                code="model_not_found",
+            )
         req.check_supported()
         try:
             prompts = endpoint.prompts(req)
@@ -241,7 +313,9 @@ class Server:
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.limits.max_body_bytes
-        too_big = RequestError(f"the request body is larger than {limit} bytes", status=413, code="request_too_large")
+        too_big = RequestError(
+            f"the request body is larger than {limit} bytes", status=413, code="request_too_large"
+        )
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
             raise too_big
@@ -258,19 +332,36 @@ class Server:
         try:
             return await asyncio.wait_for(read(), self.limits.body_timeout_s)
         except asyncio.TimeoutError:
-            raise RequestError(f"the request body did not arrive within {self.limits.body_timeout_s:g} s", status=408, code="timeout") from None
+            raise RequestError(
+                f"the request body did not arrive within {self.limits.body_timeout_s:g} s",
+                status=408,
+                code="timeout",
+            ) from None
 
     def sampling_params(self, req, prompts: list[list[int]], endpoint: Endpoint) -> SamplingParams:
         """The request's SamplingParams, checked with each prompt as the LLM checks them (max_tokens
         unset: until max_model_len)."""
-        params = make_sampling_params({**req.sampling_kwargs(), "max_tokens": endpoint.max_tokens(req)})
-        front_end.check_requests(prompts, [params] * len(prompts), self.client.config, self.client.model_config,
-                                 endpoint.prompt_param, numbered=len(prompts) > 1, strict_length=True)
+        params = make_sampling_params(
+            {**req.sampling_kwargs(), "max_tokens": endpoint.max_tokens(req)}
+        )
+        front_end.check_requests(
+            prompts,
+            [params] * len(prompts),
+            self.client.config,
+            self.client.model_config,
+            endpoint.prompt_param,
+            numbered=len(prompts) > 1,
+            strict_length=True,
+        )
         return params
 
     def timeout_error(self) -> RequestError:
-        return RequestError(f"the request did not finish within {self.limits.request_timeout_s:g} s (the server's "
-                            "request timeout)", status=504, code="timeout")
+        return RequestError(
+            f"the request did not finish within {self.limits.request_timeout_s:g} s (the server's "
+            "request timeout)",
+            status=504,
+            code="timeout",
+        )
 
     def deadline(self, handle: Handle, arrival: float) -> asyncio.TimerHandle | None:
         """--request-timeout: past it, the request is aborted and answered with a 504."""
@@ -310,7 +401,9 @@ class Server:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            left = not work.done()  # (a cancelled task is done only once the cancellation is delivered)
+            left = (
+                not work.done()
+            )  # (a cancelled task is done only once the cancellation is delivered)
             if left:
                 work.cancel()
                 self.client.abort(reply.handle)
@@ -318,7 +411,9 @@ class Server:
             raise RequestError("the client disconnected", status=499)
         work.result()
 
-    async def stream(self, endpoint: Endpoint, req, reply: Reply, head: dict, include_usage: bool) -> AsyncIterator[str]:
+    async def stream(
+        self, endpoint: Endpoint, req, reply: Reply, head: dict, include_usage: bool
+    ) -> AsyncIterator[str]:
         """SSE: chat's role chunks, a chunk per choice with news, usage, [DONE]. Usage comes on the
         last chunk, or (stream_options.include_usage) on a chunk of its own."""
         want = endpoint.want_logprobs(req)
@@ -326,7 +421,19 @@ class Server:
         try:
             if endpoint.chat:
                 for i in range(len(reply.text)):
-                    yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+                    yield _sse(
+                        {
+                            **head,
+                            "choices": [
+                                {
+                                    "index": i,
+                                    "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None,
+                                    "finish_reason": None,
+                                }
+                            ],
+                        }
+                    )
             async for merged in reply.updates():
                 last = len(merged) - 1
                 for k, (index, (text, ids, entries, reason)) in enumerate(merged.items()):
@@ -334,7 +441,10 @@ class Server:
                     if want and (entries or not endpoint.chat):
                         logprobs = endpoint.logprobs(entries, offsets[index])
                         offsets[index] += len(text)
-                    chunk = {**head, "choices": [endpoint.choice(index, text, logprobs, reason, chunk=True)]}
+                    chunk = {
+                        **head,
+                        "choices": [endpoint.choice(index, text, logprobs, reason, chunk=True)],
+                    }
                     if include_usage:
                         chunk["usage"] = None
                     elif reply.done and k == last:
@@ -364,7 +474,9 @@ class Server:
         return {
             "tokens": tokens,
             "token_logprobs": [self.finite(e["logprob"]) for e in entries],
-            "top_logprobs": [None if e["top_logprobs"] is None else self.top_logprobs(e) for e in entries],
+            "top_logprobs": [
+                None if e["top_logprobs"] is None else self.top_logprobs(e) for e in entries
+            ],
             "text_offset": offsets,
         }
 
@@ -382,10 +494,17 @@ class Server:
             text = self.token_text(token_id)
             return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
 
-        return {"content": [
-            {**item(e["token_id"], e["logprob"]), "top_logprobs": [item(int(t), lp) for t, lp in (e.get("top_logprobs") or {}).items()]}
-            for e in entries
-        ]}
+        return {
+            "content": [
+                {
+                    **item(e["token_id"], e["logprob"]),
+                    "top_logprobs": [
+                        item(int(t), lp) for t, lp in (e.get("top_logprobs") or {}).items()
+                    ],
+                }
+                for e in entries
+            ]
+        }
 
 
 def create_app(server: Server) -> FastAPI:
@@ -399,36 +518,63 @@ def create_app(server: Server) -> FastAPI:
             metrics.rejected("bad_request")
         elif err.code == "overloaded":
             metrics.rejected("overload")
-        return JSONResponse(err.body(), status_code=err.status, headers={"Retry-After": "1"} if err.status == 503 else None)
+        return JSONResponse(
+            err.body(),
+            status_code=err.status,
+            headers={"Retry-After": "1"} if err.status == 503 else None,
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException):
-        return JSONResponse(RequestError(str(err.detail), status=err.status_code).body(), status_code=err.status_code)
+        return JSONResponse(
+            RequestError(str(err.detail), status=err.status_code).body(),
+            status_code=err.status_code,
+        )
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception):
         log.exception("internal error")
-        return JSONResponse(RequestError(f"internal error: {type(err).__name__}: {err}", status=500).body(), status_code=500)
+        return JSONResponse(
+            RequestError(f"internal error: {type(err).__name__}: {err}", status=500).body(),
+            status_code=500,
+        )
 
     @app.get("/health")
     async def health():
         if client.error is not None or not client.alive:
-            return JSONResponse({"status": "engine stopped", "error": client.error}, status_code=503)
+            return JSONResponse(
+                {"status": "engine stopped", "error": client.error}, status_code=503
+            )
         if not client.accepting:
             return JSONResponse({"status": "shutting down"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [
-            {"id": server.names[0], "object": "model", "created": server.created, "owned_by": "nanovllm",
-             "root": client.config.model, "max_model_len": server.max_model_len}
-        ]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": server.names[0],
+                    "object": "model",
+                    "created": server.created,
+                    "owned_by": "nanovllm",
+                    "root": client.config.model,
+                    "max_model_len": server.max_model_len,
+                }
+            ],
+        }
 
     @app.get("/metrics")
     async def prometheus():
-        text = metrics.render(await client.gauges(), {"in_flight": client.in_flight, "max_pending": client.max_pending,
-                                                      "healthy": client.alive})
+        text = metrics.render(
+            await client.gauges(),
+            {
+                "in_flight": client.in_flight,
+                "max_pending": client.max_pending,
+                "healthy": client.alive,
+            },
+        )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     add_tokenizer_routes(app, server)

@@ -23,8 +23,12 @@ log = logging.getLogger("nanovllm.server")
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `serve` command to a console script's subparsers; it runs `serve(args)`."""
-    parser = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     configure(parser)
     parser.set_defaults(func=serve)
     return parser
@@ -32,43 +36,104 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m nanovllm_final.server`: the `serve` command on its own."""
-    parser = argparse.ArgumentParser(prog="python -m nanovllm_final.server", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m nanovllm_final.server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     configure(parser)
     serve(parser.parse_args(argv))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", help=MODEL_HELP)
-    parser.add_argument("--model", dest="model_option", metavar="MODEL",
-                        help="the same as the first argument (as generate takes it)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=_port, default=8000, help="port to listen on, 0..65535, 0: one the system picks (default: %(default)s)")
-    parser.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: the model's name)")
-    parser.add_argument("--max-pending-requests", type=int, default=None,
-                        help="sequences in flight (prompts x n) past which new requests get HTTP 503 (default: 4 x max_num_seqs)")
-    parser.add_argument("--max-request-bytes", type=_positive(int), default=8 << 20, help="largest request body accepted (default: %(default)s)")
-    parser.add_argument("--header-timeout", type=_positive(float), default=10.0,
-                        help="seconds a connection has to send a request's headers (default: %(default)s)")
-    parser.add_argument("--max-connections", type=_positive(int), default=4096,
-                        help="open connections past which the idle ones are closed, and, while all are busy, a "
-                             "request gets HTTP 503 (/health is always answered) (default: %(default)s)")
-    parser.add_argument("--body-timeout", type=_positive(float), default=30.0,
-                        help="seconds a client has to send a request's body (default: %(default)s)")
-    parser.add_argument("--max-stream-backlog", type=_positive(int), default=256,
-                        help="engine steps a streaming client may fall behind before it is cut off (default: %(default)s)")
-    parser.add_argument("--large-request-bytes", type=_positive(int), default=256 << 10,
-                        help="bodies larger than this are parsed on threads of their own, at most 8 waiting; "
-                             "past that, HTTP 503 (default: %(default)s)")
-    parser.add_argument("--request-timeout", type=_positive(float), default=None,
-                        help="seconds a request may take from arrival; then it is aborted with HTTP 504 "
-                             "(a stream: an error event) (default: none)")
-    parser.add_argument("--watchdog-timeout", type=_positive(float, zero=True), default=60.0,
-                        help="seconds the engine may give no sign of progress while requests wait; then they get "
-                             "HTTP 503 and the server exits with code 1; 0: no watchdog (default: %(default)s)")
-    parser.add_argument("--shutdown-timeout", type=float, default=5.0,
-                        help="seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted (default: %(default)s)")
-    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument(
+        "--model",
+        dest="model_option",
+        metavar="MODEL",
+        help="the same as the first argument (as generate takes it)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port",
+        type=_port,
+        default=8000,
+        help="port to listen on, 0..65535, 0: one the system picks (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the name clients pass as `model` (default: the model's name)",
+    )
+    parser.add_argument(
+        "--max-pending-requests",
+        type=int,
+        default=None,
+        help="sequences in flight (prompts x n) past which new requests get HTTP 503 (default: 4 x max_num_seqs)",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=_positive(int),
+        default=8 << 20,
+        help="largest request body accepted (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=_positive(float),
+        default=10.0,
+        help="seconds a connection has to send a request's headers (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=_positive(int),
+        default=4096,
+        help="open connections past which the idle ones are closed, and, while all are busy, a "
+        "request gets HTTP 503 (/health is always answered) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=_positive(float),
+        default=30.0,
+        help="seconds a client has to send a request's body (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-stream-backlog",
+        type=_positive(int),
+        default=256,
+        help="engine steps a streaming client may fall behind before it is cut off (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--large-request-bytes",
+        type=_positive(int),
+        default=256 << 10,
+        help="bodies larger than this are parsed on threads of their own, at most 8 waiting; "
+        "past that, HTTP 503 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=_positive(float),
+        default=None,
+        help="seconds a request may take from arrival; then it is aborted with HTTP 504 "
+        "(a stream: an error event) (default: none)",
+    )
+    parser.add_argument(
+        "--watchdog-timeout",
+        type=_positive(float, zero=True),
+        default=60.0,
+        help="seconds the engine may give no sign of progress while requests wait; then they get "
+        "HTTP 503 and the server exits with code 1; 0: no watchdog (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=5.0,
+        help="seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
     add_engine_options(parser)
 
 
@@ -82,7 +147,10 @@ def serve(args: argparse.Namespace) -> None:
         from .app import Limits, Server
         from .http_server import run
     except ImportError as err:
-        print(f"error: the server needs FastAPI and uvicorn ({err}); install them with pip install 'nanovllm-staged[serve]'", file=sys.stderr)
+        print(
+            f"error: the server needs FastAPI and uvicorn ({err}); install them with pip install 'nanovllm-staged[serve]'",
+            file=sys.stderr,
+        )
         sys.exit(2)
     from .engine_client import EngineClient
 
@@ -90,11 +158,19 @@ def serve(args: argparse.Namespace) -> None:
     try:
         sock = _listen(args.host, args.port)
     except OSError as err:
-        print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
+        print(
+            f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}",
+            file=sys.stderr,
+        )
         sys.exit(2)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # while loading: stop cleanly
-    client = EngineClient(args.model, engine_options(args), args.max_pending_requests, args.max_stream_backlog,
-                          watchdog_s=args.watchdog_timeout or None)
+    client = EngineClient(
+        args.model,
+        engine_options(args),
+        args.max_pending_requests,
+        args.max_stream_backlog,
+        watchdog_s=args.watchdog_timeout or None,
+    )
     try:
         client.start()
     except (ValueError, FileNotFoundError, OSError) as err:
@@ -104,18 +180,36 @@ def serve(args: argparse.Namespace) -> None:
         sys.exit(130)
     try:
         names = [args.served_model_name or client.info["model_name"]]
-        names += [alias for alias in (args.model,) if alias not in names]  # the path as given is accepted too
+        names += [
+            alias for alias in (args.model,) if alias not in names
+        ]  # the path as given is accepted too
         # uvicorn re-raises the signal that stopped it once it is done, and more may come while
         # the engine stops: from here on they change nothing (the shutdown is bounded in time)
         # (SIG_IGN, not a Python handler: the interpreter's exit keeps it, so a late signal cannot make it -15)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        log.info("serving %s as %r on http://%s:%d", args.model, names[0], args.host, sock.getsockname()[1])
-        limits = Limits(max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout,
-                        large_body_bytes=args.large_request_bytes, request_timeout_s=args.request_timeout)
+        log.info(
+            "serving %s as %r on http://%s:%d",
+            args.model,
+            names[0],
+            args.host,
+            sock.getsockname()[1],
+        )
+        limits = Limits(
+            max_body_bytes=args.max_request_bytes,
+            body_timeout_s=args.body_timeout,
+            large_body_bytes=args.large_request_bytes,
+            request_timeout_s=args.request_timeout,
+        )
         server = Server(client, names, args.shutdown_timeout, limits)
         gc.freeze()  # what start-up built (the tokenizer, the libraries) is never traversed by a collection again
-        run(server, sock, args.log_level, header_timeout_s=args.header_timeout, max_connections=args.max_connections)
+        run(
+            server,
+            sock,
+            args.log_level,
+            header_timeout_s=args.header_timeout,
+            max_connections=args.max_connections,
+        )
     finally:
         client.stop()
     if client.failed:  # a supervisor (systemd, Kubernetes, a router's) restarts the server
@@ -143,7 +237,9 @@ def _port(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
     if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port number (0..65535; 0: one the system picks)")
+        raise argparse.ArgumentTypeError(
+            f"{port} is not a port number (0..65535; 0: one the system picks)"
+        )
     return port
 
 
@@ -162,4 +258,3 @@ def _positive(kind: type, zero: bool = False):
 
 def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
-

@@ -26,8 +26,12 @@ def vllm_prompt_logprobs(server, prompt: list[int], scored: list | None) -> list
     out: list[dict | None] = [None]
     for entry in (scored or [None])[1:]:
         chosen = {entry["token_id"]: entry["logprob"]} | entry["top_logprobs"]
-        out.append({str(t): {"logprob": server.finite(lp), "decoded_token": server.token_text(int(t))}
-                    for t, lp in chosen.items()})
+        out.append(
+            {
+                str(t): {"logprob": server.finite(lp), "decoded_token": server.token_text(int(t))}
+                for t, lp in chosen.items()
+            }
+        )
     return out
 
 
@@ -40,10 +44,14 @@ def echo_choices(server, req: CompletionRequest, reply) -> list[dict]:
         prompt, scored = handle.prompts[p], handle.prompt_logprobs[p]
         if req.score_only:
             reply.num_tokens[i] = 0  # the one token generated to run the prompt is not the client's
-        text, generated = ("", []) if req.score_only else ("".join(reply.text[i]), reply.logprobs[i])
+        text, generated = (
+            ("", []) if req.score_only else ("".join(reply.text[i]), reply.logprobs[i])
+        )
         logprobs = None
         if req.echo:
-            prompt_text = texts[p] if isinstance(texts[p], str) else server.client.tokenizer.decode(prompt)
+            prompt_text = (
+                texts[p] if isinstance(texts[p], str) else server.client.tokenizer.decode(prompt)
+            )
             text = prompt_text + text
             if req.logprobs is not None:
                 logprobs = server.completion_logprobs(prompt_entries(prompt, scored) + generated)

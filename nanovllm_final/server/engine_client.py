@@ -35,7 +35,9 @@ from .watchdog import Heartbeat, Watchdog
 log = logging.getLogger("nanovllm.server")
 STOP_TIMEOUT_S = 30.0  # how long the engine process may take to shut down before it is killed
 DEFAULT_WATCHDOG_S = 60.0
-PIPE_BYTES = 1 << 20  # the pipes' kernel buffers: the engine's send returns at once unless we are ~that far behind
+PIPE_BYTES = (
+    1 << 20
+)  # the pipes' kernel buffers: the engine's send returns at once unless we are ~that far behind
 
 
 class Choice:
@@ -49,7 +51,9 @@ class Choice:
         self.detok = None if params.stop else IncrementalDetokenizer(tokenizer, prompt)
         self.finish_reason: str | None = None
 
-    def apply(self, ids: list[int], text: str | None, logprobs: list | None, reason: str | None) -> tuple:
+    def apply(
+        self, ids: list[int], text: str | None, logprobs: list | None, reason: str | None
+    ) -> tuple:
         """New tokens (and their text, if the engine decoded it) -> (text, ids, logprobs, finish reason)."""
         if self.detok is not None:
             for token_id in ids:
@@ -70,12 +74,16 @@ class Handle:
     def __init__(self, loop, prefix: str, prompts: list[list[int]], params, tokenizer):
         self.loop, self.prompts, self.params, self.n = loop, prompts, params, params.n
         base = f"{prefix}-{uuid.uuid4().hex}"
-        self.request_ids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
+        self.request_ids = (
+            [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
+        )
         self.slot = {rid: i for i, rid in enumerate(self.request_ids)}
         self.choices = [Choice(tokenizer, p, params) for p in prompts for _ in range(params.n)]
         self.unfinished = set(self.request_ids)  # reader thread (under the client's lock)
         self.cached_tokens = [0] * len(prompts)
-        self.prompt_logprobs: list[list | None] = [None] * len(prompts)  # per prompt once scored (prompt_logprobs)
+        self.prompt_logprobs: list[list | None] = [None] * len(
+            prompts
+        )  # per prompt once scored (prompt_logprobs)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cut_off = asyncio.Event()
         self.error: RequestError | None = None  # why the server ended it (cut off, deadline)
@@ -88,14 +96,23 @@ class Handle:
 
 
 class EngineClient:
-    def __init__(self, model: str, engine_options: dict, max_pending: int | None = None, max_backlog: int = 256,
-                 metrics: ServerMetrics | None = None, watchdog_s: float | None = DEFAULT_WATCHDOG_S):
+    def __init__(
+        self,
+        model: str,
+        engine_options: dict,
+        max_pending: int | None = None,
+        max_backlog: int = 256,
+        metrics: ServerMetrics | None = None,
+        watchdog_s: float | None = DEFAULT_WATCHDOG_S,
+    ):
         """max_pending: sequences in flight past which submit() refuses; None: 4 x max_num_seqs.
         max_backlog: unread steps past which a streaming client is cut off.
         watchdog_s: seconds of a silent engine, while requests wait, before it counts as hung
         (watchdog.py); None: not watched."""
         for name, value in (("max_pending", max_pending), ("max_backlog", max_backlog)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.model, self.engine_options = model, engine_options
         self.max_pending, self.max_backlog = max_pending, max_backlog
@@ -113,7 +130,9 @@ class EngineClient:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._process = None
         self.watchdog_s, self._watchdog = watchdog_s, None
-        self.on_dead: Callable[[], None] | None = None  # called (from a thread) once the engine is dead or hung
+        self.on_dead: Callable[[], None] | None = (
+            None  # called (from a thread) once the engine is dead or hung
+        )
         self.failed = False  # the engine died or hung (not: stopped when told)
         self._stopping = False
 
@@ -131,8 +150,11 @@ class EngineClient:
             except (OSError, AttributeError):
                 pass  # not Linux, or above /proc/sys/fs/pipe-max-size: the default buffer
         self.heartbeat = Heartbeat(ctx)
-        self._process = ctx.Process(target=engine_core_main, name="nanovllm-engine-core",
-                                    args=(commands_in, messages_out, self.model, self.engine_options, self.heartbeat))
+        self._process = ctx.Process(
+            target=engine_core_main,
+            name="nanovllm-engine-core",
+            args=(commands_in, messages_out, self.model, self.engine_options, self.heartbeat),
+        )
         self._process.start()
         commands_in.close()  # only the engine holds these ends: if it dies, ours see EOF
         messages_out.close()
@@ -146,13 +168,17 @@ class EngineClient:
             raise ValueError(payload)
         from transformers import AutoTokenizer
 
-        self.info, self.config, self.model_config = payload, payload["config"], payload["model_config"]
+        self.info, self.config, self.model_config = (
+            payload,
+            payload["config"],
+            payload["model_config"],
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(payload["tokenizer"])
         self.max_pending = self.max_pending or 4 * self.config.max_num_seqs
         threading.Thread(target=self._read, name="nanovllm-engine-reader", daemon=True).start()
         threading.Thread(target=self._send, name="nanovllm-engine-sender", daemon=True).start()
         if self.watchdog_s:
-            busy = lambda: self._in_flight > 0 or bool(self._adding)  # noqa: E731
+            busy = lambda: self._in_flight > 0 or bool(self._adding)
             self._watchdog = Watchdog(self.heartbeat, self.watchdog_s, busy, self._on_hung)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
@@ -167,7 +193,9 @@ class EngineClient:
             self._process.terminate()
         if self._watchdog is not None:
             self._watchdog.stopped.set()
-        self._process.join(timeout if self.error is None else min(timeout, 2.0))  # a hung engine may not stop
+        self._process.join(
+            timeout if self.error is None else min(timeout, 2.0)
+        )  # a hung engine may not stop
         if self._process.is_alive():
             log.error("the engine process did not stop within %.0f s; killing it", timeout)
             self._process.kill()
@@ -175,7 +203,12 @@ class EngineClient:
 
     @property
     def alive(self) -> bool:
-        return self.error is None and self._process is not None and self._process.is_alive() and bool(self.info)
+        return (
+            self.error is None
+            and self._process is not None
+            and self._process.is_alive()
+            and bool(self.info)
+        )
 
     @property
     def in_flight(self) -> int:
@@ -187,23 +220,34 @@ class EngineClient:
         """Queue one HTTP request's prompts (all with the same SamplingParams)."""
         count = len(prompts) * params.n
         if count > self.max_pending:
-            raise RequestError(f"{len(prompts)} prompts x n={params.n} are {count} sequences, more than the "
-                               f"{self.max_pending} this server runs at once", "n" if params.n > 1 else "prompt")
+            raise RequestError(
+                f"{len(prompts)} prompts x n={params.n} are {count} sequences, more than the "
+                f"{self.max_pending} this server runs at once",
+                "n" if params.n > 1 else "prompt",
+            )
         handle = Handle(asyncio.get_running_loop(), prefix, prompts, params, self.tokenizer)
         with self._lock:  # against the reader thread: a dead engine answers every registered handle
             if not self.accepting:
                 raise RequestError("the server is shutting down", status=503, code="shutting_down")
             if self.error is not None:
-                raise RequestError(f"the engine is not running: {self.error}", status=503, code="engine_dead")
+                raise RequestError(
+                    f"the engine is not running: {self.error}", status=503, code="engine_dead"
+                )
             if self._in_flight + count > self.max_pending:
-                raise RequestError(f"the server is overloaded: {self._in_flight} sequences in flight, at most "
-                                   f"{self.max_pending}; retry later", status=503, code="overloaded")
+                raise RequestError(
+                    f"the server is overloaded: {self._in_flight} sequences in flight, at most "
+                    f"{self.max_pending}; retry later",
+                    status=503,
+                    code="overloaded",
+                )
             self._in_flight += count
             key = next(self._keys)
             self._adding[key] = handle
             for rid in handle.request_ids:
                 self._live[rid] = handle
-        self._outbox.put(("add", key, [(rid, p, params) for rid, p in zip(handle.request_ids, prompts)]))
+        self._outbox.put(
+            ("add", key, [(rid, p, params) for rid, p in zip(handle.request_ids, prompts)])
+        )
         return handle
 
     def abort(self, handle: Handle, notify: bool = False) -> None:
@@ -218,7 +262,9 @@ class EngineClient:
             self._outbox.put(("abort", rids))
         if rids and notify:
             ended = [(handle.slot[rid] * handle.n + j) for rid in rids for j in range(handle.n)]
-            updates = [(i, "", [], [], "abort") for i in ended if handle.choices[i].finish_reason is None]
+            updates = [
+                (i, "", [], [], "abort") for i in ended if handle.choices[i].finish_reason is None
+            ]
             _push(handle, ("updates", updates, True))
 
     def abort_all(self) -> None:
@@ -260,7 +306,12 @@ class EngineClient:
                 pass
         self._process.join(1)
         code = self._process.exitcode
-        return "dead", f"the engine process exited with code {code}" if code is not None else "the engine process is gone"
+        return (
+            "dead",
+            f"the engine process exited with code {code}"
+            if code is not None
+            else "the engine process is gone",
+        )
 
     def _read(self) -> None:
         while True:
@@ -283,7 +334,9 @@ class EngineClient:
             handle = self._live.get(rid)
             if handle is None:
                 continue  # aborted: answered already
-            if prompt_logprobs is not None:  # before the updates that follow it reach the event loop
+            if (
+                prompt_logprobs is not None
+            ):  # before the updates that follow it reach the event loop
                 handle.prompt_logprobs[handle.slot[rid]] = prompt_logprobs
             updates = news.setdefault(handle, [])
             base = handle.slot[rid] * handle.n
@@ -300,7 +353,9 @@ class EngineClient:
         if news:  # one wake-up of the event loop per step, however many requests got tokens
             loop = next(iter(news)).loop
             try:
-                loop.call_soon_threadsafe(self._deliver, [(h, u, h in done) for h, u in news.items()])
+                loop.call_soon_threadsafe(
+                    self._deliver, [(h, u, h in done) for h, u in news.items()]
+                )
             except RuntimeError:
                 pass  # the event loop is closed
 
@@ -310,7 +365,9 @@ class EngineClient:
             if handle is None:
                 return
             if problem is not None:
-                self._forget([rid for rid in handle.request_ids if self._live.get(rid) is handle], handle)
+                self._forget(
+                    [rid for rid in handle.request_ids if self._live.get(rid) is handle], handle
+                )
         if problem is None:
             for p in handle.prompts:
                 self.metrics.prompt(len(p))
@@ -328,7 +385,9 @@ class EngineClient:
         handle.cached_tokens[handle.slot[rid]] = metrics.get("cached_prompt_tokens") or 0
         base = handle.slot[rid] * handle.n
         choices = handle.choices[base : base + handle.n]
-        self.metrics.observe_request([c.finish_reason for c in choices], metrics, time.perf_counter() - handle.start)
+        self.metrics.observe_request(
+            [c.finish_reason for c in choices], metrics, time.perf_counter() - handle.start
+        )
 
     def _forget(self, rids: list[str], handle: Handle) -> None:
         """Under the lock: these requests of `handle` are over."""
@@ -341,10 +400,15 @@ class EngineClient:
         for handle, updates, done in items:
             handle.queue.put_nowait(("updates", updates, done))
             if not done and handle.queue.qsize() > self.max_backlog and not handle.cut_off.is_set():
-                log.warning("a client fell %d steps behind its stream; cutting it off", handle.queue.qsize())
+                log.warning(
+                    "a client fell %d steps behind its stream; cutting it off", handle.queue.qsize()
+                )
                 self.metrics.rejected("slow_reader")
-                handle.error = RequestError("the client read its stream too slowly and was cut off", status=408,
-                                            code="slow_reader")
+                handle.error = RequestError(
+                    "the client read its stream too slowly and was cut off",
+                    status=408,
+                    code="slow_reader",
+                )
                 handle.cut_off.set()
                 self.abort(handle)
                 handle.queue.put_nowait(("error", handle.error))
@@ -367,7 +431,9 @@ class EngineClient:
         if self.accepting:
             log.error("the engine stopped: %s; the server answers 503 and exits", why)
         for handle in handles:
-            _push(handle, ("error", RequestError(f"the engine stopped: {why}", status=503, code=code)))
+            _push(
+                handle, ("error", RequestError(f"the engine stopped: {why}", status=503, code=code))
+            )
         for future in list(self._gauges.values()):
             future.get_loop().call_soon_threadsafe(_set_result, future, None)
         if self.failed and self.on_dead is not None:

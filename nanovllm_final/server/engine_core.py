@@ -35,9 +35,16 @@ from .metrics import engine_gauges
 from .watchdog import Heartbeat
 
 
-def engine_core_main(commands: Connection, messages: Connection, model: str, engine_options: dict,
-                     heartbeat: Heartbeat | None = None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the API process, which then stops us
+def engine_core_main(
+    commands: Connection,
+    messages: Connection,
+    model: str,
+    engine_options: dict,
+    heartbeat: Heartbeat | None = None,
+) -> None:
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C is for the API process, which then stops us
     heartbeat = heartbeat or Heartbeat()
     heartbeat.start_beating()
     try:
@@ -45,12 +52,25 @@ def engine_core_main(commands: Connection, messages: Connection, model: str, eng
 
         llm = LLM(model, **engine_options)
     except BaseException as err:  # noqa: BLE001 - reported to the API process, which exits with it
-        messages.send(("failed", str(err) if isinstance(err, Problem) else f"{type(err).__name__}: {err}"))
+        messages.send(
+            ("failed", str(err) if isinstance(err, Problem) else f"{type(err).__name__}: {err}")
+        )
         return
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from now on we stop when told (or when our command pipe closes)
+    signal.signal(
+        signal.SIGTERM, signal.SIG_IGN
+    )  # from now on we stop when told (or when our command pipe closes)
     try:
-        messages.send(("ready", {"config": llm.config, "model_config": llm.model_config, "model_name": llm.model_name,
-                                 "tokenizer": llm.tokenizer.name_or_path}))
+        messages.send(
+            (
+                "ready",
+                {
+                    "config": llm.config,
+                    "model_config": llm.model_config,
+                    "model_name": llm.model_name,
+                    "tokenizer": llm.tokenizer.name_or_path,
+                },
+            )
+        )
         EngineCore(llm, commands, messages, heartbeat).run()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the API process is gone
@@ -77,7 +97,9 @@ class EngineCore:
         while True:
             replies: list[tuple] = []
             # idle: block until a command comes; busy: take only what has arrived
-            while self.commands.poll(None if not engine.has_unfinished_requests() and not replies else 0):
+            while self.commands.poll(
+                None if not engine.has_unfinished_requests() and not replies else 0
+            ):
                 command = self.commands.recv()
                 if command[0] == "stop":
                     return
@@ -111,10 +133,16 @@ class EngineCore:
             for rid, ids, params in items:
                 self.engine.add_request(ids, params, request_id=rid)
                 added.append(rid)
-        except ValueError as err:  # the API side checked it already; the engine's own checks may know more
+        except (
+            ValueError
+        ) as err:  # the API side checked it already; the engine's own checks may know more
             for rid in added:
                 self.engine.abort_request(rid)
-            return (err.message, err.param, err.code) if isinstance(err, Problem) else (str(err), None, "invalid_value")
+            return (
+                (err.message, err.param, err.code)
+                if isinstance(err, Problem)
+                else (str(err), None, "invalid_value")
+            )
         self.live.update(added)
         self.decoded.update(rid for rid, _, params in items if params.stop)
         return None
@@ -125,8 +153,17 @@ class EngineCore:
             if out.request_id not in self.live:
                 continue  # aborted by the API side: it has answered already
             decoded = out.request_id in self.decoded
-            news = [(c.index, c.delta_token_ids, c.delta_text if decoded else None, c.delta_logprobs,
-                     c.finish_reason) for c in out.outputs if c.delta_token_ids or c.finish_reason]
+            news = [
+                (
+                    c.index,
+                    c.delta_token_ids,
+                    c.delta_text if decoded else None,
+                    c.delta_logprobs,
+                    c.finish_reason,
+                )
+                for c in out.outputs
+                if c.delta_token_ids or c.finish_reason
+            ]
             scores = out.prompt_logprobs if out.request_id not in self.scored else None  # sent once
             if scores is not None:
                 self.scored.add(out.request_id)
@@ -134,5 +171,7 @@ class EngineCore:
                 self.live.discard(out.request_id)
                 self.scored.discard(out.request_id)
                 self.decoded.discard(out.request_id)
-            deltas.append((out.request_id, news, out.metrics.as_dict() if out.finished else None, scores))
+            deltas.append(
+                (out.request_id, news, out.metrics.as_dict() if out.finished else None, scores)
+            )
         return deltas

@@ -16,7 +16,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .app import Server, create_app
 from .protocol import RequestError
 
-SEND_BUFFER_BYTES = 256 << 10  # per connection; the kernel doubles it (and would autotune it up to MBs)
+SEND_BUFFER_BYTES = (
+    256 << 10
+)  # per connection; the kernel doubles it (and would autotune it up to MBs)
 
 
 class HeaderTimeoutProtocol(H11Protocol):
@@ -54,12 +56,16 @@ class HeaderTimeoutProtocol(H11Protocol):
         self.loop.call_later(self.header_timeout_s, self._check, cycle)
 
     def _idle(self) -> bool:
-        return (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing()
+        return (
+            self.cycle is None or self.cycle.response_complete
+        ) and not self.transport.is_closing()
 
     def _evict_idle(self, count: int) -> None:
         """Past max_connections: close the `count` connections idle the longest (no request in
         progress), so that a flood of idle connections makes room for the next client."""
-        order = self.idle_order  # (a connection that got busy since it was put there is dropped from it)
+        order = (
+            self.idle_order
+        )  # (a connection that got busy since it was put there is dropped from it)
         while count > 0 and (conn := next(iter(order), self)) is not self:
             del order[conn]
             if conn._idle():
@@ -81,14 +87,24 @@ class ConnectionLimit:
         self.app, self.connections, self.max_connections = app, connections, max_connections
 
     async def __call__(self, scope, receive, send) -> None:
-        if (scope["type"] != "http" or self.max_connections is None or len(self.connections) <= self.max_connections
-                or scope["path"] in ("/health", "/metrics")):
+        if (
+            scope["type"] != "http"
+            or self.max_connections is None
+            or len(self.connections) <= self.max_connections
+            or scope["path"] in ("/health", "/metrics")
+        ):
             return await self.app(scope, receive, send)
-        error = RequestError(f"the server has more than {self.max_connections} open connections; retry later",
-                             status=503, code="too_many_connections")
+        error = RequestError(
+            f"the server has more than {self.max_connections} open connections; retry later",
+            status=503,
+            code="too_many_connections",
+        )
         body = json.dumps(error.body()).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"retry-after", b"1")]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", b"1"),
+        ]
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -111,16 +127,37 @@ class GracefulServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def run(server: Server, sock: socket.socket, log_level: str = "info", header_timeout_s: float = 10.0,
-        keep_alive_s: float = 5.0, max_connections: int | None = None) -> None:
+def run(
+    server: Server,
+    sock: socket.socket,
+    log_level: str = "info",
+    header_timeout_s: float = 10.0,
+    keep_alive_s: float = 5.0,
+    max_connections: int | None = None,
+) -> None:
     """Serve on the bound socket until SIGINT/SIGTERM or the engine's failure; returns once every
     connection is closed. Past `max_connections` open connections the idle ones are closed, and
     while all are busy a request gets a JSON 503 at once (/health is always answered)."""
-    protocol = type("Protocol", (HeaderTimeoutProtocol,), {"header_timeout_s": header_timeout_s,
-                                                           "max_connections": max_connections, "idle_order": {}})
-    config = uvicorn.Config(create_app(server), log_level=log_level, lifespan="off", http=protocol,
-                            timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=server.shutdown_grace_s + 5,
-                            backlog=max(2048, (max_connections or 0) + 256))
+    protocol = type(
+        "Protocol",
+        (HeaderTimeoutProtocol,),
+        {
+            "header_timeout_s": header_timeout_s,
+            "max_connections": max_connections,
+            "idle_order": {},
+        },
+    )
+    config = uvicorn.Config(
+        create_app(server),
+        log_level=log_level,
+        lifespan="off",
+        http=protocol,
+        timeout_keep_alive=keep_alive_s,
+        timeout_graceful_shutdown=server.shutdown_grace_s + 5,
+        backlog=max(2048, (max_connections or 0) + 256),
+    )
     uvicorn_server = GracefulServer(config, server)
-    config.app = ConnectionLimit(config.app, uvicorn_server.server_state.connections, max_connections)
+    config.app = ConnectionLimit(
+        config.app, uvicorn_server.server_state.connections, max_connections
+    )
     uvicorn_server.run(sockets=[sock])

@@ -28,9 +28,16 @@ class Limits:
     small bodies (`tokenizer_threads`) and for bodies above `large_body_bytes` (`large_threads`),
     large bodies waiting at most, and seconds a request may take from arrival (None: no deadline)."""
 
-    def __init__(self, max_body_bytes: int = 8 << 20, body_timeout_s: float = 30.0, tokenizer_threads: int = 4,
-                 large_body_bytes: int = 256 << 10, large_threads: int = 1, max_large_waiting: int = 8,
-                 request_timeout_s: float | None = None):
+    def __init__(
+        self,
+        max_body_bytes: int = 8 << 20,
+        body_timeout_s: float = 30.0,
+        tokenizer_threads: int = 4,
+        large_body_bytes: int = 256 << 10,
+        large_threads: int = 1,
+        max_large_waiting: int = 8,
+        request_timeout_s: float | None = None,
+    ):
         self.max_body_bytes, self.body_timeout_s = max_body_bytes, body_timeout_s
         self.tokenizer_threads, self.large_threads = tokenizer_threads, large_threads
         self.large_body_bytes, self.max_large_waiting = large_body_bytes, max_large_waiting
@@ -42,8 +49,12 @@ class Workers:
 
     def __init__(self, limits: Limits):
         self.limits = limits
-        self.small = ThreadPoolExecutor(limits.tokenizer_threads, thread_name_prefix="nanovllm-parse")
-        self.large = ThreadPoolExecutor(limits.large_threads, thread_name_prefix="nanovllm-parse-large")
+        self.small = ThreadPoolExecutor(
+            limits.tokenizer_threads, thread_name_prefix="nanovllm-parse"
+        )
+        self.large = ThreadPoolExecutor(
+            limits.large_threads, thread_name_prefix="nanovllm-parse-large"
+        )
         self.large_waiting = 0  # large bodies queued or being parsed (event loop only)
 
     async def run(self, body: bytes, work: Callable[[bytes], Any]) -> Any:
@@ -52,8 +63,11 @@ class Workers:
         if len(body) <= self.limits.large_body_bytes:
             return await loop.run_in_executor(self.small, work, body)
         if self.large_waiting >= self.limits.max_large_waiting:
-            raise RequestError(f"{self.large_waiting} large request bodies are being parsed; retry later",
-                               status=503, code="overloaded")
+            raise RequestError(
+                f"{self.large_waiting} large request bodies are being parsed; retry later",
+                status=503,
+                code="overloaded",
+            )
         self.large_waiting += 1
         try:
             return await loop.run_in_executor(self.large, work, body)
@@ -73,17 +87,30 @@ def check_shape(data: Any, chat: bool, in_flight: int, max_pending: int, max_mes
     if chat:
         messages = data.get("messages")
         if isinstance(messages, list) and len(messages) > max_messages:
-            raise RequestError(f"{len(messages)} messages are more than the {max_messages} tokens of this model's "
-                               "context (max_model_len)", "messages", code="context_length_exceeded")
-    elif isinstance(prompt := data.get("prompt"), list) and prompt and not isinstance(prompt[0], int):
+            raise RequestError(
+                f"{len(messages)} messages are more than the {max_messages} tokens of this model's "
+                "context (max_model_len)",
+                "messages",
+                code="context_length_exceeded",
+            )
+    elif (
+        isinstance(prompt := data.get("prompt"), list) and prompt and not isinstance(prompt[0], int)
+    ):
         prompts = len(prompt)
     count = prompts * n
     if count > max_pending:
-        raise RequestError(f"{prompts} prompts x n={n} are {count} sequences, more than the {max_pending} this "
-                           "server runs at once", "n" if n > 1 else "prompt")
+        raise RequestError(
+            f"{prompts} prompts x n={n} are {count} sequences, more than the {max_pending} this "
+            "server runs at once",
+            "n" if n > 1 else "prompt",
+        )
     if in_flight + count > max_pending:
-        raise RequestError(f"the server is overloaded: {in_flight} sequences in flight, at most {max_pending}; "
-                           "retry later", status=503, code="overloaded")
+        raise RequestError(
+            f"the server is overloaded: {in_flight} sequences in flight, at most {max_pending}; "
+            "retry later",
+            status=503,
+            code="overloaded",
+        )
 
 
 def parse_json(raw: bytes):
@@ -91,14 +118,21 @@ def parse_json(raw: bytes):
     too deeply or with an integer too long to convert is a 400 like any other bad JSON."""
     try:
         data = json.loads(raw, parse_constant=_refuse_constant)
-        if _SURROGATE_ESCAPE.search(raw):  # (the whole body is re-encoded only when it may hold one)
+        if _SURROGATE_ESCAPE.search(
+            raw
+        ):  # (the whole body is re-encoded only when it may hold one)
             json.dumps(data, ensure_ascii=False).encode("utf-8")
     except RecursionError:
         raise RequestError("the request body is nested too deeply") from None
     except UnicodeEncodeError as err:
-        lone = err.object[err.start:err.end]
-        raise RequestError(f"the request body has a lone surrogate ({lone!r}), which is not text") from None
-    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, NaN, an int of too many digits
+        lone = err.object[err.start : err.end]
+        raise RequestError(
+            f"the request body has a lone surrogate ({lone!r}), which is not text"
+        ) from None
+    except (
+        ValueError,
+        UnicodeDecodeError,
+    ) as err:  # JSONDecodeError, NaN, an int of too many digits
         raise RequestError(f"the request body is not valid JSON: {err}") from None
     return data
 

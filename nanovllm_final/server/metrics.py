@@ -10,8 +10,44 @@ import math
 import threading
 
 PREFIX = "nanovllm_"
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+TPOT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 SPEC_DECODE_COUNTERS = {
     "spec_decode_num_drafts": "Verifications of a sequence with proposals (speculative decoding).",
     "spec_decode_num_draft_tokens": "Tokens proposed (speculative decoding).",
@@ -49,9 +85,21 @@ class ServerMetrics:
         self.generation_tokens = 0
         self.finished_by_reason: dict[str, int] = {}
         self.rejected_by_reason: dict[str, int] = {}
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time from arrival in the engine to the first generated token.", TTFT_BUCKETS)
-        self.tpot = Histogram(PREFIX + "time_per_output_token_seconds", "Mean time between two generated tokens of a request.", TPOT_BUCKETS)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Time from submission to the last token, per request.", E2E_BUCKETS)
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Time from arrival in the engine to the first generated token.",
+            TTFT_BUCKETS,
+        )
+        self.tpot = Histogram(
+            PREFIX + "time_per_output_token_seconds",
+            "Mean time between two generated tokens of a request.",
+            TPOT_BUCKETS,
+        )
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "Time from submission to the last token, per request.",
+            E2E_BUCKETS,
+        )
 
     def prompt(self, num_tokens: int) -> None:
         with self._lock:
@@ -88,32 +136,108 @@ class ServerMetrics:
             lines.extend([f"# HELP {full} {help}", f"# TYPE {full} {kind}"])
             for labels, value in samples:
                 label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
-                lines.append(f"{full}{{{label_text}}} {_number(value)}" if label_text else f"{full} {_number(value)}")
+                lines.append(
+                    f"{full}{{{label_text}}} {_number(value)}"
+                    if label_text
+                    else f"{full} {_number(value)}"
+                )
 
         if engine is not None:
-            family("num_requests_running", "gauge", "Requests in the engine's running batch.", [({}, engine["running"])])
-            family("num_requests_waiting", "gauge", "Requests waiting in the engine for admission.", [({}, engine["waiting"])])
-            family("kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use (1 = full).", [({}, engine["kv_usage"])])
-            family("kv_cache_blocks_used", "gauge", "KV-cache blocks in use.", [({}, engine["blocks_used"])])
-            family("kv_cache_blocks_total", "gauge", "KV-cache blocks in the pool.", [({}, engine["blocks_total"])])
-            family("prefix_cache_hit_rate", "gauge", "Fraction of prompt tokens served from the prefix cache so far.", [({}, engine["prefix_hit_rate"])])
-            family("num_preemptions_total", "counter", "Sequences preempted (recomputed later) for lack of KV blocks.", [({}, engine["preemptions"])])
+            family(
+                "num_requests_running",
+                "gauge",
+                "Requests in the engine's running batch.",
+                [({}, engine["running"])],
+            )
+            family(
+                "num_requests_waiting",
+                "gauge",
+                "Requests waiting in the engine for admission.",
+                [({}, engine["waiting"])],
+            )
+            family(
+                "kv_cache_usage_perc",
+                "gauge",
+                "Fraction of KV-cache blocks in use (1 = full).",
+                [({}, engine["kv_usage"])],
+            )
+            family(
+                "kv_cache_blocks_used",
+                "gauge",
+                "KV-cache blocks in use.",
+                [({}, engine["blocks_used"])],
+            )
+            family(
+                "kv_cache_blocks_total",
+                "gauge",
+                "KV-cache blocks in the pool.",
+                [({}, engine["blocks_total"])],
+            )
+            family(
+                "prefix_cache_hit_rate",
+                "gauge",
+                "Fraction of prompt tokens served from the prefix cache so far.",
+                [({}, engine["prefix_hit_rate"])],
+            )
+            family(
+                "num_preemptions_total",
+                "counter",
+                "Sequences preempted (recomputed later) for lack of KV blocks.",
+                [({}, engine["preemptions"])],
+            )
             if "spec_decode_num_drafts" in engine:  # speculative decoding, vLLM's names
                 for name, help in SPEC_DECODE_COUNTERS.items():
                     family(name + "_total", "counter", help, [({}, engine[name])])
                 per_pos = engine["spec_decode_num_accepted_tokens_per_pos"]
-                family("spec_decode_num_accepted_tokens_per_pos_total", "counter",
-                       "Accepted proposals, by position in the proposal.", [({"position": i}, n) for i, n in enumerate(per_pos)])
-        family("server_requests_in_flight", "gauge", "Requests accepted by the server and not finished yet.", [({}, server["in_flight"])])
-        family("server_max_pending_requests", "gauge", "Requests in flight past which new ones get HTTP 503.", [({}, server["max_pending"])])
-        family("engine_healthy", "gauge", "1 while the engine runs, 0 after it failed or stopped.", [({}, 1 if server["healthy"] else 0)])
+                family(
+                    "spec_decode_num_accepted_tokens_per_pos_total",
+                    "counter",
+                    "Accepted proposals, by position in the proposal.",
+                    [({"position": i}, n) for i, n in enumerate(per_pos)],
+                )
+        family(
+            "server_requests_in_flight",
+            "gauge",
+            "Requests accepted by the server and not finished yet.",
+            [({}, server["in_flight"])],
+        )
+        family(
+            "server_max_pending_requests",
+            "gauge",
+            "Requests in flight past which new ones get HTTP 503.",
+            [({}, server["max_pending"])],
+        )
+        family(
+            "engine_healthy",
+            "gauge",
+            "1 while the engine runs, 0 after it failed or stopped.",
+            [({}, 1 if server["healthy"] else 0)],
+        )
         with self._lock:
-            family("prompt_tokens_total", "counter", "Prompt tokens submitted to the engine.", [({}, self.prompt_tokens)])
-            family("generation_tokens_total", "counter", "Tokens generated.", [({}, self.generation_tokens)])
-            family("request_success_total", "counter", "Finished requests, by finish reason (abort: cancelled).",
-                   [({"finished_reason": r}, n) for r, n in sorted(self.finished_by_reason.items())])
-            family("requests_rejected_total", "counter", "Requests refused before reaching the engine, by reason.",
-                   [({"reason": r}, n) for r, n in sorted(self.rejected_by_reason.items())])
+            family(
+                "prompt_tokens_total",
+                "counter",
+                "Prompt tokens submitted to the engine.",
+                [({}, self.prompt_tokens)],
+            )
+            family(
+                "generation_tokens_total",
+                "counter",
+                "Tokens generated.",
+                [({}, self.generation_tokens)],
+            )
+            family(
+                "request_success_total",
+                "counter",
+                "Finished requests, by finish reason (abort: cancelled).",
+                [({"finished_reason": r}, n) for r, n in sorted(self.finished_by_reason.items())],
+            )
+            family(
+                "requests_rejected_total",
+                "counter",
+                "Requests refused before reaching the engine, by reason.",
+                [({"reason": r}, n) for r, n in sorted(self.rejected_by_reason.items())],
+            )
             for hist in (self.ttft, self.tpot, self.e2e):
                 lines.extend(hist.lines())
         return "\n".join(lines) + "\n"

@@ -18,24 +18,42 @@ from ..validate import Problem, options
 class RequestError(Exception):
     """A request the server refuses: becomes an HTTP response with OpenAI's error object."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
+    def __init__(
+        self, message: str, param: str | None = None, status: int = 400, code: str | None = None
+    ):
         super().__init__(message)
         self.message, self.param, self.status, self.code = message, param, status, code
 
     @property
     def type(self) -> str:
-        return {400: "invalid_request_error", 404: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
-                429: "rate_limit_error"}.get(self.status, "server_error")
+        return {
+            400: "invalid_request_error",
+            404: "invalid_request_error",
+            408: "invalid_request_error",
+            413: "invalid_request_error",
+            429: "rate_limit_error",
+        }.get(self.status, "server_error")
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     @classmethod
     def of(cls, problem: Problem) -> "RequestError":
         return cls(problem.message, problem.param, code=problem.code)
 
+
 STRICT = ConfigDict(extra="ignore", strict=True)
-MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 512  # each generated token is checked against every stop string
+MAX_STOP_STRINGS, MAX_STOP_CHARS = (
+    16,
+    512,
+)  # each generated token is checked against every stop string
 
 
 class StreamOptions(BaseModel):
@@ -48,9 +66,15 @@ class StreamOptions(BaseModel):
 # defaults, declared by each endpoint (max_tokens, logprobs, prompt_logprobs), or are mapped from
 # OpenAI's fields (structured_outputs: response_format.py).
 OPENAI_SHAPED = {"max_tokens", "logprobs", "prompt_logprobs", "structured_outputs"}
-_Sampled = create_model("_Sampled", __config__=STRICT, **{
-    o.name: (o.annotation | None, Field(None, description=o.help))
-    for o in options(SamplingParams) if o.name not in OPENAI_SHAPED})
+_Sampled = create_model(
+    "_Sampled",
+    __config__=STRICT,
+    **{
+        o.name: (o.annotation | None, Field(None, description=o.help))
+        for o in options(SamplingParams)
+        if o.name not in OPENAI_SHAPED
+    },
+)
 
 
 class _Common(_Sampled):
@@ -73,14 +97,23 @@ class _Common(_Sampled):
             raise RequestError("logit_bias is not supported by this server", "logit_bias")
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise RequestError(f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters", "stop")
+            raise RequestError(
+                f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters",
+                "stop",
+            )
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """The SamplingParams fields the body set ("" and [""] as stop: refused by SamplingParams)."""
-        kwargs = {name: getattr(self, name) for name in _Sampled.model_fields if getattr(self, name) is not None}
+        kwargs = {
+            name: getattr(self, name)
+            for name in _Sampled.model_fields
+            if getattr(self, name) is not None
+        }
         from .response_format import structured_from  # it imports this module
 
-        if (structured := structured_from(self.response_format, self.structured_outputs)) is not None:
+        if (
+            structured := structured_from(self.response_format, self.structured_outputs)
+        ) is not None:
             kwargs["structured_outputs"] = structured
         return kwargs
 
@@ -97,15 +130,21 @@ class CompletionRequest(_Common):
     def check_supported(self) -> None:
         super().check_supported()
         if self.stream and (self.echo or self.prompt_logprobs is not None):
-            raise RequestError("echo and prompt_logprobs are not supported with stream=true by this server",
-                               "echo" if self.echo else "prompt_logprobs")
+            raise RequestError(
+                "echo and prompt_logprobs are not supported with stream=true by this server",
+                "echo" if self.echo else "prompt_logprobs",
+            )
         if self.max_tokens == 0 and not self.echo:
-            raise RequestError("max_tokens must be at least 1; 0 is allowed with echo=true (score the prompt only)",
-                               "max_tokens")
+            raise RequestError(
+                "max_tokens must be at least 1; 0 is allowed with echo=true (score the prompt only)",
+                "max_tokens",
+            )
         if self.suffix:
             raise RequestError("suffix is not supported by this server", "suffix")
         if self.best_of is not None and self.best_of != (self.n or 1):
-            raise RequestError("best_of is not supported by this server (leave it unset or equal to n)", "best_of")
+            raise RequestError(
+                "best_of is not supported by this server (leave it unset or equal to n)", "best_of"
+            )
 
     def prompts(self) -> list[str | list[int]]:
         """One prompt or a batch: a string, token ids, or a list of either."""
@@ -120,7 +159,9 @@ class CompletionRequest(_Common):
         kwargs = super().sampling_kwargs()
         if self.logprobs is not None:
             kwargs["logprobs"] = self.logprobs
-        if (self.echo and self.logprobs is not None) or self.prompt_logprobs is not None:  # echo joins the prompt's
+        if (
+            self.echo and self.logprobs is not None
+        ) or self.prompt_logprobs is not None:  # echo joins the prompt's
             echoed = self.logprobs if self.echo and self.logprobs is not None else 0
             kwargs["prompt_logprobs"] = max(echoed, self.prompt_logprobs or 0)
         return kwargs
@@ -164,20 +205,35 @@ class ChatCompletionRequest(_Common):
     def check_supported(self) -> None:
         super().check_supported()
         if self.chat_template is not None:
-            raise RequestError("chat_template is not accepted: this server renders the model's own template", "chat_template")
+            raise RequestError(
+                "chat_template is not accepted: this server renders the model's own template",
+                "chat_template",
+            )
         if self.tools:
             raise RequestError("tools are not supported by this server", "tools")
         if self.functions or self.function_call is not None:
-            raise RequestError("functions and function_call are not supported by this server", "functions")
-        if self.tool_choice not in (None, "none", "auto"):  # "required", a named tool: a call this server cannot make
-            raise RequestError(f"tool_choice {self.tool_choice!r} needs tools, which this server does not support",
-                               "tool_choice")
+            raise RequestError(
+                "functions and function_call are not supported by this server", "functions"
+            )
+        if self.tool_choice not in (
+            None,
+            "none",
+            "auto",
+        ):  # "required", a named tool: a call this server cannot make
+            raise RequestError(
+                f"tool_choice {self.tool_choice!r} needs tools, which this server does not support",
+                "tool_choice",
+            )
         if self.top_logprobs and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
 
     @property
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
 
     def sampling_kwargs(self) -> dict[str, Any]:
         kwargs = super().sampling_kwargs()
@@ -207,6 +263,7 @@ def make_sampling_params(kwargs: dict[str, Any]) -> SamplingParams:
         raise RequestError.of(problem) from None
     except (ValueError, TypeError) as err:
         message = str(err)
-        param = next((name for name in sorted(kwargs, key=len, reverse=True) if name in message), None)
+        param = next(
+            (name for name in sorted(kwargs, key=len, reverse=True) if name in message), None
+        )
         raise RequestError(message, param) from None
-

@@ -15,9 +15,15 @@ from ..structured_outputs import StructuredOutputsParams, to_structured
 from .protocol import RequestError
 
 
-def structured_from(response_format: dict | None, structured_outputs: dict | None) -> StructuredOutputsParams | None:
+def structured_from(
+    response_format: dict | None, structured_outputs: dict | None
+) -> StructuredOutputsParams | None:
     """What a request body asks its output to match, or None; a RequestError naming the field."""
-    if response_format is not None and response_format.get("type", "text") != "text" and structured_outputs is not None:
+    if (
+        response_format is not None
+        and response_format.get("type", "text") != "text"
+        and structured_outputs is not None
+    ):
         raise RequestError("set response_format or structured_outputs, not both", "response_format")
     try:
         if structured_outputs is not None:
@@ -35,11 +41,16 @@ def structured_from(response_format: dict | None, structured_outputs: dict | Non
         if kind == "json_schema":
             spec = response_format.get("json_schema")
             if not isinstance(spec, dict) or "schema" not in spec:
-                raise ValueError('json_schema must be {"name": ..., "schema": {...}, "strict": ...}')
+                raise ValueError(
+                    'json_schema must be {"name": ..., "schema": {...}, "strict": ...}'
+                )
             return StructuredOutputsParams(json=spec["schema"])
     except ValueError as err:
         raise RequestError(f"response_format: {err}", "response_format") from None
-    raise RequestError(f"response_format type must be text, json_object or json_schema, got {kind!r}", "response_format")
+    raise RequestError(
+        f"response_format type must be text, json_object or json_schema, got {kind!r}",
+        "response_format",
+    )
 
 
 class GrammarCheck:
@@ -58,7 +69,9 @@ class GrammarCheck:
             raise RequestError.of(problem)
         if self.grammars is None:
             model = self.client.model_config
-            self.grammars = Grammars(self.client.tokenizer, model.vocab_size, list(model.eos_token_ids), self.timeout_s)
+            self.grammars = Grammars(
+                self.client.tokenizer, model.vocab_size, list(model.eos_token_ids), self.timeout_s
+            )
         job = self.grammars.submit(wanted)
         try:
             while job.result(self.timeout_s) is None:

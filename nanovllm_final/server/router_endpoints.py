@@ -13,7 +13,9 @@ from fastapi import FastAPI, Request
 
 from .limits import parse_json
 
-GAUGES_TIMEOUT_S = 1.0  # /get_load answers from the API side alone if the engine is slower than this
+GAUGES_TIMEOUT_S = (
+    1.0  # /get_load answers from the API side alone if the engine is slower than this
+)
 
 
 def add_router_endpoints(app: FastAPI, server) -> None:
@@ -21,24 +23,45 @@ def add_router_endpoints(app: FastAPI, server) -> None:
 
     def model_info() -> dict:
         config, model = client.config, client.model_config
-        return {"model_path": config.model, "tokenizer_path": client.info.get("tokenizer"), "is_generation": True,
-                "served_model_name": server.names[0], "max_context_length": server.max_model_len,
-                "vocab_size": model.vocab_size, "architectures": [model.architecture],
-                "eos_token_ids": list(model.eos_token_ids), "preferred_sampling_params": None,
-                "weight_version": "default"}
+        return {
+            "model_path": config.model,
+            "tokenizer_path": client.info.get("tokenizer"),
+            "is_generation": True,
+            "served_model_name": server.names[0],
+            "max_context_length": server.max_model_len,
+            "vocab_size": model.vocab_size,
+            "architectures": [model.architecture],
+            "eos_token_ids": list(model.eos_token_ids),
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+        }
 
     def server_info() -> dict:
         config = client.config
-        return {**model_info(), "context_length": server.max_model_len, "max_num_seqs": config.max_num_seqs,
-                "max_running_requests": config.max_num_seqs, "max_pending_requests": client.max_pending,
-                "page_size": config.kvcache_block_size, "tp_size": config.tensor_parallel_size, "dp_size": 1,
-                "version": "nanovllm"}
+        return {
+            **model_info(),
+            "context_length": server.max_model_len,
+            "max_num_seqs": config.max_num_seqs,
+            "max_running_requests": config.max_num_seqs,
+            "max_pending_requests": client.max_pending,
+            "page_size": config.kvcache_block_size,
+            "tp_size": config.tensor_parallel_size,
+            "dp_size": 1,
+            "version": "nanovllm",
+        }
 
     async def load() -> list[dict]:
         gauges = await client.gauges(GAUGES_TIMEOUT_S) or {}
         waiting = gauges.get("waiting", 0)
         tokens = gauges.get("blocks_used", 0) * client.config.kvcache_block_size
-        return [{"dp_rank": 0, "num_reqs": client.in_flight, "num_waiting_reqs": waiting, "num_tokens": tokens}]
+        return [
+            {
+                "dp_rank": 0,
+                "num_reqs": client.in_flight,
+                "num_waiting_reqs": waiting,
+                "num_tokens": tokens,
+            }
+        ]
 
     for path, handler in (("server_info", server_info), ("model_info", model_info), ("load", load)):
         app.add_api_route(f"/get_{path}", handler, methods=["GET"])

@@ -40,16 +40,28 @@ def add_tokenizer_routes(app: FastAPI, server) -> None:
     @app.get("/tokenizer_info")
     async def tokenizer_info():
         names = ("eos_token", "bos_token", "pad_token", "unk_token")
-        return {"tokenizer_class": type(tokenizer).__name__, **{name: getattr(tokenizer, name, None) for name in names},
-                "chat_template": tokenizer.chat_template, "model_max_length": server.max_model_len,
-                "vocab_size": len(tokenizer)}
+        return {
+            "tokenizer_class": type(tokenizer).__name__,
+            **{name: getattr(tokenizer, name, None) for name in names},
+            "chat_template": tokenizer.chat_template,
+            "model_max_length": server.max_model_len,
+            "vocab_size": len(tokenizer),
+        }
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
         req = await body(request, TokenizeRequest)
-        ids = await on_pool(lambda: tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens,
-                                                     verbose=False))
-        return {"count": len(ids), "max_model_len": server.max_model_len, "tokens": ids, "token_strs": None}
+        ids = await on_pool(
+            lambda: tokenizer.encode(
+                req.prompt, add_special_tokens=req.add_special_tokens, verbose=False
+            )
+        )
+        return {
+            "count": len(ids),
+            "max_model_len": server.max_model_len,
+            "tokens": ids,
+            "token_strs": None,
+        }
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
@@ -57,5 +69,7 @@ def add_tokenizer_routes(app: FastAPI, server) -> None:
         vocab = len(tokenizer)
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
-            raise RequestError(f"tokens {bad[:5]} are outside the tokenizer's vocabulary [0, {vocab})", "tokens")
+            raise RequestError(
+                f"tokens {bad[:5]} are outside the tokenizer's vocabulary [0, {vocab})", "tokens"
+            )
         return {"prompt": await on_pool(tokenizer.decode, req.tokens)}

@@ -69,7 +69,13 @@ class Heartbeat:
 class Watchdog:
     """In the API process: calls `trip(why)` once, when `busy()` and the heartbeat says hung."""
 
-    def __init__(self, heartbeat: Heartbeat, timeout_s: float, busy: Callable[[], bool], trip: Callable[[str], None]):
+    def __init__(
+        self,
+        heartbeat: Heartbeat,
+        timeout_s: float,
+        busy: Callable[[], bool],
+        trip: Callable[[str], None],
+    ):
         self.heartbeat, self.timeout_s, self.busy, self.trip = heartbeat, timeout_s, busy, trip
         self.stopped = threading.Event()
         threading.Thread(target=self._watch, name="nanovllm-watchdog", daemon=True).start()

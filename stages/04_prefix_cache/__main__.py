@@ -27,22 +27,38 @@ def add_fields(parser: argparse.ArgumentParser, cls: type, title: str) -> list[s
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         else:
             kind = str if default is None else type(default)
-            group.add_argument(flag, type=kind, default=default, metavar=kind.__name__.upper(),
-                               help="default: automatic" if default is None else "default: %(default)s")
+            group.add_argument(
+                flag,
+                type=kind,
+                default=default,
+                metavar=kind.__name__.upper(),
+                help="default: automatic" if default is None else "default: %(default)s",
+            )
     return names
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {__package__}", description=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__package__}",
+        description=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", required=True, help="Hugging Face model directory")
-    parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
-    parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    parser.add_argument(
+        "--prompt", action="append", required=True, help="a prompt (repeat for a batch)"
+    )
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap each prompt in the model's chat template"
+    )
     engine_options = add_fields(parser, EngineConfig, "engine options (LLM(model, **options))")
     sampling_fields = add_fields(parser, SamplingParams, "sampling (SamplingParams)")
     args = vars(parser.parse_args(argv))
     try:
-        run(args, {k: args[k] for k in engine_options}, SamplingParams(**{k: args[k] for k in sampling_fields}))
+        run(
+            args,
+            {k: args[k] for k in engine_options},
+            SamplingParams(**{k: args[k] for k in sampling_fields}),
+        )
     except (ValueError, FileNotFoundError) as err:
         parser.exit(2, f"error: {err}\n")
 
@@ -52,7 +68,9 @@ def run(args: dict, engine_options: dict, params: SamplingParams) -> None:
         prompts = args["prompt"]
         if args["chat"]:
             prompts = [
-                llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+                llm.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+                )
                 for p in prompts
             ]
         for prompt, out in zip(args["prompt"], llm.generate(prompts, params, use_tqdm=False)):

@@ -51,23 +51,39 @@ class EngineConfig:
         return config
 
     def validate(self) -> None:
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "kvcache_block_size"):
+        for name in (
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "tensor_parallel_size",
+            "kvcache_block_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.num_kvcache_blocks != -1 and self.num_kvcache_blocks < 1:
-            raise ValueError(f"num_kvcache_blocks must be -1 (automatic) or positive, got {self.num_kvcache_blocks}")
+            raise ValueError(
+                f"num_kvcache_blocks must be -1 (automatic) or positive, got {self.num_kvcache_blocks}"
+            )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+            )
         if self.tensor_parallel_size > 1:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} asks for tensor parallelism: it arrives in "
-                             f"stage 07_tensor_parallel; {__package__} runs on one device")
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} asks for tensor parallelism: it arrives in "
+                f"stage 07_tensor_parallel; {__package__} runs on one device"
+            )
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} was asked for, but CUDA is not available here; use device='cpu'")
+            raise ValueError(
+                f"device {self.device!r} was asked for, but CUDA is not available here; use device='cpu'"
+            )
         if self.dtype is not None:
             self.dtype = parse_dtype(self.dtype)
 
@@ -102,7 +118,11 @@ class ModelConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         """Does decoder layer `layer` (0-based) hold experts, or a dense MLP? Hugging Face's rule."""
-        return self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     @classmethod
     def from_dir(cls, model_dir: str | pathlib.Path) -> "ModelConfig":
@@ -111,7 +131,9 @@ class ModelConfig:
             raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
         config_file = path / "config.json"
         if not config_file.exists():
-            raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
+            raise FileNotFoundError(
+                f"{path} has no config.json: not a Hugging Face model directory"
+            )
         if not any(path.glob("*.safetensors")):
             raise FileNotFoundError(f"{path} has no *.safetensors weight files")
         raw = json.loads(config_file.read_text())
@@ -133,7 +155,9 @@ class ModelConfig:
         arch = archs[0] if archs else ""
         rope = raw.get("rope_parameters") or {}
         rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-        scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        scaling = raw.get("rope_scaling") or (
+            rope if rope.get("rope_type", "default") != "default" else None
+        )
         if scaling is not None:
             scaling = dict(scaling)
             scaling.setdefault("rope_type", scaling.get("type", "default"))
@@ -173,13 +197,29 @@ def moe_fields(raw: dict) -> dict:
         return {}
     for key in ("num_experts_per_tok", "moe_intermediate_size"):
         if key not in raw:
-            raise ValueError(f"config.json has num_experts={num_experts} but lacks the required field {key!r}")
-    top_k, step, dense = raw["num_experts_per_tok"], raw.get("decoder_sparse_step", 1), raw.get("mlp_only_layers") or []
+            raise ValueError(
+                f"config.json has num_experts={num_experts} but lacks the required field {key!r}"
+            )
+    top_k, step, dense = (
+        raw["num_experts_per_tok"],
+        raw.get("decoder_sparse_step", 1),
+        raw.get("mlp_only_layers") or [],
+    )
     if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
-        raise ValueError(f"num_experts_per_tok must be an integer from 1 to num_experts={num_experts}, got {top_k!r}")
+        raise ValueError(
+            f"num_experts_per_tok must be an integer from 1 to num_experts={num_experts}, got {top_k!r}"
+        )
     if not isinstance(step, int) or step < 1:
         raise ValueError(f"decoder_sparse_step must be a positive integer, got {step!r}")
     if not isinstance(raw["moe_intermediate_size"], int) or raw["moe_intermediate_size"] < 1:
-        raise ValueError(f"moe_intermediate_size must be a positive integer, got {raw['moe_intermediate_size']!r}")
-    return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=raw["moe_intermediate_size"],
-                norm_topk_prob=bool(raw.get("norm_topk_prob", False)), decoder_sparse_step=step, mlp_only_layers=list(dense))
+        raise ValueError(
+            f"moe_intermediate_size must be a positive integer, got {raw['moe_intermediate_size']!r}"
+        )
+    return dict(
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=raw["moe_intermediate_size"],
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        decoder_sparse_step=step,
+        mlp_only_layers=list(dense),
+    )

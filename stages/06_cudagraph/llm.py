@@ -17,9 +17,15 @@ class LLM:
         self.config = EngineConfig.from_options(model, **options)
         self.model_config = ModelConfig.from_dir(model)
         check_architecture(self.model_config)
-        self.config.max_model_len = min(self.config.max_model_len, self.model_config.max_position_embeddings)
-        if not any((pathlib.Path(model) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-            raise FileNotFoundError(f"{model} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
+        self.config.max_model_len = min(
+            self.config.max_model_len, self.model_config.max_position_embeddings
+        )
+        if not any(
+            (pathlib.Path(model) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")
+        ):
+            raise FileNotFoundError(
+                f"{model} has no tokenizer files (tokenizer.json / tokenizer_config.json)"
+            )
         self.tokenizer = AutoTokenizer.from_pretrained(str(model))
         self.engine = LLMEngine(self.config, self.model_config)
 
@@ -46,7 +52,10 @@ class LLM:
             while not self.engine.is_finished():
                 bar.update(len(self.engine.step()))
         return [
-            {"text": self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True), "token_ids": seq.completion_token_ids}
+            {
+                "text": self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True),
+                "token_ids": seq.completion_token_ids,
+            }
             for seq in seqs
         ]
 
@@ -62,13 +71,19 @@ class LLM:
         if isinstance(prompt, str):
             # verbose=False: no transformers warning about the tokenizer's own length limit; max_model_len is checked below
             ids = self.tokenizer.encode(prompt, add_special_tokens=False, verbose=False)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif isinstance(prompt, (list, tuple)) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
             ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
             if bad:
-                raise ValueError(f"prompt {index}: token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+                raise ValueError(
+                    f"prompt {index}: token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})"
+                )
         else:
-            raise ValueError(f"prompt {index} must be a string or a list of ints, got {type(prompt).__name__}")
+            raise ValueError(
+                f"prompt {index} must be a string or a list of ints, got {type(prompt).__name__}"
+            )
         if not ids:
             raise ValueError(f"prompt {index} is empty")
         if len(ids) >= self.config.max_model_len:
@@ -86,7 +101,9 @@ class LLM:
             return [sampling_params] * n
         sampling_params = list(sampling_params)
         if len(sampling_params) != n:
-            raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts; pass one, or one per prompt")
+            raise ValueError(
+                f"got {len(sampling_params)} SamplingParams for {n} prompts; pass one, or one per prompt"
+            )
         if not all(isinstance(p, SamplingParams) for p in sampling_params):
             raise ValueError("sampling_params must be SamplingParams objects")
         return sampling_params

@@ -57,15 +57,21 @@ def require_no_process_group() -> None:
         )
 
 
-def init_tensor_parallel(rank: int, size: int, backend: str, init_method: str, timeout_s: float) -> None:
+def init_tensor_parallel(
+    rank: int, size: int, backend: str, init_method: str, timeout_s: float
+) -> None:
     """Join the group: blocks until all `size` ranks have called it with the same `init_method`.
     `timeout_s` bounds the rendezvous and each collective (a live but stuck peer)."""
     global _owned
     require_no_process_group()
-    if backend == "nccl":  # on a failed or timed-out collective, abort the group but never kill this process
+    if (
+        backend == "nccl"
+    ):  # on a failed or timed-out collective, abort the group but never kill this process
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     timeout = datetime.timedelta(seconds=timeout_s)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout
+    )
     _owned = True
     set_tp_rank(rank, size)
 
@@ -106,7 +112,9 @@ def abort_tensor_parallel() -> None:
     that another thread is replaying dies when that replay call returns). torch's abort is
     private API."""
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if not (_owned and dist.is_initialized() and dist.get_backend() == "nccl" and abort is not None):
+    if not (
+        _owned and dist.is_initialized() and dist.get_backend() == "nccl" and abort is not None
+    ):
         return
     release_graphs()
 

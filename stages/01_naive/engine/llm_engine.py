@@ -29,13 +29,15 @@ class LLMEngine:
         recomputed = sum(len(seq) - 1 for seq in seqs if seq.num_completion_tokens > 0)
         token_ids = self.model_runner.run(seqs)
         finished = self.scheduler.postprocess(seqs, token_ids)
-        self.stats.append({
-            "step": len(self.stats),
-            "num_seqs": len(seqs),
-            "num_tokens": num_tokens,  # tokens run through the model
-            "recomputed_tokens": recomputed,  # work a KV cache would have saved
-            "seconds": time.perf_counter() - start,
-        })
+        self.stats.append(
+            {
+                "step": len(self.stats),
+                "num_seqs": len(seqs),
+                "num_tokens": num_tokens,  # tokens run through the model
+                "recomputed_tokens": recomputed,  # work a KV cache would have saved
+                "seconds": time.perf_counter() - start,
+            }
+        )
         return finished
 
     def shutdown(self) -> None:

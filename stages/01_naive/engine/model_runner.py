@@ -14,7 +14,9 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig):
         self.config = config
         self.device = torch.device(config.device)
-        self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
+        self.dtype = config.dtype or (
+            model_config.torch_dtype if self.device.type == "cuda" else torch.float32
+        )
         self.model = build_model(model_config, config.max_model_len, self.dtype, self.device)
         load_weights(self.model, config.model)
         self.sampler = Sampler(config.seed, self.device)
@@ -29,12 +31,16 @@ class ModelRunner:
             cu_seqlens.append(cu_seqlens[-1] + len(seq))
         set_context(Context(cu_seqlens_q=cu_seqlens))
         try:
-            hidden = self.model(self._tensor(input_ids), self._tensor(positions))  # (tokens, hidden)
+            hidden = self.model(
+                self._tensor(input_ids), self._tensor(positions)
+            )  # (tokens, hidden)
         finally:
             set_context(None)
         last = self._tensor([end - 1 for end in cu_seqlens[1:]])  # (seqs,)
         logits = self.model.compute_logits(hidden[last])  # (seqs, vocab)
-        temperatures = torch.tensor([seq.temperature for seq in seqs], dtype=torch.float32, device=self.device)
+        temperatures = torch.tensor(
+            [seq.temperature for seq in seqs], dtype=torch.float32, device=self.device
+        )
         return self.sampler(logits, temperatures).tolist()
 
     def _tensor(self, values: list[int]) -> torch.Tensor:

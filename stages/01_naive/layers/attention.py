@@ -13,7 +13,12 @@ class Attention(nn.Module):
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = (
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+        )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim)
@@ -21,6 +26,8 @@ class Attention(nn.Module):
         out = torch.empty_like(q)
         for start, end in zip(cu[:-1], cu[1:]):
             qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))  # (heads, len, head_dim)
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True
+            )
             out[start:end] = o.transpose(0, 1)
         return out  # (tokens, heads, head_dim)

@@ -19,7 +19,9 @@ class Linear(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         target = param.data if shard_id is None else self.shard(param.data, shard_id)
         if target.shape != loaded.shape:
-            raise ValueError(f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit a parameter slice of shape {tuple(target.shape)}")
+            raise ValueError(
+                f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit a parameter slice of shape {tuple(target.shape)}"
+            )
         target.copy_(loaded)
 
     def shard(self, data: torch.Tensor, shard_id) -> torch.Tensor:
@@ -45,7 +47,9 @@ class MergedLinear(Linear):
 class QKVLinear(MergedLinear):
     """q_proj, k_proj and v_proj fused: rows are [q (heads*d) | k (kv_heads*d) | v (kv_heads*d)]."""
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False
+    ):
         sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
         super().__init__(hidden_size, sizes, bias)
 

@@ -15,7 +15,9 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig):
         self.config = config
         self.device = torch.device(config.device)
-        self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
+        self.dtype = config.dtype or (
+            model_config.torch_dtype if self.device.type == "cuda" else torch.float32
+        )
         self.model = build_model(model_config, config.max_model_len, self.dtype, self.device)
         load_weights(self.model, config.model)
         self.sampler = Sampler(config.seed, self.device)
@@ -37,7 +39,10 @@ class ModelRunner:
         self.kv_slots_reserved = rows * length
         attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for i, layer in enumerate(attention_layers):
-            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]  # (rows, length, kv_heads, head_dim)
+            layer.k_cache, layer.v_cache = (
+                self.kv_cache[0, i],
+                self.kv_cache[1, i],
+            )  # (rows, length, kv_heads, head_dim)
 
     def kv_budget_bytes(self) -> int:
         if self.device.type == "cuda":
@@ -56,19 +61,25 @@ class ModelRunner:
             positions.extend(range(start, end))
             cu_seqlens.append(cu_seqlens[-1] + end - start)
             slots.extend(seq.cache_row * self.config.max_model_len + p for p in range(start, end))
-        set_context(Context(
-            cu_seqlens_q=cu_seqlens,
-            slot_mapping=self._tensor(slots),
-            context_lens=[len(seq) for seq in seqs],
-            cache_rows=[seq.cache_row for seq in seqs],
-        ))
+        set_context(
+            Context(
+                cu_seqlens_q=cu_seqlens,
+                slot_mapping=self._tensor(slots),
+                context_lens=[len(seq) for seq in seqs],
+                cache_rows=[seq.cache_row for seq in seqs],
+            )
+        )
         try:
-            hidden = self.model(self._tensor(input_ids), self._tensor(positions))  # (tokens, hidden)
+            hidden = self.model(
+                self._tensor(input_ids), self._tensor(positions)
+            )  # (tokens, hidden)
         finally:
             set_context(None)
         last = self._tensor([end - 1 for end in cu_seqlens[1:]])  # (seqs,)
         logits = self.model.compute_logits(hidden[last])  # (seqs, vocab)
-        temperatures = torch.tensor([seq.temperature for seq in seqs], dtype=torch.float32, device=self.device)
+        temperatures = torch.tensor(
+            [seq.temperature for seq in seqs], dtype=torch.float32, device=self.device
+        )
         return self.sampler(logits, temperatures).tolist()
 
     def _tensor(self, values: list[int]) -> torch.Tensor:

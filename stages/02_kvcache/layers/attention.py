@@ -15,8 +15,15 @@ class Attention(nn.Module):
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.k_cache = self.v_cache = torch.tensor([])  # (rows, max_model_len, kv_heads, head_dim), set by the runner
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = (
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+        )
+        self.k_cache = self.v_cache = torch.tensor(
+            []
+        )  # (rows, max_model_len, kv_heads, head_dim), set by the runner
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim) of the new tokens only
@@ -31,6 +38,8 @@ class Attention(nn.Module):
             ks = self.k_cache[row, :length].transpose(0, 1)  # (kv_heads, length, head_dim)
             vs = self.v_cache[row, :length].transpose(0, 1)
             # prefill: the prompt attends causally to itself; decode: one query sees all keys
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=end - start > 1, scale=self.scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=end - start > 1, scale=self.scale, enable_gqa=True
+            )
             out[start:end] = o.transpose(0, 1)
         return out  # (tokens, heads, head_dim)

@@ -13,7 +13,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig):
         self.model_runner = ModelRunner(config, model_config)
         # NEW in 03_paged: the runner sized the block pool; the scheduler hands it out
-        self.block_manager = BlockManager(self.model_runner.num_kvcache_blocks, config.kvcache_block_size)
+        self.block_manager = BlockManager(
+            self.model_runner.num_kvcache_blocks, config.kvcache_block_size
+        )
         self.scheduler = Scheduler(config, model_config.eos_token_ids, self.block_manager)
         self.stats: list[dict] = []  # one record per step, for notebooks and benchmarks
 
@@ -31,23 +33,25 @@ class LLMEngine:
         token_ids = self.model_runner.run(seqs, is_prefill)
         finished = self.scheduler.postprocess(seqs, token_ids)
         bm = self.block_manager
-        self.stats.append({
-            "step": len(self.stats),
-            "num_seqs": len(seqs),
-            "num_tokens": num_tokens,  # tokens run through the model
-            "is_prefill": is_prefill,
-            "seconds": time.perf_counter() - start,
-            # slots held by blocks in use vs slots holding real K/V
-            "kv_slots_reserved": (bm.num_blocks - bm.num_free_blocks) * bm.block_size,
-            "kv_slots_used": sum(seq.num_cached_tokens for seq in self.scheduler.running),
-            "kv_slots_allocated": bm.num_blocks * bm.block_size,
-            # NEW in 03_paged: the block pool and the queues
-            "blocks_used": bm.num_blocks - bm.num_free_blocks,
-            "blocks_free": bm.num_free_blocks,
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "preemptions": self.scheduler.num_preemptions,
-        })
+        self.stats.append(
+            {
+                "step": len(self.stats),
+                "num_seqs": len(seqs),
+                "num_tokens": num_tokens,  # tokens run through the model
+                "is_prefill": is_prefill,
+                "seconds": time.perf_counter() - start,
+                # slots held by blocks in use vs slots holding real K/V
+                "kv_slots_reserved": (bm.num_blocks - bm.num_free_blocks) * bm.block_size,
+                "kv_slots_used": sum(seq.num_cached_tokens for seq in self.scheduler.running),
+                "kv_slots_allocated": bm.num_blocks * bm.block_size,
+                # NEW in 03_paged: the block pool and the queues
+                "blocks_used": bm.num_blocks - bm.num_free_blocks,
+                "blocks_free": bm.num_free_blocks,
+                "running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting),
+                "preemptions": self.scheduler.num_preemptions,
+            }
+        )
         return finished
 
     def shutdown(self) -> None:

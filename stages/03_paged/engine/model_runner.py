@@ -28,14 +28,20 @@ class ModelRunner:
         self.config = config
         self.block_size = config.kvcache_block_size
         self.device = torch.device(config.device)
-        self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
+        self.dtype = config.dtype or (
+            model_config.torch_dtype if self.device.type == "cuda" else torch.float32
+        )
         # device memory free before this engine took any: what it uses is measured from here
-        self.free_at_start = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
+        self.free_at_start = (
+            torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
+        )
         self.model = build_model(model_config, config.max_model_len, self.dtype, self.device)
         load_weights(self.model, config.model)
         self.sampler = Sampler(config.seed, self.device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.attention_backend = resolve_backend(config.attention_backend, self.device, self.block_size, self.dtype)
+        self.attention_backend = resolve_backend(
+            config.attention_backend, self.device, self.block_size, self.dtype
+        )
         for layer in self.attention_layers:
             layer.set_backend(self.attention_backend)
         self.allocate_kv_cache(model_config)
@@ -43,12 +49,23 @@ class ModelRunner:
     def allocate_kv_cache(self, cfg: ModelConfig) -> None:
         """NEW in 03_paged: a pool of blocks of `block_size` slots, as many as memory allows
         (or `num_kvcache_blocks`). Sequences take blocks as they grow."""
-        block_bytes = 2 * cfg.num_hidden_layers * self.block_size * cfg.num_key_value_heads * cfg.head_dim * self.dtype.itemsize
-        one_seq = -(-self.config.max_model_len // self.block_size)  # blocks for one max-length sequence
+        block_bytes = (
+            2
+            * cfg.num_hidden_layers
+            * self.block_size
+            * cfg.num_key_value_heads
+            * cfg.head_dim
+            * self.dtype.itemsize
+        )
+        one_seq = -(
+            -self.config.max_model_len // self.block_size
+        )  # blocks for one max-length sequence
         num_blocks = self.config.num_kvcache_blocks
         if num_blocks == -1:
             # never more than every batch slot at full length could use
-            num_blocks = min(self.kv_budget_bytes(cfg) // block_bytes, self.config.max_num_seqs * one_seq)
+            num_blocks = min(
+                self.kv_budget_bytes(cfg) // block_bytes, self.config.max_num_seqs * one_seq
+            )
         if num_blocks < one_seq:
             raise ValueError(
                 f"the KV cache has room for {max(num_blocks, 0)} blocks of {self.block_size} tokens, but one sequence of "
@@ -56,13 +73,23 @@ class ModelRunner:
                 "(num_kvcache_blocks, gpu_memory_utilization or cpu_kvcache_bytes) or lower max_model_len"
             )
         self.num_kvcache_blocks = num_blocks
-        shape = (2, cfg.num_hidden_layers, num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (
+            2,
+            cfg.num_hidden_layers,
+            num_blocks,
+            self.block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.bind_kv_cache(self.kv_cache)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         for i, layer in enumerate(self.attention_layers):
-            layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]  # (blocks, block_size, kv_heads, head_dim)
+            layer.k_cache, layer.v_cache = (
+                kv_cache[0, i],
+                kv_cache[1, i],
+            )  # (blocks, block_size, kv_heads, head_dim)
 
     def kv_budget_bytes(self, cfg: ModelConfig) -> int:
         """CPU: a fixed budget. CUDA: what is left of `gpu_memory_utilization` of the card
@@ -73,7 +100,11 @@ class ModelRunner:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         warmup_bytes = self.warmup(cfg)
-        step_bytes = torch.cuda.max_memory_allocated(self.device) - warmup_bytes - torch.cuda.memory_allocated(self.device)
+        step_bytes = (
+            torch.cuda.max_memory_allocated(self.device)
+            - warmup_bytes
+            - torch.cuda.memory_allocated(self.device)
+        )
         free, total = torch.cuda.mem_get_info(self.device)
         engine_bytes = self.free_at_start - free  # held by this engine now
         budget = total * self.config.gpu_memory_utilization - engine_bytes - step_bytes
@@ -83,9 +114,18 @@ class ModelRunner:
         """Run the largest step the scheduler may send, with a throwaway cache; return its size.
         It holds the most tokens a step may hold and samples the most rows a step may sample,
         so its peak memory covers every step's activations, logits and sampler buffers."""
-        lengths = warmup_lengths(self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs)
+        lengths = warmup_lengths(
+            self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs
+        )
         blocks = [-(-n // self.block_size) for n in lengths]  # blocks per sequence
-        shape = (2, cfg.num_hidden_layers, sum(blocks), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (
+            2,
+            cfg.num_hidden_layers,
+            sum(blocks),
+            self.block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.bind_kv_cache(scratch)
         seqs, first_block = [], 0
@@ -110,24 +150,35 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             cu_seqlens.append(cu_seqlens[-1] + end - start)
-            slots.extend(seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end))
+            slots.extend(
+                seq.block_table[p // self.block_size] * self.block_size + p % self.block_size
+                for p in range(start, end)
+            )
         max_blocks = max(len(seq.block_table) for seq in seqs)
-        block_tables = [seq.block_table + [-1] * (max_blocks - len(seq.block_table)) for seq in seqs]
-        set_context(Context(
-            cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
-            slot_mapping=self._tensor(slots),
-            context_lens=self._tensor([len(seq) for seq in seqs], torch.int32),
-            block_tables=self._tensor(block_tables, torch.int32),
-            max_seqlen_q=max(b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])),
-            is_decode=not is_prefill,
-        ))
+        block_tables = [
+            seq.block_table + [-1] * (max_blocks - len(seq.block_table)) for seq in seqs
+        ]
+        set_context(
+            Context(
+                cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
+                slot_mapping=self._tensor(slots),
+                context_lens=self._tensor([len(seq) for seq in seqs], torch.int32),
+                block_tables=self._tensor(block_tables, torch.int32),
+                max_seqlen_q=max(b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])),
+                is_decode=not is_prefill,
+            )
+        )
         try:
-            hidden = self.model(self._tensor(input_ids), self._tensor(positions))  # (tokens, hidden)
+            hidden = self.model(
+                self._tensor(input_ids), self._tensor(positions)
+            )  # (tokens, hidden)
         finally:
             set_context(None)
         last = self._tensor([end - 1 for end in cu_seqlens[1:]])  # (seqs,)
         logits = self.model.compute_logits(hidden[last])  # (seqs, vocab)
-        temperatures = torch.tensor([seq.temperature for seq in seqs], dtype=torch.float32, device=self.device)
+        temperatures = torch.tensor(
+            [seq.temperature for seq in seqs], dtype=torch.float32, device=self.device
+        )
         return self.sampler(logits, temperatures).tolist()
 
     def _tensor(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:

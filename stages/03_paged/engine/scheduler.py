@@ -44,7 +44,9 @@ class Scheduler:
         scheduled, num_tokens = [], 0
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if (scheduled and num_tokens + len(seq) > self.max_num_batched_tokens) or not self.block_manager.can_allocate(seq):
+            if (
+                scheduled and num_tokens + len(seq) > self.max_num_batched_tokens
+            ) or not self.block_manager.can_allocate(seq):
                 break
             self.block_manager.allocate(seq)
             num_tokens += len(seq) - seq.num_cached_tokens

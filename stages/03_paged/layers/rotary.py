@@ -25,13 +25,19 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)  # (head_dim/2,)
+        inv_freq = 1.0 / theta ** (
+            torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim
+        )  # (head_dim/2,)
         rope_type = (scaling or {}).get("rope_type", "default")
         if rope_type == "llama3":
             inv_freq = llama3_inv_freq(inv_freq, scaling)
         elif rope_type != "default":
-            raise ValueError(f"rope_scaling type {rope_type!r} is not supported; supported: default, llama3")
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float), inv_freq)  # (positions, head_dim/2)
+            raise ValueError(
+                f"rope_scaling type {rope_type!r} is not supported; supported: default, llama3"
+            )
+        freqs = torch.outer(
+            torch.arange(max_positions, dtype=torch.float), inv_freq
+        )  # (positions, head_dim/2)
         emb = torch.cat([freqs, freqs], dim=-1)  # (positions, head_dim)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)

@@ -105,7 +105,11 @@ class BlockManager:
             block = self.blocks[seq.block_table[i]]
             if block.hash == -1:
                 prefix_hash = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
-                self._register(block, seq.token_ids[i * self.block_size : (i + 1) * self.block_size], prefix_hash)
+                self._register(
+                    block,
+                    seq.token_ids[i * self.block_size : (i + 1) * self.block_size],
+                    prefix_hash,
+                )
 
     def deallocate(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):

@@ -97,7 +97,9 @@ def paged_attention(
 # The backend interface the Attention layer calls (same names in every backend module).
 
 
-def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q):
+def paged_prefill_attention(
+    q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q
+):
     return paged_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
 
 

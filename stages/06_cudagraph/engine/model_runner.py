@@ -25,7 +25,9 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     """NEW in 06_cudagraph: the batch sizes to capture: 1, 2, 4, 8, then multiples of 16 up
     to max_num_seqs (at most 512), and max_num_seqs itself."""
     max_bs = min(max_num_seqs, 512)
-    return sorted({bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs})
+    return sorted(
+        {bs for bs in [1, 2, 4, 8, *range(16, max_bs + 1, 16)] if bs <= max_bs} | {max_bs}
+    )
 
 
 def graph_for(num_seqs: int, sizes: list[int]) -> int:
@@ -51,18 +53,26 @@ class ModelRunner:
         self.config = config
         self.block_size = config.kvcache_block_size
         self.device = torch.device(config.device)
-        self.dtype = config.dtype or (model_config.torch_dtype if self.device.type == "cuda" else torch.float32)
+        self.dtype = config.dtype or (
+            model_config.torch_dtype if self.device.type == "cuda" else torch.float32
+        )
         # device memory free before this engine took any: what it uses is measured from here
-        self.free_at_start = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
+        self.free_at_start = (
+            torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
+        )
         self.model = build_model(model_config, config.max_model_len, self.dtype, self.device)
         load_weights(self.model, config.model)
         self.sampler = Sampler(config.seed, self.device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.attention_backend = resolve_backend(config.attention_backend, self.device, self.block_size, self.dtype)
+        self.attention_backend = resolve_backend(
+            config.attention_backend, self.device, self.block_size, self.dtype
+        )
         for layer in self.attention_layers:
             layer.set_backend(self.attention_backend)
         self.allocate_kv_cache(model_config)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # NEW in 06_cudagraph: batch size -> graph
+        self.graphs: dict[
+            int, torch.cuda.CUDAGraph
+        ] = {}  # NEW in 06_cudagraph: batch size -> graph
         self.num_graph_replays = 0
         if self.use_cudagraphs():
             self.capture_cudagraphs(model_config)
@@ -70,12 +80,23 @@ class ModelRunner:
     def allocate_kv_cache(self, cfg: ModelConfig) -> None:
         """A pool of blocks of `block_size` slots, as many as memory allows
         (or `num_kvcache_blocks`). Sequences take blocks as they grow."""
-        block_bytes = 2 * cfg.num_hidden_layers * self.block_size * cfg.num_key_value_heads * cfg.head_dim * self.dtype.itemsize
-        one_seq = -(-self.config.max_model_len // self.block_size)  # blocks for one max-length sequence
+        block_bytes = (
+            2
+            * cfg.num_hidden_layers
+            * self.block_size
+            * cfg.num_key_value_heads
+            * cfg.head_dim
+            * self.dtype.itemsize
+        )
+        one_seq = -(
+            -self.config.max_model_len // self.block_size
+        )  # blocks for one max-length sequence
         num_blocks = self.config.num_kvcache_blocks
         if num_blocks == -1:
             # never more than every batch slot at full length could use
-            num_blocks = min(self.kv_budget_bytes(cfg) // block_bytes, self.config.max_num_seqs * one_seq)
+            num_blocks = min(
+                self.kv_budget_bytes(cfg) // block_bytes, self.config.max_num_seqs * one_seq
+            )
         if num_blocks < one_seq:
             raise ValueError(
                 f"the KV cache has room for {max(num_blocks, 0)} blocks of {self.block_size} tokens, but one sequence of "
@@ -83,13 +104,23 @@ class ModelRunner:
                 "(num_kvcache_blocks, gpu_memory_utilization or cpu_kvcache_bytes) or lower max_model_len"
             )
         self.num_kvcache_blocks = num_blocks
-        shape = (2, cfg.num_hidden_layers, num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (
+            2,
+            cfg.num_hidden_layers,
+            num_blocks,
+            self.block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.bind_kv_cache(self.kv_cache)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         for i, layer in enumerate(self.attention_layers):
-            layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]  # (blocks, block_size, kv_heads, head_dim)
+            layer.k_cache, layer.v_cache = (
+                kv_cache[0, i],
+                kv_cache[1, i],
+            )  # (blocks, block_size, kv_heads, head_dim)
 
     def kv_budget_bytes(self, cfg: ModelConfig) -> int:
         """CPU: a fixed budget. CUDA: what is left of `gpu_memory_utilization` of the card
@@ -100,7 +131,11 @@ class ModelRunner:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         warmup_bytes = self.warmup(cfg)
-        step_bytes = torch.cuda.max_memory_allocated(self.device) - warmup_bytes - torch.cuda.memory_allocated(self.device)
+        step_bytes = (
+            torch.cuda.max_memory_allocated(self.device)
+            - warmup_bytes
+            - torch.cuda.memory_allocated(self.device)
+        )
         free, total = torch.cuda.mem_get_info(self.device)
         engine_bytes = self.free_at_start - free  # held by this engine now
         budget = total * self.config.gpu_memory_utilization - engine_bytes - step_bytes
@@ -110,9 +145,18 @@ class ModelRunner:
         """Run the largest step the scheduler may send, with a throwaway cache; return its size.
         It holds the most tokens a step may hold and samples the most rows a step may sample,
         so its peak memory covers every step's activations, logits and sampler buffers."""
-        lengths = warmup_lengths(self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs)
+        lengths = warmup_lengths(
+            self.config.max_num_batched_tokens, self.config.max_model_len, self.config.max_num_seqs
+        )
         blocks = [-(-n // self.block_size) for n in lengths]  # blocks per sequence
-        shape = (2, cfg.num_hidden_layers, sum(blocks), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (
+            2,
+            cfg.num_hidden_layers,
+            sum(blocks),
+            self.block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.bind_kv_cache(scratch)
         seqs, first_block = [], 0
@@ -140,30 +184,48 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             cu_seqlens.append(cu_seqlens[-1] + end - start)
-            slots.extend(seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end))
+            slots.extend(
+                seq.block_table[p // self.block_size] * self.block_size + p % self.block_size
+                for p in range(start, end)
+            )
         max_blocks = max(len(seq.block_table) for seq in seqs)
-        block_tables = [seq.block_table + [-1] * (max_blocks - len(seq.block_table)) for seq in seqs]
+        block_tables = [
+            seq.block_table + [-1] * (max_blocks - len(seq.block_table)) for seq in seqs
+        ]
         max_seqlen_q = max(b - a for a, b in zip(cu_seqlens, cu_seqlens[1:]))
         context = Context(
             cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
             slot_mapping=self._tensor(slots),
-            context_lens=self._tensor([seq.num_cached_tokens + seq.num_scheduled_tokens for seq in seqs], torch.int32),
+            context_lens=self._tensor(
+                [seq.num_cached_tokens + seq.num_scheduled_tokens for seq in seqs], torch.int32
+            ),
             block_tables=self._tensor(block_tables, torch.int32),
             max_seqlen_q=max_seqlen_q,
-            is_decode=max_seqlen_q == 1,  # one new token each: decode kernels (a 1-token chunk is the same shape)
+            is_decode=max_seqlen_q
+            == 1,  # one new token each: decode kernels (a 1-token chunk is the same shape)
         )
-        hidden = self.forward(self._tensor(input_ids), self._tensor(positions), context)  # (tokens, hidden)
+        hidden = self.forward(
+            self._tensor(input_ids), self._tensor(positions), context
+        )  # (tokens, hidden)
         # sample only where the fed tokens reach the sequence's end
-        rows = [i for i, seq in enumerate(seqs) if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq)]
+        rows = [
+            i
+            for i, seq in enumerate(seqs)
+            if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq)
+        ]
         if not rows:
             return [None] * len(seqs)
         last = self._tensor([cu_seqlens[i + 1] - 1 for i in rows])  # (rows,)
         logits = self.model.compute_logits(hidden[last])  # (rows, vocab)
-        temperatures = torch.tensor([seqs[i].temperature for i in rows], dtype=torch.float32, device=self.device)
+        temperatures = torch.tensor(
+            [seqs[i].temperature for i in rows], dtype=torch.float32, device=self.device
+        )
         sampled = dict(zip(rows, self.sampler(logits, temperatures).tolist()))
         return [sampled.get(i) for i in range(len(seqs))]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context
+    ) -> torch.Tensor:
         """NEW in 06_cudagraph: a decode step replays the graph captured for the next batch
         size up; everything else runs eagerly."""
         num_seqs = len(input_ids)
@@ -178,12 +240,17 @@ class ModelRunner:
     def use_cudagraphs(self) -> bool:
         if self.config.enforce_eager:
             return False
-        if self.device.type != "cuda":  # eager by nature, nothing to act on: information, not a warning
+        if (
+            self.device.type != "cuda"
+        ):  # eager by nature, nothing to act on: information, not a warning
             logger.info("CUDA graphs need a CUDA device; this %s run is eager", self.device.type)
             return False
         if self.attention_backend == "torch":
-            log_once(logging.WARNING, "the torch attention backend reads sizes on the host and cannot be captured, so decode runs "
-                     "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)")
+            log_once(
+                logging.WARNING,
+                "the torch attention backend reads sizes on the host and cannot be captured, so decode runs "
+                "eagerly; attention_backend='triton' captures CUDA graphs (enforce_eager=True: eager on purpose, no warning)",
+            )
             return False
         return True
 
@@ -200,16 +267,24 @@ class ModelRunner:
             "positions": torch.zeros(max_bs, dtype=torch.int64, device=self.device),
             "slot_mapping": torch.full((max_bs,), -1, dtype=torch.int64, device=self.device),
             "context_lens": torch.zeros(max_bs, dtype=torch.int32, device=self.device),
-            "block_tables": torch.full((max_bs, max_blocks), -1, dtype=torch.int32, device=self.device),
+            "block_tables": torch.full(
+                (max_bs, max_blocks), -1, dtype=torch.int32, device=self.device
+            ),
             "cu_seqlens_q": torch.arange(max_bs + 1, dtype=torch.int32, device=self.device),
         }
-        self.graph_output = torch.zeros(max_bs, cfg.hidden_size, dtype=self.dtype, device=self.device)
+        self.graph_output = torch.zeros(
+            max_bs, cfg.hidden_size, dtype=self.dtype, device=self.device
+        )
         pool = None
-        for bs in reversed(self.graph_sizes):  # largest first, so smaller graphs fit in its memory pool
+        for bs in reversed(
+            self.graph_sizes
+        ):  # largest first, so smaller graphs fit in its memory pool
             graph = torch.cuda.CUDAGraph()
             set_context(self.graph_context(bs))
             ids, pos = self.graph_inputs["input_ids"][:bs], self.graph_inputs["positions"][:bs]
-            self.graph_output[:bs] = self.model(ids, pos)  # warm-up: autotuning and allocations happen outside the graph
+            self.graph_output[:bs] = self.model(
+                ids, pos
+            )  # warm-up: autotuning and allocations happen outside the graph
             with torch.cuda.graph(graph, pool):
                 self.graph_output[:bs] = self.model(ids, pos)
             pool = pool or graph.pool()
@@ -228,7 +303,9 @@ class ModelRunner:
             is_decode=True,
         )
 
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
+    def replay(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context
+    ) -> torch.Tensor:
         n = len(input_ids)
         bs = graph_for(n, self.graph_sizes)  # pad the batch up to a captured size
         g = self.graph_inputs

@@ -50,10 +50,12 @@ import torch
 from ..config import EngineConfig, ModelConfig
 from ..distributed import abort_tensor_parallel, destroy_tensor_parallel, require_no_process_group
 
-SHUTDOWN_GRACE_S = 5.0  # how long a worker may take to say goodbye, then to leave, before it is killed
+SHUTDOWN_GRACE_S = (
+    5.0  # how long a worker may take to say goodbye, then to leave, before it is killed
+)
 START_HINT = (
     "It died while starting. Workers are spawned: each one imports your main module again, so a "
-    "script that creates a tensor-parallel LLM must do so under `if __name__ == \"__main__\":`."
+    'script that creates a tensor-parallel LLM must do so under `if __name__ == "__main__":`.'
 )
 
 
@@ -80,23 +82,38 @@ class WorkerGroup:
         try:
             config.distributed_port = free_port(config.distributed_host, config.distributed_port)
         except OSError as err:
-            raise ValueError(f"cannot listen on {config.distributed_host}:{config.distributed_port} (distributed_host, distributed_port): {err}") from err
+            raise ValueError(
+                f"cannot listen on {config.distributed_host}:{config.distributed_port} (distributed_host, distributed_port): {err}"
+            ) from err
         self.timeout = config.distributed_timeout
         self.processes: list[mp.Process] = []
         self.conns: list[Connection] = []
         self.failure: str | None = None  # why the group was stopped, if it failed
-        stop_reader, self._stop_writer = mp.Pipe(duplex=False)  # closing the writer ends the watchdog
+        stop_reader, self._stop_writer = mp.Pipe(
+            duplex=False
+        )  # closing the writer ends the watchdog
         self._watchdogs: list[threading.Thread] = []
         self._aborted = threading.Event()  # the watchdog abandoned the group: a worker died
         self._out_of_step = threading.Event()  # a call failed: the ranks cannot leave together
         # registered before the first start, so a half-started group is cleaned up too
         self._finalizer = weakref.finalize(
-            self, _stop, self.processes, self.conns, self._stop_writer, self._watchdogs, self._out_of_step
+            self,
+            _stop,
+            self.processes,
+            self.conns,
+            self._stop_writer,
+            self._watchdogs,
+            self._out_of_step,
         )
         ctx = mp.get_context("spawn")
         for rank in range(1, config.tensor_parallel_size):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(runner_class, config, model_config, rank, theirs), name=f"tp-worker-{rank}", daemon=True)
+            proc = ctx.Process(
+                target=worker_main,
+                args=(runner_class, config, model_config, rank, theirs),
+                name=f"tp-worker-{rank}",
+                daemon=True,
+            )
             proc.start()
             theirs.close()  # only the worker holds its end: if it dies, our end sees EOF
             self.processes.append(proc)
@@ -104,7 +121,14 @@ class WorkerGroup:
         if config.device.startswith("cuda"):
             sentinels = [p.sentinel for p in self.processes]
             events = (self._aborted, self._out_of_step)
-            self._watchdogs.append(threading.Thread(target=_watchdog, args=(sentinels, stop_reader, events), name="tp-watchdog", daemon=True))
+            self._watchdogs.append(
+                threading.Thread(
+                    target=_watchdog,
+                    args=(sentinels, stop_reader, events),
+                    name="tp-watchdog",
+                    daemon=True,
+                )
+            )
             self._watchdogs[0].start()
         try:
             self.receive()  # each worker says hello once it has started, before it joins the group
@@ -133,7 +157,9 @@ class WorkerGroup:
     def send(self, method: str, *args) -> None:
         """Start `method(*args)` on every worker."""
         if not self._finalizer.alive:
-            raise WorkerError(f"the tensor-parallel workers were stopped earlier ({self.failure or 'shutdown'}); create a new LLM")
+            raise WorkerError(
+                f"the tensor-parallel workers were stopped earlier ({self.failure or 'shutdown'}); create a new LLM"
+            )
         for rank, proc in enumerate(self.processes, 1):
             if proc.exitcode is not None:
                 self.fail(self.death_note(rank))
@@ -142,14 +168,20 @@ class WorkerGroup:
             try:
                 conn.send_bytes(message)
             except OSError as err:  # BrokenPipeError: the worker is gone
-                self.fail(self.find_failure(1.0) or f"tensor-parallel worker rank {rank}: its pipe broke ({err})", err)
+                self.fail(
+                    self.find_failure(1.0)
+                    or f"tensor-parallel worker rank {rank}: its pipe broke ({err})",
+                    err,
+                )
 
     def receive(self) -> None:
         """Wait for every worker's reply to the last call; raise WorkerError if one failed or died."""
         deadline = time.monotonic() + self.timeout
         for rank, (proc, conn) in enumerate(zip(self.processes, self.conns), 1):
             if not wait([conn, proc.sentinel], timeout=max(0.0, deadline - time.monotonic())):
-                self.fail(f"tensor-parallel worker rank {rank} (pid {proc.pid}) did not answer within {self.timeout:g} s")
+                self.fail(
+                    f"tensor-parallel worker rank {rank} (pid {proc.pid}) did not answer within {self.timeout:g} s"
+                )
             try:
                 status, payload = conn.recv()  # a reply, or EOF if it died without one
             except (EOFError, OSError):
@@ -214,8 +246,13 @@ class WorkerGroup:
         self._finalizer()
 
 
-def _stop(processes: list[mp.Process], conns: list[Connection], stop_writer: Connection,
-          watchdogs: list[threading.Thread], out_of_step: threading.Event) -> None:
+def _stop(
+    processes: list[mp.Process],
+    conns: list[Connection],
+    stop_writer: Connection,
+    watchdogs: list[threading.Thread],
+    out_of_step: threading.Event,
+) -> None:
     """The finalizer: no reference to the group, so that it can be garbage-collected."""
     stop_writer.close()  # first: a watchdog must not take the workers' exit for a death ...
     for thread in watchdogs:
@@ -227,7 +264,9 @@ def _stop(processes: list[mp.Process], conns: list[Connection], stop_writer: Con
         except (OSError, ValueError):
             pass  # it is gone already
     deadline = time.monotonic() + SHUTDOWN_GRACE_S
-    if not out_of_step.is_set() and all(_says_goodbye(proc, conn, deadline) for proc, conn in zip(processes, conns)):
+    if not out_of_step.is_set() and all(
+        _says_goodbye(proc, conn, deadline) for proc, conn in zip(processes, conns)
+    ):
         destroy_tensor_parallel()  # every rank leaves together (each waits for the others)
     else:  # a rank may wait for a peer that never comes: kill the workers, abandon the group
         for proc in processes:
@@ -261,7 +300,9 @@ def _says_goodbye(proc: mp.Process, conn: Connection, deadline: float) -> bool:
     return False
 
 
-def _watchdog(sentinels: list[int], stop_reader: Connection, events: tuple[threading.Event, ...]) -> None:
+def _watchdog(
+    sentinels: list[int], stop_reader: Connection, events: tuple[threading.Event, ...]
+) -> None:
     """NCCL collectives wait for a dead peer until their timeout; abort them when a worker dies."""
     ready = wait([stop_reader, *sentinels])
     if stop_reader not in ready:
@@ -277,12 +318,16 @@ def _exit_with_parent() -> None:
     os._exit(1)
 
 
-def worker_main(runner_class: type, config: EngineConfig, model_config: ModelConfig, rank: int, conn: Connection) -> None:
+def worker_main(
+    runner_class: type, config: EngineConfig, model_config: ModelConfig, rank: int, conn: Connection
+) -> None:
     """A worker's whole life: build its model runner, then run the calls rank 0 sends until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for rank 0, which then stops us
     threading.Thread(target=_exit_with_parent, name="tp-parent-watch", daemon=True).start()
     if not config.device.startswith("cuda"):
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))  # share the cores
+        torch.set_num_threads(
+            max(1, (os.cpu_count() or 1) // config.tensor_parallel_size)
+        )  # share the cores
     try:
         conn.send(("ok", None))  # hello: started
         runner = runner_class(config, model_config, rank)

@@ -6,7 +6,11 @@ from torch import nn
 
 from .context import get_context
 
-BACKEND_MODULES = {"torch": ".attention_torch", "triton": ".attention_triton", "flash_attn": ".attention_flash"}
+BACKEND_MODULES = {
+    "torch": ".attention_torch",
+    "triton": ".attention_triton",
+    "flash_attn": ".attention_flash",
+}
 
 
 def resolve_backend(name: str, device: torch.device, block_size: int, dtype: torch.dtype) -> str:
@@ -14,7 +18,12 @@ def resolve_backend(name: str, device: torch.device, block_size: int, dtype: tor
     size and dtype suit it, else our Triton kernels on CUDA, else the PyTorch reference."""
     has_flash = importlib.util.find_spec("flash_attn") is not None
     has_triton = importlib.util.find_spec("triton") is not None
-    flash_ok = device.type == "cuda" and has_flash and block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16)
+    flash_ok = (
+        device.type == "cuda"
+        and has_flash
+        and block_size % 256 == 0
+        and dtype in (torch.float16, torch.bfloat16)
+    )
     if name == "auto":
         if flash_ok:
             return "flash_attn"
@@ -24,8 +33,12 @@ def resolve_backend(name: str, device: torch.device, block_size: int, dtype: tor
             "attention_backend='flash_attn' needs CUDA, the flash-attn package, a kvcache_block_size that is a multiple of 256 "
             f"and dtype float16 or bfloat16 (got {device.type}, block size {block_size}, {dtype})"
         )
-    if name == "triton" and not (has_triton and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")):
-        raise ValueError("attention_backend='triton' needs the triton package and a CUDA device (or TRITON_INTERPRET=1 to run it slowly on CPU)")
+    if name == "triton" and not (
+        has_triton and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    ):
+        raise ValueError(
+            "attention_backend='triton' needs the triton package and a CUDA device (or TRITON_INTERPRET=1 to run it slowly on CPU)"
+        )
     return name
 
 
@@ -40,8 +53,15 @@ class Attention(nn.Module):
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.k_cache = self.v_cache = torch.tensor([])  # (num_blocks, block_size, kv_heads, head_dim), set by the runner
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = (
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+        )
+        self.k_cache = self.v_cache = torch.tensor(
+            []
+        )  # (num_blocks, block_size, kv_heads, head_dim), set by the runner
         self.backend = None  # the backend module, set by the runner
 
     def set_backend(self, name: str) -> None:
@@ -52,7 +72,16 @@ class Attention(nn.Module):
         ctx = get_context()
         self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_decode:
-            return self.backend.paged_decode_attention(q, self.k_cache, self.v_cache, ctx.context_lens, ctx.block_tables, self.scale)
+            return self.backend.paged_decode_attention(
+                q, self.k_cache, self.v_cache, ctx.context_lens, ctx.block_tables, self.scale
+            )
         return self.backend.paged_prefill_attention(
-            q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, self.scale, ctx.max_seqlen_q
+            q,
+            self.k_cache,
+            self.v_cache,
+            ctx.cu_seqlens_q,
+            ctx.context_lens,
+            ctx.block_tables,
+            self.scale,
+            ctx.max_seqlen_q,
         )  # (tokens, heads, head_dim)

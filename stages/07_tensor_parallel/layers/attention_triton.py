@@ -44,12 +44,19 @@ def _block_d(head_dim: int) -> int:
 
 @triton.jit
 def _store_kvcache_kernel(
-    key_ptr, value_ptr,          # (N, KVH, D), strides below, last dim contiguous
-    k_cache_ptr, v_cache_ptr,    # contiguous (num_blocks * block_size, KVH, D) slots
-    slot_mapping_ptr,            # (N,)
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    KVH: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    key_ptr,
+    value_ptr,  # (N, KVH, D), strides below, last dim contiguous
+    k_cache_ptr,
+    v_cache_ptr,  # contiguous (num_blocks * block_size, KVH, D) slots
+    slot_mapping_ptr,  # (N,)
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    KVH: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)  # int64: big caches overflow int32
@@ -58,8 +65,12 @@ def _store_kvcache_kernel(
     offs_h = tl.arange(0, BLOCK_H)  # [BLOCK_H]
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     mask = (offs_h[:, None] < KVH) & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
-    k = tl.load(key_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
-    v = tl.load(value_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    k = tl.load(
+        key_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask
+    )
+    v = tl.load(
+        value_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask
+    )
     dst = slot * (KVH * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -81,10 +92,19 @@ def store_kvcache(
     if num_tokens == 0:
         return
     _store_kvcache_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        KVH=kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        KVH=kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
     )
 
 
@@ -95,14 +115,25 @@ def store_kvcache(
 
 @triton.jit
 def _load_kv_tile(
-    cache_ptr, block_table_row_ptr, offs_n, n_mask, kv_head, offs_d, d_mask,
-    stride_cb, stride_cs, stride_ch, PAGE_SIZE: tl.constexpr,
+    cache_ptr,
+    block_table_row_ptr,
+    offs_n,
+    n_mask,
+    kv_head,
+    offs_d,
+    d_mask,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    PAGE_SIZE: tl.constexpr,
 ):
     """Rows offs_n (key positions of one sequence) of one kv head: [BLOCK_N, BLOCK_D]."""
     # Logical position p -> (physical block, offset in block). PAGE_SIZE is a constexpr
     # so that powers of two compile to shifts/masks.
     block_ids = tl.load(block_table_row_ptr + offs_n // PAGE_SIZE, mask=n_mask, other=0)
-    row = block_ids.to(tl.int64) * stride_cb + (offs_n % PAGE_SIZE) * stride_cs + kv_head * stride_ch
+    row = (
+        block_ids.to(tl.int64) * stride_cb + (offs_n % PAGE_SIZE) * stride_cs + kv_head * stride_ch
+    )
     ptrs = cache_ptr + row[:, None] + offs_d[None, :]
     return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
 
@@ -134,15 +165,28 @@ def _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, mask, APPLY_MASK: tl.
 
 @triton.jit
 def _paged_prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr,
-    qk_scale,                                  # softmax scale * log2(e)
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_cb, stride_cs, stride_ch,           # cache strides: block, slot in block, kv head
-    stride_bt,                                 # block table row stride
-    GROUP: tl.constexpr,                       # query heads per kv head
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    cu_seqlens_q_ptr,
+    context_lens_ptr,
+    block_tables_ptr,
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,  # cache strides: block, slot in block, kv head
+    stride_bt,  # block table row stride
+    GROUP: tl.constexpr,  # query heads per kv head
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     # Which BLOCK_M queries of the sequence. Reversed so that the last tiles, which see the
     # most keys, start first: better load balance across the GPU under the causal mask.
@@ -165,8 +209,11 @@ def _paged_prefill_kernel(
     q_pos = prefix_len + offs_m  # [BLOCK_M] absolute positions of our queries
 
     q_rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
 
     # Online softmax state, fp32 (base-2 logits).
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max
@@ -184,26 +231,77 @@ def _paged_prefill_kernel(
     # Phase 1: tiles below the diagonal (the cached prefix, earlier query tiles): no mask.
     for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
-        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
-        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, None, APPLY_MASK=False)
+        k = _load_kv_tile(
+            k_cache_ptr,
+            bt_row,
+            offs_n,
+            all_n,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+        )  # [BLOCK_N, BLOCK_D]
+        v = _load_kv_tile(
+            v_cache_ptr,
+            bt_row,
+            offs_n,
+            all_n,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+        )  # [BLOCK_N, BLOCK_D]
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, m_i, l_i, acc, qk_scale, None, APPLY_MASK=False
+        )
 
     # Phase 2: tiles on the diagonal: mask keys after each query (and past the context).
     for start_n in range(full_end, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
-        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)
-        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)
+        k = _load_kv_tile(
+            k_cache_ptr,
+            bt_row,
+            offs_n,
+            n_mask,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+        )
+        v = _load_kv_tile(
+            v_cache_ptr,
+            bt_row,
+            offs_n,
+            n_mask,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+        )
         causal = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
-        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, causal, APPLY_MASK=True)
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, m_i, l_i, acc, qk_scale, causal, APPLY_MASK=True
+        )
 
     out = acc / l_i[:, None]
-    tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
 
 
 def paged_prefill_attention(
@@ -235,15 +333,30 @@ def paged_prefill_attention(
         return out
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M), num_seqs, num_heads)
     _paged_prefill_kernel[grid](
-        q, k_cache, v_cache, out,
-        cu_seqlens_q, context_lens, block_tables,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        cu_seqlens_q,
+        context_lens,
+        block_tables,
         scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         block_tables.stride(0),
-        GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim),
-        num_warps=num_warps, num_stages=num_stages,
+        GROUP=num_heads // kv_heads,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=k_cache.shape[1],
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=_block_d(head_dim),
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
 
@@ -268,20 +381,32 @@ def _split_size(context_len, num_splits, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr,
-    out_ptr,                                   # (S, H, D) final output (when not SPLIT)
-    part_out_ptr, part_lse_ptr,                # (S, H, num_splits, D), (S, H, num_splits) fp32
-    context_lens_ptr, block_tables_ptr,
-    qk_scale,                                  # softmax scale * log2(e)
-    stride_qs, stride_qh, stride_os, stride_oh,
-    stride_cb, stride_cs, stride_ch,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,  # (S, H, D) final output (when not SPLIT)
+    part_out_ptr,
+    part_lse_ptr,  # (S, H, num_splits, D), (S, H, num_splits) fp32
+    context_lens_ptr,
+    block_tables_ptr,
+    qk_scale,  # softmax scale * log2(e)
+    stride_qs,
+    stride_qh,
+    stride_os,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
     stride_bt,
     num_splits,
-    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    SPLIT: tl.constexpr,                       # False: one split, write `out` directly
-    BLOCK_H: tl.constexpr,                     # GROUP padded to a power of two >= 16
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr,  # False: one split, write `out` directly
+    BLOCK_H: tl.constexpr,  # GROUP padded to a power of two >= 16
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -305,8 +430,11 @@ def _paged_decode_kernel(
     h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_h  # [BLOCK_H] query heads
-    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=h_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+    q = tl.load(
+        q_ptr + seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=h_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BLOCK_H, BLOCK_D]
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -318,12 +446,35 @@ def _paged_decode_kernel(
     for start_n in range(kv_start, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         n_mask = offs_n < kv_end
-        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
-        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_cb, stride_cs, stride_ch, PAGE_SIZE)  # [BLOCK_N, BLOCK_D]
-        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :],
-                                             APPLY_MASK=True)
+        k = _load_kv_tile(
+            k_cache_ptr,
+            bt_row,
+            offs_n,
+            n_mask,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+        )  # [BLOCK_N, BLOCK_D]
+        v = _load_kv_tile(
+            v_cache_ptr,
+            bt_row,
+            offs_n,
+            n_mask,
+            kv_head,
+            offs_d,
+            d_mask,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            PAGE_SIZE,
+        )  # [BLOCK_N, BLOCK_D]
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :], APPLY_MASK=True
+        )
 
     # l_i == 0 only for an empty context (e.g. a padding row): output zeros, not NaN.
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -335,18 +486,26 @@ def _paged_decode_kernel(
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
         tl.store(part_lse_ptr + row, m_i + tl.log2(l_safe), mask=h_mask)
     else:
-        tl.store(out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(
+            out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=out_mask,
+        )
 
 
 @triton.jit
 def _paged_decode_reduce_kernel(
-    out_ptr, part_out_ptr, part_lse_ptr, context_lens_ptr,
-    stride_os, stride_oh,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    context_lens_ptr,
+    stride_os,
+    stride_oh,
     num_splits,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,                     # the decode kernel's BLOCK_N
-    BLOCK_S: tl.constexpr,                     # num_splits padded to a power of two
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # the decode kernel's BLOCK_N
+    BLOCK_S: tl.constexpr,  # num_splits padded to a power of two
     BLOCK_D: tl.constexpr,
 ):
     """Merge the partial softmaxes of one (sequence, query head) over its splits."""
@@ -362,16 +521,22 @@ def _paged_decode_reduce_kernel(
     d_mask = offs_d < HEAD_DIM
     row = (seq.to(tl.int64) * NUM_HEADS + head) * num_splits + offs_s  # [BLOCK_S]
     lse = tl.load(part_lse_ptr + row, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
-    part = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
-                   mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    part = tl.load(
+        part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
 
     # Each split's weight is its share of the total probability mass: softmax of the lse.
     lse_max = tl.where(num_valid > 0, tl.max(lse, axis=0), 0.0)  # no -inf - -inf (NaN)
     w = tl.where(s_mask, tl.exp2(lse - lse_max), 0.0)  # [BLOCK_S]
     w_sum = tl.sum(w, axis=0)
     out = tl.sum(part * w[:, None], axis=0) / tl.where(w_sum > 0, w_sum, 1.0)  # [BLOCK_D]
-    tl.store(out_ptr + seq.to(tl.int64) * stride_os + head * stride_oh + offs_d,
-             out.to(out_ptr.dtype.element_ty), mask=d_mask)
+    tl.store(
+        out_ptr + seq.to(tl.int64) * stride_os + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_mask,
+    )
 
 
 _NUM_SMS: dict[int, int] = {}
@@ -386,14 +551,22 @@ def _num_sms(device: torch.device) -> int:
     return _NUM_SMS[index]
 
 
-def default_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: torch.device,
-                       BLOCK_N: int = 64, max_splits: int = 32) -> int:
+def default_num_splits(
+    num_seqs: int,
+    kv_heads: int,
+    max_context: int,
+    device: torch.device,
+    BLOCK_N: int = 64,
+    max_splits: int = 32,
+) -> int:
     """Split-K factor for decode: 1 when the batch alone fills the GPU, else enough splits
     for ~4 programs per SM (at most one split per key tile, at most max_splits)."""
     programs, sms = num_seqs * kv_heads, _num_sms(device)
     if device.type != "cuda" or programs >= 2 * sms:
         return 1
-    return max(1, min(triton.cdiv(4 * sms, programs), triton.cdiv(max_context, BLOCK_N), max_splits))
+    return max(
+        1, min(triton.cdiv(4 * sms, programs), triton.cdiv(max_context, BLOCK_N), max_splits)
+    )
 
 
 def paged_decode_attention(
@@ -427,31 +600,58 @@ def paged_decode_attention(
     assert num_splits >= 1
 
     if num_splits > 1:
-        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        part_out = torch.empty(
+            num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
+        part_lse = torch.empty(
+            num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device
+        )
     else:
         part_out = part_lse = out  # unused placeholders
     block_d = _block_d(head_dim)
     _paged_decode_kernel[(num_seqs, kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse,
-        context_lens, block_tables,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_out,
+        part_lse,
+        context_lens,
+        block_tables,
         scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         block_tables.stride(0),
         num_splits,
-        NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        NUM_HEADS=num_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
         SPLIT=num_splits > 1,
         BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=BLOCK_N, BLOCK_D=block_d,
-        num_warps=num_warps, num_stages=num_stages,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=block_d,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if num_splits > 1:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            out, part_out, part_lse, context_lens,
-            out.stride(0), out.stride(1),
+            out,
+            part_out,
+            part_lse,
+            context_lens,
+            out.stride(0),
+            out.stride(1),
             num_splits,
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            NUM_HEADS=num_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_N=BLOCK_N,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=block_d,
         )
     return out

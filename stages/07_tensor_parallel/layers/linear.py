@@ -34,7 +34,9 @@ class Linear(nn.Module):
         target = param.data if shard_id is None else self.shard(param.data, shard_id)
         loaded = self.rank_part(param, loaded)  # NEW in 07_tensor_parallel
         if target.shape != loaded.shape:
-            raise ValueError(f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit a parameter slice of shape {tuple(target.shape)}")
+            raise ValueError(
+                f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit a parameter slice of shape {tuple(target.shape)}"
+            )
         target.copy_(loaded)
 
     def rank_part(self, param: nn.Parameter, loaded: torch.Tensor) -> torch.Tensor:
@@ -97,7 +99,9 @@ class QKVParallelLinear(MergedColumnParallelLinear):
     kv_heads/tp key/value heads: a whole GQA group stays on one rank. Sizes are the
     model's totals; the layer divides them."""
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False
+    ):
         sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
         super().__init__(hidden_size, sizes, bias)
 

@@ -8,11 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .activation import SiluAndMul
 from ..distributed import all_reduce, divide, get_tp_rank, get_tp_size
+from .activation import SiluAndMul
 
 
-def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's `top_k` experts and their weights: a softmax over all experts (in float32),
     the `top_k` largest kept and, with `renormalize` (config.json's norm_topk_prob), scaled to sum to 1."""
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # (tokens, experts)
@@ -40,41 +42,65 @@ class Experts(nn.Module):
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()  # NEW in 07_tensor_parallel
         intermediate_size = divide(intermediate_size, "moe_intermediate_size")  # this rank's share
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size)
+        )
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
         for param, parts in ((self.gate_up_proj, ("gate", "up")), (self.down_proj, ("down",))):
             param.weight_loader = self.weight_loader
             param.shard_ids = {(e, part) for e in range(num_experts) for part in parts}
         self.act = SiluAndMul()
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, str] | None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, str] | None
+    ) -> None:
         if shard_id is None:
-            raise ValueError("expert weights are loaded one expert at a time (mlp.experts.<e>.gate_proj.weight, ...)")
+            raise ValueError(
+                "expert weights are loaded one expert at a time (mlp.experts.<e>.gate_proj.weight, ...)"
+            )
         expert, part = shard_id
         if not 0 <= expert < self.num_experts:
-            raise ValueError(f"the checkpoint has weights for expert {expert}, but config.json says num_experts={self.num_experts}")
+            raise ValueError(
+                f"the checkpoint has weights for expert {expert}, but config.json says num_experts={self.num_experts}"
+            )
         loaded = self.rank_part(loaded, part)  # NEW in 07_tensor_parallel
         target = param.data[expert]  # (2 * inter / tp, hidden) or (hidden, inter / tp)
         if part != "down":
-            target = target.narrow(0, 0 if part == "gate" else self.intermediate_size, self.intermediate_size)
+            target = target.narrow(
+                0, 0 if part == "gate" else self.intermediate_size, self.intermediate_size
+            )
         if target.shape != loaded.shape:
-            raise ValueError(f"expert {expert} {part}_proj: checkpoint shape {tuple(loaded.shape)} != model shape {tuple(target.shape)}")
+            raise ValueError(
+                f"expert {expert} {part}_proj: checkpoint shape {tuple(loaded.shape)} != model shape {tuple(target.shape)}"
+            )
         target.copy_(loaded)
 
     def rank_part(self, loaded: torch.Tensor, part: str) -> torch.Tensor:
         """NEW in 07_tensor_parallel: this rank's block of one expert's full checkpoint tensor:
         rows of gate_proj / up_proj (inter, hidden), columns of down_proj (hidden, inter)."""
         dim = 1 if part == "down" else 0
-        return loaded.narrow(dim, self.tp_rank * self.intermediate_size, self.intermediate_size) if self.tp_size > 1 else loaded
+        return (
+            loaded.narrow(dim, self.tp_rank * self.intermediate_size, self.intermediate_size)
+            if self.tp_size > 1
+            else loaded
+        )
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor
+    ) -> torch.Tensor:
         """x: (tokens, hidden); weights, expert_ids: (tokens, top_k) -> (tokens, hidden)."""
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return self.sum_over_ranks(self.forward_every_expert(x, weights, expert_ids))
         out = torch.zeros_like(x)
-        for e in expert_ids.unique().tolist():  # the experts that received tokens, in increasing order
-            token, slot = torch.where(expert_ids == e)  # (n,) each: token[i] chose e as its slot[i]-th expert
-            h = self.act(F.linear(x[token], self.gate_up_proj[e]))  # (n, 2 * inter / tp) -> (n, inter / tp)
+        for (
+            e
+        ) in expert_ids.unique().tolist():  # the experts that received tokens, in increasing order
+            token, slot = torch.where(
+                expert_ids == e
+            )  # (n,) each: token[i] chose e as its slot[i]-th expert
+            h = self.act(
+                F.linear(x[token], self.gate_up_proj[e])
+            )  # (n, 2 * inter / tp) -> (n, inter / tp)
             y = F.linear(h, self.down_proj[e])  # (n, hidden)
             out.index_add_(0, token, y * weights[token, slot, None])
         return self.sum_over_ranks(out)
@@ -84,7 +110,9 @@ class Experts(nn.Module):
         all-reduce adds up the partial outputs, as for a dense MLP's down_proj."""
         return all_reduce(out) if self.tp_size > 1 else out
 
-    def forward_every_expert(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    def forward_every_expert(
+        self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor
+    ) -> torch.Tensor:
         """What a captured decode step runs. A graph cannot ask the host which
         experts received tokens (`unique().tolist()` waits for the GPU), so every expert runs on every
         token, scaled by the token's weight for it: 0 where the router did not choose it. That is

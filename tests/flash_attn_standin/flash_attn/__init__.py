@@ -46,7 +46,10 @@ def _check_paged(cache: torch.Tensor, block_table: torch.Tensor, batch: int) -> 
     """Checks of a paged cache (num_blocks, page_block_size, nheads_k, headdim); returns page_block_size."""
     _check(cache.dim() == 4, "paged k/v must be (num_blocks, page_block_size, nheads_k, headdim)")
     _check(block_table.dtype == torch.int32, "block_table must have dtype torch.int32")
-    _check(block_table.dim() == 2 and block_table.shape[0] == batch, "block_table must be (batch_size, max_num_blocks_per_seq)")
+    _check(
+        block_table.dim() == 2 and block_table.shape[0] == batch,
+        "block_table must be (batch_size, max_num_blocks_per_seq)",
+    )
     _check(cache.shape[1] % 256 == 0, "Paged KV cache block size must be divisible by 256")
     return cache.shape[1]
 
@@ -56,7 +59,10 @@ def _gather_pages(cache: torch.Tensor, table_row: torch.Tensor, seqlen: int) -> 
     them are read, as the kernel does; a page id outside the cache there is an error."""
     page = cache.shape[1]
     pages = table_row[: (seqlen + page - 1) // page].long()  # (pages_used,)
-    _check(bool(((pages >= 0) & (pages < cache.shape[0])).all()), f"block_table points outside the cache: {pages.tolist()}")
+    _check(
+        bool(((pages >= 0) & (pages < cache.shape[0])).all()),
+        f"block_table points outside the cache: {pages.tolist()}",
+    )
     return cache[pages].reshape(-1, *cache.shape[2:])[:seqlen]
 
 
@@ -65,7 +71,9 @@ def _attend(q, k, v, scale: float, causal: bool) -> torch.Tensor:
     seqlen_q, nheads, _ = q.shape
     seqlen_k, nheads_k = k.shape[0], k.shape[1]
     group = nheads // nheads_k
-    k = k.float().repeat_interleave(group, dim=1)  # (seqlen_k, nheads, d): kv head h // group -> query head h
+    k = k.float().repeat_interleave(
+        group, dim=1
+    )  # (seqlen_k, nheads, d): kv head h // group -> query head h
     v = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale  # (nheads, seqlen_q, seqlen_k)
     keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)  # (seqlen_q, seqlen_k)
@@ -73,17 +81,29 @@ def _attend(q, k, v, scale: float, causal: bool) -> torch.Tensor:
         i = torch.arange(seqlen_q, device=q.device)[:, None]
         j = torch.arange(seqlen_k, device=q.device)[None, :]
         keep = j <= i + seqlen_k - seqlen_q
-    probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)  # (nheads, seqlen_q, seqlen_k)
-    probs = torch.where(keep.any(dim=1)[None, :, None], probs, 0.0)  # a query that sees no key outputs 0
+    probs = torch.softmax(
+        scores.masked_fill(~keep, float("-inf")), dim=-1
+    )  # (nheads, seqlen_q, seqlen_k)
+    probs = torch.where(
+        keep.any(dim=1)[None, :, None], probs, 0.0
+    )  # a query that sees no key outputs 0
     return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
 
 
 def _check_qkv(q, k, v, nheads_k: int, varlen: bool) -> None:
     _check(q.dtype in _DTYPES, "FlashAttention only support fp16 and bf16 data type")
-    _check(k.dtype == q.dtype and v.dtype == q.dtype, "query and key/value must have the same dtype")
+    _check(
+        k.dtype == q.dtype and v.dtype == q.dtype, "query and key/value must have the same dtype"
+    )
     _check(k.stride(-1) == 1 and v.stride(-1) == 1, "k/v must have contiguous last dimension")
-    _check(k.shape == v.shape and k.shape[-1] == q.shape[-1], "k and v must have the same shape, with q's headdim")
-    _check(q.shape[-2] % nheads_k == 0, "Number of heads in key/value must divide number of heads in query")
+    _check(
+        k.shape == v.shape and k.shape[-1] == q.shape[-1],
+        "k and v must have the same shape, with q's headdim",
+    )
+    _check(
+        q.shape[-2] % nheads_k == 0,
+        "Number of heads in key/value must divide number of heads in query",
+    )
     _check(q.shape[-1] <= 256, "FlashAttention forward only supports head dimension at most 256")
     _check(not varlen or q.shape[-1] % 8 == 0, "head_size must be a multiple of 8")
 
@@ -106,12 +126,23 @@ def flash_attn_varlen_func(
     return_attn_probs=False,
     block_table=None,  # (batch, max_num_blocks_per_seq) int32, or None
 ):  # -> (total_q, nheads, headdim), q.dtype
-    _not_implemented(dropout_p=(dropout_p, 0.0), window_size=(tuple(window_size), (-1, -1)), softcap=(softcap, 0.0),
-                     alibi_slopes=(alibi_slopes, None), return_attn_probs=(return_attn_probs, False))
+    _not_implemented(
+        dropout_p=(dropout_p, 0.0),
+        window_size=(tuple(window_size), (-1, -1)),
+        softcap=(softcap, 0.0),
+        alibi_slopes=(alibi_slopes, None),
+        return_attn_probs=(return_attn_probs, False),
+    )
     paged = block_table is not None
-    _check(cu_seqlens_q.dtype == torch.int32 and cu_seqlens_k.dtype == torch.int32, "cu_seqlens_q/k must have dtype int32")
+    _check(
+        cu_seqlens_q.dtype == torch.int32 and cu_seqlens_k.dtype == torch.int32,
+        "cu_seqlens_q/k must have dtype int32",
+    )
     batch = cu_seqlens_q.numel() - 1
-    _check(batch > 0 and cu_seqlens_k.numel() == batch + 1, "cu_seqlens_q and cu_seqlens_k must be (batch_size + 1,)")
+    _check(
+        batch > 0 and cu_seqlens_k.numel() == batch + 1,
+        "cu_seqlens_q and cu_seqlens_k must be (batch_size + 1,)",
+    )
     _check_qkv(q, k, v, k.shape[-2], varlen=True)
     if paged:
         _check_paged(k, block_table, batch)
@@ -122,14 +153,23 @@ def flash_attn_varlen_func(
     out = torch.zeros_like(q)  # (total_q, nheads, headdim)
     for b in range(batch):
         seqlen_q, seqlen_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
-        _check(seqlen_q <= max_seqlen_q and seqlen_k <= max_seqlen_k, f"sequence {b}: lengths exceed max_seqlen_q/k")
+        _check(
+            seqlen_q <= max_seqlen_q and seqlen_k <= max_seqlen_k,
+            f"sequence {b}: lengths exceed max_seqlen_q/k",
+        )
         if seqlen_q == 0:
             continue
         if paged:
-            kb, vb = _gather_pages(k, block_table[b], seqlen_k), _gather_pages(v, block_table[b], seqlen_k)
+            kb, vb = (
+                _gather_pages(k, block_table[b], seqlen_k),
+                _gather_pages(v, block_table[b], seqlen_k),
+            )
         else:
-            kb, vb = k[cu_k[b]:cu_k[b + 1]], v[cu_k[b]:cu_k[b + 1]]  # (seqlen_k, nheads_k, headdim)
-        out[cu_q[b]:cu_q[b + 1]] = _attend(q[cu_q[b]:cu_q[b + 1]], kb, vb, scale, causal)
+            kb, vb = (
+                k[cu_k[b] : cu_k[b + 1]],
+                v[cu_k[b] : cu_k[b + 1]],
+            )  # (seqlen_k, nheads_k, headdim)
+        out[cu_q[b] : cu_q[b + 1]] = _attend(q[cu_q[b] : cu_q[b + 1]], kb, vb, scale, causal)
     return out
 
 
@@ -154,31 +194,54 @@ def flash_attn_with_kvcache(
     num_splits=0,  # a performance knob: does not change the result
     return_softmax_lse=False,
 ):  # -> (batch, seqlen_q, nheads, headdim), q.dtype
-    _not_implemented(k=(k, None), v=(v, None), rotary_cos=(rotary_cos, None), rotary_sin=(rotary_sin, None),
-                     cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
-                     window_size=(tuple(window_size), (-1, -1)), softcap=(softcap, 0.0), alibi_slopes=(alibi_slopes, None),
-                     return_softmax_lse=(return_softmax_lse, False))
-    _check(q.dim() == 4 and k_cache.dim() == 4, "q must be (batch, seqlen_q, nheads, headdim) and k_cache 4-d")
+    _not_implemented(
+        k=(k, None),
+        v=(v, None),
+        rotary_cos=(rotary_cos, None),
+        rotary_sin=(rotary_sin, None),
+        cache_batch_idx=(cache_batch_idx, None),
+        cache_leftpad=(cache_leftpad, None),
+        window_size=(tuple(window_size), (-1, -1)),
+        softcap=(softcap, 0.0),
+        alibi_slopes=(alibi_slopes, None),
+        return_softmax_lse=(return_softmax_lse, False),
+    )
+    _check(
+        q.dim() == 4 and k_cache.dim() == 4,
+        "q must be (batch, seqlen_q, nheads, headdim) and k_cache 4-d",
+    )
     batch = q.shape[0]
     _check_qkv(q, k_cache, v_cache, k_cache.shape[2], varlen=False)
     if block_table is not None:
         page = _check_paged(k_cache, block_table, batch)
         capacity = block_table.shape[1] * page
     else:
-        _check(k_cache.shape[0] == batch, "without a block_table, k_cache must be (batch_size, seqlen_cache, nheads_k, headdim)")
+        _check(
+            k_cache.shape[0] == batch,
+            "without a block_table, k_cache must be (batch_size, seqlen_cache, nheads_k, headdim)",
+        )
         capacity = k_cache.shape[1]
     if cache_seqlens is None:
         cache_seqlens = torch.full((batch,), capacity, dtype=torch.int32)
     elif isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32)
-    _check(cache_seqlens.dtype == torch.int32 and cache_seqlens.shape == (batch,), "cache_seqlens must be (batch_size,) int32")
+    _check(
+        cache_seqlens.dtype == torch.int32 and cache_seqlens.shape == (batch,),
+        "cache_seqlens must be (batch_size,) int32",
+    )
     lens = cache_seqlens.tolist()
-    _check(max(lens) <= capacity, f"max(cache_seqlens) = {max(lens)} exceeds the cache's capacity {capacity}")
+    _check(
+        max(lens) <= capacity,
+        f"max(cache_seqlens) = {max(lens)} exceeds the cache's capacity {capacity}",
+    )
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     out = torch.zeros_like(q)  # (batch, seqlen_q, nheads, headdim)
     for b, seqlen_k in enumerate(lens):
         if block_table is not None:
-            kb, vb = _gather_pages(k_cache, block_table[b], seqlen_k), _gather_pages(v_cache, block_table[b], seqlen_k)
+            kb, vb = (
+                _gather_pages(k_cache, block_table[b], seqlen_k),
+                _gather_pages(v_cache, block_table[b], seqlen_k),
+            )
         else:
             kb, vb = k_cache[b, :seqlen_k], v_cache[b, :seqlen_k]  # (seqlen_k, nheads_k, headdim)
         out[b] = _attend(q[b], kb, vb, scale, causal)
