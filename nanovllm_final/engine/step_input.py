@@ -152,50 +152,23 @@ def build_step_input(
     per-token arrays are computed with numpy, not a Python loop over tokens. `pending_rows`:
     the step in flight's output row of each sequence it samples for (seq_id -> row).
     `block_tables`: the engine's, kept from step to step (a fresh one when None)."""
-    n = len(seqs)
-    # the sequences' counters as arrays, one plain attribute per pass (a decode step has hundreds of rows)
-    starts = np.fromiter((s.num_cached_tokens for s in seqs), np.int64, n)  # (seqs,)
-    counts = np.fromiter((s.num_scheduled_tokens for s in seqs), np.int64, n)  # (seqs,)
-    known = np.fromiter(
-        (len(s.token_ids) for s in seqs), np.int64, n
-    )  # (seqs,) tokens whose ids the host knows
-    pending = np.fromiter(
-        (s.num_pending for s in seqs), np.int64, n
-    )  # (seqs,) sampled ones still on the device
-    proposed = np.fromiter(
-        (len(s.spec_token_ids) for s in seqs), np.int64, n
-    )  # (seqs,) speculative decoding
+    starts, counts, known, pending, proposed = _counters(seqs)
     ends = starts + counts
     cu = np.zeros(len(seqs) + 1, np.int64)
     np.cumsum(counts, out=cu[1:])
     seq_of_token = np.repeat(np.arange(len(seqs)), counts)  # (tokens,)
     positions = np.arange(cu[-1]) - cu[seq_of_token] + starts[seq_of_token]  # (tokens,)
-    tables = (block_tables if block_tables is not None else BlockTables()).build(
-        seqs
-    )  # (seqs, max_blocks)
+    # (seqs, max_blocks)
+    tables = (block_tables if block_tables is not None else BlockTables()).build(seqs)
     slots = (
         tables[seq_of_token, positions // block_size].astype(np.int64) * block_size
         + positions % block_size
     )
     max_seqlen_q = int(counts.max())
     is_decode = max_seqlen_q == 1
-    if (
-        is_decode
-    ):  # one token each: the one at `start`; a pending one (most, with overlap) is 0 here
-        input_ids = np.zeros(n, np.int64)
-        for i in np.flatnonzero(starts < known).tolist():
-            input_ids[i] = seqs[i].token_ids[starts[i]]
-    else:
-        input_ids = np.fromiter(
-            chain.from_iterable(
-                fed_ids(s, a, b) for s, a, b in zip(seqs, starts.tolist(), ends.tolist())
-            ),
-            np.int64,
-            int(cu[-1]),
-        )
-    samples = (
-        ends == known + pending + proposed
-    )  # (seqs,) the feed reaches the end: Sequence.samples_this_step
+    input_ids = _input_ids(seqs, starts, ends, known, cu, is_decode)
+    # (seqs,) the feed reaches the end: Sequence.samples_this_step
+    samples = ends == known + pending + proposed
     carried = np.flatnonzero(pending)  # (carried,) rows whose fed token is a pending one
     return StepInput(
         input_ids=input_ids,
@@ -214,6 +187,42 @@ def build_step_input(
         decode_order=np.argsort(-ends, kind="stable").astype(np.int32),
         scoring=plan_scoring(seqs, starts, ends, cu),
         num_proposed=int(proposed.sum()),
+    )
+
+
+def _counters(seqs: list[Sequence]) -> tuple[np.ndarray, ...]:
+    """(starts, counts, known, pending, proposed), each (seqs,) int64: the sequences' counters as
+    arrays, one plain attribute per pass (a decode step has hundreds of rows)."""
+    n = len(seqs)
+    starts = np.fromiter((s.num_cached_tokens for s in seqs), np.int64, n)
+    counts = np.fromiter((s.num_scheduled_tokens for s in seqs), np.int64, n)
+    known = np.fromiter((len(s.token_ids) for s in seqs), np.int64, n)  # ids the host knows
+    pending = np.fromiter((s.num_pending for s in seqs), np.int64, n)  # sampled, on the device
+    proposed = np.fromiter((len(s.spec_token_ids) for s in seqs), np.int64, n)  # speculative
+    return starts, counts, known, pending, proposed
+
+
+def _input_ids(
+    seqs: list[Sequence],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    known: np.ndarray,
+    cu: np.ndarray,
+    is_decode: bool,
+) -> np.ndarray:
+    """(tokens,) int64: the fed tokens of every sequence, packed."""
+    # decode: one token each, the one at `start`; a pending one (most, with overlap) is 0 here
+    if is_decode:
+        input_ids = np.zeros(len(seqs), np.int64)
+        for i in np.flatnonzero(starts < known).tolist():
+            input_ids[i] = seqs[i].token_ids[starts[i]]
+        return input_ids
+    return np.fromiter(
+        chain.from_iterable(
+            fed_ids(s, a, b) for s, a, b in zip(seqs, starts.tolist(), ends.tolist())
+        ),
+        np.int64,
+        int(cu[-1]),
     )
 
 
