@@ -64,20 +64,7 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.device = torch.device(config.device)
         self.rank, self.world_size = rank, config.tensor_parallel_size
-        if self.world_size > 1:  # join the group (rank r uses cuda:r), then build this rank's shard
-            if self.device.type == "cuda":
-                self.device = torch.device("cuda", rank)
-                torch.cuda.set_device(self.device)
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            init_tensor_parallel(
-                rank,
-                self.world_size,
-                backend,
-                config.distributed_init_method,
-                config.distributed_timeout,
-            )
-        else:
-            set_tp_rank(0, 1)
+        self.join_tensor_parallel()
         self.dtype = config.dtype or (
             model_config.torch_dtype if self.device.type == "cuda" else torch.float32
         )
@@ -104,31 +91,31 @@ class ModelRunner:
         self.cuda_graphs: CUDAGraphs | None = None  # none yet: the warm-up below runs eagerly
         self.allocate_kv_cache(model_config)
         if self.use_cudagraphs():
-            prompt_tokens = (
-                min(config.max_num_batched_tokens, config.cuda_graph_max_tokens)
-                if self.attention_backend.capturable_prefill
-                else 0
-            )
-            self.cuda_graphs = CUDAGraphs(
-                config.max_num_seqs,
-                prompt_tokens,
-                config.max_model_len,
-                self.block_size,
-                model_config.hidden_size,
-                self.dtype,
-                self.device,
-            )
-            if self.world_size > 1:
-                keep_graphs(
-                    self.cuda_graphs.graphs
-                )  # dropped before the group is left (distributed.py says why)
-            self.cuda_graphs.capture(self.model)
+            self.capture_cuda_graphs(model_config)
         if self.device.type == "cuda":  # on a CPU a step outlasts any collection
             # What exists now (the libraries, the model, its captured graphs) lives as long as the
             # runner: frozen, it is out of the collector's reach, so a full collection between two steps
             # walks only what the requests allocate (walking it all stalled a Llama-3.2-1B step ~0.25 s).
             gc.collect()
             gc.freeze()
+
+    def join_tensor_parallel(self) -> None:
+        """Join the group (rank r uses cuda:r), before this rank's shard is built."""
+        config, rank = self.config, self.rank
+        if self.world_size > 1:
+            if self.device.type == "cuda":
+                self.device = torch.device("cuda", rank)
+                torch.cuda.set_device(self.device)
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            init_tensor_parallel(
+                rank,
+                self.world_size,
+                backend,
+                config.distributed_init_method,
+                config.distributed_timeout,
+            )
+        else:
+            set_tp_rank(0, 1)
 
     @property
     def num_graph_replays(self) -> int:
@@ -355,6 +342,27 @@ class ModelRunner:
             set_context(None)
 
     # ---- CUDA graphs (captured and replayed by cuda_graphs.py) ----
+
+    def capture_cuda_graphs(self, model_config: ModelConfig) -> None:
+        """Capture the decode steps' graphs (and, where the backend can, those with prompt tokens)."""
+        config = self.config
+        prompt_tokens = (
+            min(config.max_num_batched_tokens, config.cuda_graph_max_tokens)
+            if self.attention_backend.capturable_prefill
+            else 0
+        )
+        self.cuda_graphs = CUDAGraphs(
+            config.max_num_seqs,
+            prompt_tokens,
+            config.max_model_len,
+            self.block_size,
+            model_config.hidden_size,
+            self.dtype,
+            self.device,
+        )
+        if self.world_size > 1:  # dropped before the group is left (distributed.py says why)
+            keep_graphs(self.cuda_graphs.graphs)
+        self.cuda_graphs.capture(self.model)
 
     def use_cudagraphs(self) -> bool:
         if self.config.enforce_eager:
