@@ -344,7 +344,7 @@ class ModelRunner:
     # ---- CUDA graphs (captured and replayed by cuda_graphs.py) ----
 
     def capture_cuda_graphs(self, model_config: ModelConfig) -> None:
-        """Capture the decode steps' graphs (and, where the backend can, those with prompt tokens)."""
+        """Capture the decode steps' graphs (and, where the backend can, those with prompts)."""
         config = self.config
         prompt_tokens = (
             min(config.max_num_batched_tokens, config.cuda_graph_max_tokens)
