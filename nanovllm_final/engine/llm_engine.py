@@ -270,9 +270,8 @@ class LLMEngine:
             if self.grammars.waiting:
                 time.sleep(0.001)  # nothing to run but grammars compiling: do not spin
             return None
-        failing = (
-            seqs  # the sequences a failure ends (and prev's, while its held-back draw is queued)
-        )
+        # the sequences a failure ends (and prev's, while its held-back draw is queued)
+        failing = seqs
         try:
             if self.speculator is not None:
                 self.speculator.fill(seqs)  # a draft model's proposals
@@ -286,32 +285,10 @@ class LLMEngine:
                 failing = [*prev.seqs, *seqs]
                 self._draw(prev)  # its tokens feed this step: its draw is queued first
                 failing = seqs
-            execute = functools.partial(
-                self.model_runner.execute,
-                carried=prev.sample.token_ids
-                if prev is not None and prev.sample is not None
-                else None,
+            logits = self._execute(step, prev)
+            sampling, batch, pending, constrained, deferred = self._queue_sample(
+                prev, seqs, step, logits
             )
-            logits = (
-                execute(step)
-                if self.workers is None
-                else self.workers.call("execute", execute, step)
-            )
-            all_sample = len(step.sample_rows) == len(seqs)  # most steps: every sequence samples
-            sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
-            batch = pending = deferred = None
-            constrained = False  # some row samples under a grammar
-            if self.speculator is not None and self.speculator.drafted(sampling):
-                batch = verify_batch(sampling, self.eos_token_ids)
-            elif sampling:
-                batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns)
-                constrained = self.grammars.used and any(
-                    seq.grammar is not None for seq in sampling
-                )
-                if constrained:
-                    deferred = self._mask(prev, sampling, logits, batch)
-            if batch is not None and deferred is None:
-                pending = self.model_runner.sample(logits, batch)
         except Exception as err:
             self._fail(failing, err)
             return None
@@ -320,9 +297,8 @@ class LLMEngine:
         record = self.metrics.step_record(
             step, len(seqs), self.block_manager.num_hit_tokens - hits_before
         )
-        needs_tokens = (
-            batch is not None and batch.penalties is not None
-        )  # penalties count the output
+        # penalties count the output
+        needs_tokens = batch is not None and batch.penalties is not None
         return InFlight(
             step,
             seqs,
@@ -335,6 +311,36 @@ class LLMEngine:
             constrained,
             deferred,
         )
+
+    def _execute(self, step: StepInput, prev: InFlight | None):
+        """Queue the model on the device (on every rank, with workers); `prev`'s sampled tokens,
+        still there, are fed where the step's inputs carry them. Returns rank 0's logits."""
+        execute = functools.partial(
+            self.model_runner.execute,
+            carried=prev.sample.token_ids if prev is not None and prev.sample is not None else None,
+        )
+        return (
+            execute(step) if self.workers is None else self.workers.call("execute", execute, step)
+        )
+
+    def _queue_sample(self, prev: InFlight | None, seqs: list[Sequence], step: StepInput, logits):
+        """Queue the draw of the step's sampling rows: (sampling, batch, pending, constrained,
+        deferred), the sequences it samples for, their batch, the queued draw (None while held
+        back for a grammar mask: `deferred`), and whether some row samples under a grammar."""
+        all_sample = len(step.sample_rows) == len(seqs)  # most steps: every sequence samples
+        sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
+        batch = pending = deferred = None
+        constrained = False  # some row samples under a grammar
+        if self.speculator is not None and self.speculator.drafted(sampling):
+            batch = verify_batch(sampling, self.eos_token_ids)
+        elif sampling:
+            batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns)
+            constrained = self.grammars.used and any(seq.grammar is not None for seq in sampling)
+            if constrained:
+                deferred = self._mask(prev, sampling, logits, batch)
+        if batch is not None and deferred is None:
+            pending = self.model_runner.sample(logits, batch)
+        return sampling, batch, pending, constrained, deferred
 
     def _mask(self, prev: InFlight | None, sampling: list[Sequence], logits, batch) -> tuple | None:
         """The grammar mask of a step with constrained rows: filled here (None returned: draw now),
@@ -363,54 +369,10 @@ class LLMEngine:
     def _complete(self, done: InFlight, finished_only: bool) -> None:
         """Wait for the step's tokens; resolve, detokenize, check stops, queue the outputs."""
         try:
-            self._draw(done)  # held back for its mask (overlap), when no step followed to queue it
-            if done.scores is not None:
-                collect_scores(done.step.scoring, done.scores, done.seqs, self.requests)
-            sampled = (
-                done.sample.result() if done.sample is not None else SampledTokens([], None)
-            )  # no row sampled
-            sampling = done.sampling
-            if isinstance(
-                sampled, Verified
-            ):  # a row per emitted token, several per verifying sequence
-                if self.speculator.accept(sampled, sampling, self.block_manager):
-                    self.block_tables = (
-                        BlockTables()
-                    )  # a block table shrank: the next step's are written whole
-                sampling = sampled.seqs
+            sampling, sampled = self._read_tokens(done)
             now = time.perf_counter()
-            news: dict[str, Request] = {}
-            ended: set[str] = (
-                set()
-            )  # requests a sequence of which ended here: only they may have finished
-            if max(sampled.token_ids, default=0) >= self.tokenizer_size:
-                log_once(
-                    logger,
-                    logging.WARNING,
-                    (
-                        f"sampled a token id of {self.tokenizer_size} or more, but the tokenizer has only {self.tokenizer_size} tokens: "
-                        "such ids decode to no text (is this a random-weight model whose vocab_size exceeds its tokenizer?)"
-                    ),
-                )
-            # a row of every sequence the step sampled for (this loop runs for each, every step)
-            requests, resolve, eos, max_len = (
-                self.requests,
-                self.scheduler.resolve,
-                self.eos_set,
-                self.config.max_model_len,
-            )
-            for seq, token_id, logprob in zip(
-                sampling, sampled.token_ids, sampled.logprobs or itertools.repeat(None)
-            ):
-                if seq.is_finished:
-                    continue  # aborted, or stopped by the token of the step before
-                resolve(seq, token_id)
-                request = requests[seq.request_id]
-                reason = request.on_token(seq, token_id, logprob, now, eos, max_len)
-                if reason is not None:
-                    self.scheduler.finish(seq, reason)
-                    ended.add(request.request_id)
-                news[request.request_id] = request
+            self._warn_past_tokenizer(sampled)
+            news, ended = self._resolve(sampling, sampled, now)
             finished = [
                 request
                 for request_id, request in news.items()
@@ -429,6 +391,61 @@ class LLMEngine:
         end = time.perf_counter()
         self.metrics.on_step(done.record, end - max(done.launched_at, self.last_done or 0.0))
         self.last_done = end
+
+    def _read_tokens(self, done: InFlight) -> tuple[list[Sequence], SampledTokens | Verified]:
+        """(sampling, sampled): the step's tokens on the host, and the sequence of each row."""
+        self._draw(done)  # held back for its mask (overlap), when no step followed to queue it
+        if done.scores is not None:
+            collect_scores(done.step.scoring, done.scores, done.seqs, self.requests)
+        # a step with no row sampled: an empty result
+        sampled = done.sample.result() if done.sample is not None else SampledTokens([], None)
+        sampling = done.sampling
+        # a row per emitted token, several per verifying sequence
+        if isinstance(sampled, Verified):
+            if self.speculator.accept(sampled, sampling, self.block_manager):
+                # a block table shrank: the next step's are written whole
+                self.block_tables = BlockTables()
+            sampling = sampled.seqs
+        return sampling, sampled
+
+    def _warn_past_tokenizer(self, sampled: SampledTokens | Verified) -> None:
+        if max(sampled.token_ids, default=0) >= self.tokenizer_size:
+            log_once(
+                logger,
+                logging.WARNING,
+                (
+                    f"sampled a token id of {self.tokenizer_size} or more, but the tokenizer has only {self.tokenizer_size} tokens: "
+                    "such ids decode to no text (is this a random-weight model whose vocab_size exceeds its tokenizer?)"
+                ),
+            )
+
+    def _resolve(
+        self, sampling: list[Sequence], sampled: SampledTokens | Verified, now: float
+    ) -> tuple[dict[str, Request], set[str]]:
+        """Give each sequence its token and check its stops: (news, ended), the requests that got
+        tokens, and those a sequence of which ended here (only they may have finished)."""
+        news: dict[str, Request] = {}
+        ended: set[str] = set()
+        # a row of every sequence the step sampled for (this loop runs for each, every step)
+        requests, resolve, eos, max_len = (
+            self.requests,
+            self.scheduler.resolve,
+            self.eos_set,
+            self.config.max_model_len,
+        )
+        for seq, token_id, logprob in zip(
+            sampling, sampled.token_ids, sampled.logprobs or itertools.repeat(None)
+        ):
+            if seq.is_finished:
+                continue  # aborted, or stopped by the token of the step before
+            resolve(seq, token_id)
+            request = requests[seq.request_id]
+            reason = request.on_token(seq, token_id, logprob, now, eos, max_len)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                ended.add(request.request_id)
+            news[request.request_id] = request
+        return news, ended
 
     def _admit_structured(self) -> None:
         """Schedule the requests whose grammar has compiled; end those whose grammar failed."""
