@@ -591,7 +591,7 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,  # (num_seqs,) int32, cached + new tokens
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32, padded with -1
     scale: float,
-    max_seqlen_q: int,  # longest q_len in the batch (the API's; this kernel's grid needs only the shapes)
+    max_seqlen_q: int,  # longest q_len in the batch (the API's; the grid needs only the shapes)
     BLOCK_M: int | None = None,  # this and the three below, None: the device's tuning
     BLOCK_N: int | None = None,
     num_warps: int | None = None,
@@ -599,8 +599,7 @@ def paged_prefill_attention(
     *,
     k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
     v_scale: torch.Tensor | None = None,
-    fp8_dot: bool
-    | None = None,  # an fp8 cache's products on e4m3 tensor cores (_fp8_launch); None: the device's
+    fp8_dot: bool | None = None,  # e4m3 tensor-core products (_fp8_launch); None: the device's
     pv_fp8: bool | None = None,
     q_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (N, heads, head_dim), q.dtype
@@ -620,41 +619,22 @@ def paged_prefill_attention(
     tiles = tuning.for_device(q.device).prefill(head_dim)
     BLOCK_M, BLOCK_N = BLOCK_M or tiles["BLOCK_M"], BLOCK_N or tiles["BLOCK_N"]
     num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
-    max_tiles = (
-        triton.cdiv(num_tokens, BLOCK_M) + num_seqs
-    )  # >= the tiles of any split of num_tokens into num_seqs
+    # at least the tiles of any split of num_tokens into num_seqs
+    max_tiles = triton.cdiv(num_tokens, BLOCK_M) + num_seqs
     grid = (num_heads, max_tiles)
     scales, flags = _fp8_launch("prefill", q, k_cache, k_scale, v_scale, fp8_dot, pv_fp8, q_scale)
+    # a line per group of arguments: pointers, strides, compile-time flags
+    # fmt: off
     _paged_prefill_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        cu_seqlens_q,
-        context_lens,
-        block_tables,
-        *scales,
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        block_tables.stride(0),
-        num_seqs,
-        GROUP=num_heads // kv_heads,
-        HEAD_DIM=head_dim,
-        PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        BLOCK_D=_block_d(head_dim, flags, BLOCK_N),
-        BLOCK_S=max(16, triton.next_power_of_2(num_seqs)),
-        **flags,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        q, k_cache, v_cache, out, cu_seqlens_q, context_lens, block_tables, *scales, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), num_seqs,
+        GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N),
+        BLOCK_S=max(16, triton.next_power_of_2(num_seqs)), **flags,
+        num_warps=num_warps, num_stages=num_stages,
     )
+    # fmt: on
     return out
 
 
@@ -1250,6 +1230,23 @@ def _rope_args(q: torch.Tensor, new_kv: tuple | None, rope: tuple | None) -> tup
     return rope
 
 
+def _decode_tiles(q, flags, kv_heads, max_context, block_n, num_warps, num_stages, num_splits):
+    """(BLOCK_N, num_warps, num_stages, num_splits) of a decode launch: each one given, else the
+    device's tuning (the split-K factor from default_num_splits)."""
+    tiles = tuning.for_device(q.device).decode(flags["FP8"], q.shape[2])
+    block_n = block_n or tiles["BLOCK_N"]
+    if num_splits is None:
+        num_splits = default_num_splits(
+            q.shape[0], kv_heads, max_context, q.device, block_n, tiles["programs_per_sm"]
+        )
+    return (
+        block_n,
+        num_warps or tiles["num_warps"],
+        num_stages or tiles["num_stages"],
+        num_splits,
+    )
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # (num_seqs, heads, head_dim), one query per sequence
     k_cache: torch.Tensor,  # (num_blocks, block_size, kv_heads, head_dim)
@@ -1257,8 +1254,7 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # (num_seqs,) int32, includes the current token
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32, padded with -1
     scale: float,
-    order: torch.Tensor
-    | None = None,  # (num_seqs,) int32 permutation: the launch order of the sequences
+    order: torch.Tensor | None = None,  # (num_seqs,) int32: the sequences' launch order
     num_splits: int | None = None,  # split-K factor; None = default_num_splits(...)
     BLOCK_N: int | None = None,  # keys per tile; this and the two below, None: the device's tuning
     num_warps: int | None = None,
@@ -1266,28 +1262,20 @@ def paged_decode_attention(
     *,
     k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
     v_scale: torch.Tensor | None = None,
-    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-    | None = None,  # (k, v, slot_mapping) of the new tokens
-    rope: tuple
-    | None = None,  # (positions, cos, sin, q_norm weight or None, k_norm weight or None, eps)
-    counters: SplitCounters
-    | None = None,  # split-K's counters; None: fresh ones (not for a CUDA graph)
-    fp8_dot: bool
-    | None = None,  # an fp8 cache's products on e4m3 tensor cores (_fp8_launch); None: the device's
+    new_kv: tuple[torch.Tensor, ...] | None = None,  # (k, v, slot_mapping) of the new tokens
+    rope: tuple | None = None,  # (positions, cos, sin, q_norm weight | None, k_norm's, eps)
+    counters: SplitCounters | None = None,  # split-K's; None: fresh ones (not in a CUDA graph)
+    fp8_dot: bool | None = None,  # e4m3 tensor-core products (_fp8_launch); None: the device's
     pv_fp8: bool | None = None,
     q_scale: torch.Tensor | None = None,
-    BLOCK_H: int
-    | None = None,  # rows of the products (_group_rows); None: the least that suits the device
+    BLOCK_H: int | None = None,  # rows of the products (_group_rows); None: the device's least
 ) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
     """Attention of each sequence's single query (position context_len - 1) over its cache: one
     program per (sequence, kv head[, split]) for all query heads of the GQA group. The launch
     reads no device values (graph-capturable); a context_len of 0 gives zeros. `new_kv` and
     `rope`: see "Decode" above. `order` changes only which programs start first: in a batch of
     mixed lengths, longest first keeps the last wave short (the runner passes it, step_input.py)."""
-    (num_seqs, num_heads, head_dim), (kv_heads, page_size) = (
-        q.shape,
-        (k_cache.shape[2], k_cache.shape[1]),
-    )
+    (num_seqs, num_heads, head_dim), kv_heads, page_size = q.shape, *k_cache.shape[2:0:-1]
     assert num_heads % kv_heads == 0 and k_cache.shape[3] == head_dim
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride()
     group = num_heads // kv_heads
@@ -1295,72 +1283,27 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     scales, flags = _fp8_launch("decode", q, k_cache, k_scale, v_scale, fp8_dot, pv_fp8, q_scale)
-    tiles = tuning.for_device(q.device).decode(flags["FP8"], head_dim)
-    BLOCK_N = BLOCK_N or tiles["BLOCK_N"]
-    num_warps, num_stages = num_warps or tiles["num_warps"], num_stages or tiles["num_stages"]
-    if num_splits is None:
-        max_context = block_tables.shape[1] * page_size  # upper bound on any context_len
-        num_splits = default_num_splits(
-            num_seqs, kv_heads, max_context, q.device, BLOCK_N, tiles["programs_per_sm"]
-        )
-    part_out, part_lse, counts = _split_buffers(
-        q, kv_heads, num_splits, counters, out, context_lens
-    )
+    max_ctx = block_tables.shape[1] * page_size  # an upper bound on any context_len
+    tiles = (BLOCK_N, num_warps, num_stages, num_splits)
+    BLOCK_N, num_warps, num_stages, num_splits = _decode_tiles(q, flags, kv_heads, max_ctx, *tiles)
+    # the split-K partials: out, lse, counts
+    splits = _split_buffers(q, kv_heads, num_splits, counters, out, context_lens)
     new_k, new_v, slot_mapping = _new_kv_args(q, kv_heads, new_kv)
     positions, cos, sin, q_w, k_w, eps = _rope_args(q, new_kv, rope)
+    # a line per group of arguments: pointers, strides, compile-time flags
+    # fmt: off
     _paged_decode_kernel[(kv_heads, num_seqs, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        part_out,
-        part_lse,
-        counts,
-        new_k,
-        new_v,
-        slot_mapping,
-        positions,
-        cos,
-        sin,
-        q if q_w is None else q_w,
-        q if k_w is None else k_w,
-        context_lens,
-        block_tables,
-        order if order is not None else context_lens,
-        *scales,
-        scale * LOG2E,
-        eps,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        new_k.stride(0),
-        new_k.stride(1),
-        new_v.stride(0),
-        new_v.stride(1),
-        cos.stride(0),
-        block_tables.stride(0),
-        num_splits,
-        NUM_HEADS=num_heads,
-        KVH=kv_heads,
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        PAGE_SIZE=page_size,
-        SPLIT=num_splits > 1,
-        STORE=new_kv is not None,
-        ROPE=rope is not None,
-        HAS_NORM=q_w is not None,
+        q, k_cache, v_cache, out, *splits, new_k, new_v, slot_mapping,
+        positions, cos, sin, q if q_w is None else q_w, q if k_w is None else k_w,
+        context_lens, block_tables, order if order is not None else context_lens,
+        *scales, scale * LOG2E, eps, *q.stride()[:2], *out.stride()[:2], *k_cache.stride()[:3],
+        *new_k.stride()[:2], *new_v.stride()[:2], cos.stride(0), block_tables.stride(0), num_splits,
+        NUM_HEADS=num_heads, KVH=kv_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        SPLIT=num_splits > 1, STORE=new_kv is not None, ROPE=rope is not None, HAS_NORM=q_w is not None,
         ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
-        BLOCK_G=triton.next_power_of_2(group),
-        BLOCK_H=BLOCK_H or _group_rows(group, flags, num_warps, q.device),
-        BLOCK_N=BLOCK_N,
-        BLOCK_D=_block_d(head_dim, flags, BLOCK_N),
-        **flags,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        **pdl_args(q.device),
+        BLOCK_G=triton.next_power_of_2(group), BLOCK_H=BLOCK_H or _group_rows(group, flags, num_warps, q.device),
+        BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N), **flags,
+        num_warps=num_warps, num_stages=num_stages, **pdl_args(q.device),
     )
+    # fmt: on
     return out

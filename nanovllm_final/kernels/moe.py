@@ -341,70 +341,42 @@ def fused_experts(
     expert_ids: torch.Tensor,  # (T, top_k)
     block_m: int | None = None,
     tiles: dict | None = None,
-    small: bool
-    | None = None,  # the matrix-vector path; None: at most the device's moe.small_pairs pairs
+    small: bool | None = None,  # the matrix-vector path; None: up to the device's moe.small_pairs
 ) -> torch.Tensor:
-    """sum over each token's top_k experts e of weight * down[e] @ (silu(gate[e] @ x) * (up[e] @ x)): (T, hidden).
-    `tiles` overrides the launch's tile sizes (tuning's moe.gemv or moe.grouped, by path)."""
+    """sum over each token's top_k experts e of weight * down[e] @ (silu(gate[e] @ x) * (up[e] @ x)):
+    (T, hidden). `tiles` overrides the launch's tile sizes (tuning's moe.gemv or moe.grouped, by
+    path)."""
     tokens, hidden = x.shape
     num_experts, inter = down.shape[0], down.shape[2]
     top_k = expert_ids.shape[1]
     assert x.stride(-1) == 1 and gate_up.stride(-1) == 1 and down.stride(-1) == 1
-    assert gate_up.shape == (num_experts, 2 * inter, hidden) and down.shape == (
-        num_experts,
-        hidden,
-        inter,
-    )
+    assert gate_up.shape == (num_experts, 2 * inter, hidden)
+    assert down.shape == (num_experts, hidden, inter)
     pairs = tokens * top_k
     if pairs == 0:
         return torch.zeros_like(x)
     choices = tuning.for_device(x.device)
     if small if small is not None else pairs <= choices.moe_small_pairs:
-        return _experts_gemv(
-            x, gate_up, down, weights, expert_ids, {**choices.moe_gemv(), **(tiles or {})}
-        )
-    block_m = block_m or (
-        16 if pairs <= 16 * num_experts else 64
-    )  # few rows per expert (decode): small blocks
+        gemv_tiles = {**choices.moe_gemv(), **(tiles or {})}
+        return _experts_gemv(x, gate_up, down, weights, expert_ids, gemv_tiles)
+    # few rows per expert (decode): small blocks
+    block_m = block_m or (16 if pairs <= 16 * num_experts else 64)
     rows, block_expert, num_rows = align_by_expert(expert_ids, num_experts, block_m)
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
-    tiles = {
-        **choices.moe_grouped(pairs),
-        **(tiles or {}),
-    }  # BLOCK_N, BLOCK_K and the launch's num_warps, num_stages
+    # BLOCK_N, BLOCK_K and the launch's num_warps, num_stages
+    tiles = {**choices.moe_grouped(pairs), **(tiles or {})}
     block_n = tiles["BLOCK_N"]
-    _gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
-        x,
-        gate_up,
-        h,
-        rows,
-        block_expert,
-        num_rows,
-        x.stride(0),
-        gate_up.stride(0),
-        gate_up.stride(1),
-        pairs,
-        inter,
-        hidden,
-        TOP_K=top_k,
-        BLOCK_M=block_m,
-        **tiles,
-    )
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)  # (pairs, hidden)
-    _down_kernel[(block_expert.numel(), triton.cdiv(hidden, block_n))](
-        h,
-        down,
-        weights.contiguous(),
-        out,
-        rows,
-        block_expert,
-        num_rows,
-        down.stride(0),
-        down.stride(1),
-        pairs,
-        hidden,
-        inter,
-        BLOCK_M=block_m,
-        **tiles,
+    # fmt: off
+    _gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
+        x, gate_up, h, rows, block_expert, num_rows,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), pairs, inter, hidden,
+        TOP_K=top_k, BLOCK_M=block_m, **tiles,
     )
+    _down_kernel[(block_expert.numel(), triton.cdiv(hidden, block_n))](
+        h, down, weights.contiguous(), out, rows, block_expert, num_rows,
+        down.stride(0), down.stride(1), pairs, hidden, inter,
+        BLOCK_M=block_m, **tiles,
+    )
+    # fmt: on
     return out.view(tokens, top_k, hidden).sum(dim=1)  # (T, hidden)
