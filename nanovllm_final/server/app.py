@@ -510,7 +510,16 @@ class Server:
 def create_app(server: Server) -> FastAPI:
     app = FastAPI(title="nanovllm", docs_url=None, redoc_url=None)
     app.state.server = server
-    client, metrics = server.client, server.client.metrics
+    _add_error_handlers(app, server.client.metrics)
+    _add_status_routes(app, server)
+    add_tokenizer_routes(app, server)
+    add_router_endpoints(app, server)
+    _add_completion_routes(app, server)
+    return app
+
+
+def _add_error_handlers(app: FastAPI, metrics) -> None:
+    """Every error as OpenAI's JSON error body; refusals counted by reason in /metrics."""
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, err: RequestError):
@@ -538,6 +547,11 @@ def create_app(server: Server) -> FastAPI:
             RequestError(f"internal error: {type(err).__name__}: {err}", status=500).body(),
             status_code=500,
         )
+
+
+def _add_status_routes(app: FastAPI, server: Server) -> None:
+    """/health, /v1/models and /metrics."""
+    client, metrics = server.client, server.client.metrics
 
     @app.get("/health")
     async def health():
@@ -577,9 +591,8 @@ def create_app(server: Server) -> FastAPI:
         )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    add_tokenizer_routes(app, server)
-    add_router_endpoints(app, server)
 
+def _add_completion_routes(app: FastAPI, server: Server) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await server.respond(server.endpoints[False], request)
@@ -587,8 +600,6 @@ def create_app(server: Server) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await server.respond(server.endpoints[True], request)
-
-    return app
 
 
 async def _disconnected(request: Request) -> None:

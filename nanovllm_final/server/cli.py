@@ -46,6 +46,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    _add_address_options(parser)
+    _add_client_limits(parser)
+    _add_lifetime_options(parser)
+    add_engine_options(parser)
+
+
+def _add_address_options(parser: argparse.ArgumentParser) -> None:
+    """What is served, where, and under which name."""
     parser.add_argument("model", nargs="?", help=MODEL_HELP)
     parser.add_argument(
         "--model",
@@ -67,6 +75,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the name clients pass as `model` (default: the model's name)",
     )
+
+
+def _add_client_limits(parser: argparse.ArgumentParser) -> None:
+    """What a client may ask of the server: requests in flight, body sizes, connections, pace."""
     parser.add_argument(
         "--max-pending-requests",
         type=int,
@@ -111,6 +123,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="bodies larger than this are parsed on threads of their own, at most 8 waiting; "
         "past that, HTTP 503 (default: %(default)s)",
     )
+
+
+def _add_lifetime_options(parser: argparse.ArgumentParser) -> None:
+    """How long a request, a stalled engine and a shutdown may take; the log level."""
     parser.add_argument(
         "--request-timeout",
         type=_positive(float),
@@ -134,15 +150,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
-    add_engine_options(parser)
 
 
 def serve(args: argparse.Namespace) -> None:
-    given = {m for m in (args.model, args.model_option) if m is not None}
-    if len(given) != 1:
-        print("error: give the model once, as the first argument or as --model", file=sys.stderr)
-        sys.exit(2)
-    args.model = given.pop()
+    args.model = _one_model(args)
     try:
         from .app import Limits, Server
         from .http_server import run
@@ -152,8 +163,6 @@ def serve(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    from .engine_client import EngineClient
-
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         sock = _listen(args.host, args.port)
@@ -164,25 +173,9 @@ def serve(args: argparse.Namespace) -> None:
         )
         sys.exit(2)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # while loading: stop cleanly
-    client = EngineClient(
-        args.model,
-        engine_options(args),
-        args.max_pending_requests,
-        args.max_stream_backlog,
-        watchdog_s=args.watchdog_timeout or None,
-    )
+    client = _start_engine(args)
     try:
-        client.start()
-    except (ValueError, FileNotFoundError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    try:
-        names = [args.served_model_name or client.info["model_name"]]
-        names += [
-            alias for alias in (args.model,) if alias not in names
-        ]  # the path as given is accepted too
+        names = _served_names(args, client)
         # uvicorn re-raises the signal that stopped it once it is done, and more may come while
         # the engine stops: from here on they change nothing (the shutdown is bounded in time)
         # (SIG_IGN, not a Python handler: the interpreter's exit keeps it, so a late signal cannot make it -15)
@@ -216,6 +209,42 @@ def serve(args: argparse.Namespace) -> None:
         log.error("exiting with code 1: %s", client.error)
         sys.exit(1)
     log.info("engine stopped")
+
+
+def _one_model(args: argparse.Namespace) -> str:
+    """The model, given once: as the first argument or as --model (else exit with code 2)."""
+    given = {m for m in (args.model, args.model_option) if m is not None}
+    if len(given) != 1:
+        print("error: give the model once, as the first argument or as --model", file=sys.stderr)
+        sys.exit(2)
+    return given.pop()
+
+
+def _served_names(args: argparse.Namespace, client) -> list[str]:
+    """The names clients may pass as `model`: the served one, and the path as given too."""
+    names = [args.served_model_name or client.info["model_name"]]
+    return names + [alias for alias in (args.model,) if alias not in names]
+
+
+def _start_engine(args: argparse.Namespace):
+    """The engine client, its core process started and the engine built there (errors: exit 2)."""
+    from .engine_client import EngineClient
+
+    client = EngineClient(
+        args.model,
+        engine_options(args),
+        args.max_pending_requests,
+        args.max_stream_backlog,
+        watchdog_s=args.watchdog_timeout or None,
+    )
+    try:
+        client.start()
+    except (ValueError, FileNotFoundError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    return client
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -54,6 +54,47 @@ SPEC_DECODE_COUNTERS = {
     "spec_decode_num_accepted_tokens": "Proposed tokens accepted (speculative decoding).",
 }
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
+# (name, type, help, key in engine_gauges()'s dict)
+ENGINE_FAMILIES = (
+    ("num_requests_running", "gauge", "Requests in the engine's running batch.", "running"),
+    ("num_requests_waiting", "gauge", "Requests waiting in the engine for admission.", "waiting"),
+    ("kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use (1 = full).", "kv_usage"),
+    ("kv_cache_blocks_used", "gauge", "KV-cache blocks in use.", "blocks_used"),
+    ("kv_cache_blocks_total", "gauge", "KV-cache blocks in the pool.", "blocks_total"),
+    (
+        "prefix_cache_hit_rate",
+        "gauge",
+        "Fraction of prompt tokens served from the prefix cache so far.",
+        "prefix_hit_rate",
+    ),
+    (
+        "num_preemptions_total",
+        "counter",
+        "Sequences preempted (recomputed later) for lack of KV blocks.",
+        "preemptions",
+    ),
+)
+# (name, type, help, key in the server's dict)
+SERVER_FAMILIES = (
+    (
+        "server_requests_in_flight",
+        "gauge",
+        "Requests accepted by the server and not finished yet.",
+        "in_flight",
+    ),
+    (
+        "server_max_pending_requests",
+        "gauge",
+        "Requests in flight past which new ones get HTTP 503.",
+        "max_pending",
+    ),
+    (
+        "engine_healthy",
+        "gauge",
+        "1 while the engine runs, 0 after it failed or stopped.",
+        "healthy",
+    ),
+)
 
 
 class Histogram:
@@ -129,118 +170,76 @@ class ServerMetrics:
 
     def render(self, engine: dict | None, server: dict) -> str:
         """The whole exposition: `engine` from engine_gauges() (None if the engine is down)."""
-        lines: list[str] = []
-
-        def family(name: str, kind: str, help: str, samples: list[tuple[dict, float]]) -> None:
-            full = PREFIX + name
-            lines.extend([f"# HELP {full} {help}", f"# TYPE {full} {kind}"])
-            for labels, value in samples:
-                label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
-                lines.append(
-                    f"{full}{{{label_text}}} {_number(value)}"
-                    if label_text
-                    else f"{full} {_number(value)}"
-                )
-
-        if engine is not None:
-            family(
-                "num_requests_running",
-                "gauge",
-                "Requests in the engine's running batch.",
-                [({}, engine["running"])],
-            )
-            family(
-                "num_requests_waiting",
-                "gauge",
-                "Requests waiting in the engine for admission.",
-                [({}, engine["waiting"])],
-            )
-            family(
-                "kv_cache_usage_perc",
-                "gauge",
-                "Fraction of KV-cache blocks in use (1 = full).",
-                [({}, engine["kv_usage"])],
-            )
-            family(
-                "kv_cache_blocks_used",
-                "gauge",
-                "KV-cache blocks in use.",
-                [({}, engine["blocks_used"])],
-            )
-            family(
-                "kv_cache_blocks_total",
-                "gauge",
-                "KV-cache blocks in the pool.",
-                [({}, engine["blocks_total"])],
-            )
-            family(
-                "prefix_cache_hit_rate",
-                "gauge",
-                "Fraction of prompt tokens served from the prefix cache so far.",
-                [({}, engine["prefix_hit_rate"])],
-            )
-            family(
-                "num_preemptions_total",
-                "counter",
-                "Sequences preempted (recomputed later) for lack of KV blocks.",
-                [({}, engine["preemptions"])],
-            )
-            if "spec_decode_num_drafts" in engine:  # speculative decoding, vLLM's names
-                for name, help in SPEC_DECODE_COUNTERS.items():
-                    family(name + "_total", "counter", help, [({}, engine[name])])
-                per_pos = engine["spec_decode_num_accepted_tokens_per_pos"]
-                family(
-                    "spec_decode_num_accepted_tokens_per_pos_total",
-                    "counter",
-                    "Accepted proposals, by position in the proposal.",
-                    [({"position": i}, n) for i, n in enumerate(per_pos)],
-                )
-        family(
-            "server_requests_in_flight",
-            "gauge",
-            "Requests accepted by the server and not finished yet.",
-            [({}, server["in_flight"])],
-        )
-        family(
-            "server_max_pending_requests",
-            "gauge",
-            "Requests in flight past which new ones get HTTP 503.",
-            [({}, server["max_pending"])],
-        )
-        family(
-            "engine_healthy",
-            "gauge",
-            "1 while the engine runs, 0 after it failed or stopped.",
-            [({}, 1 if server["healthy"] else 0)],
-        )
+        lines = _engine_lines(engine) if engine is not None else []
+        server = {**server, "healthy": 1 if server["healthy"] else 0}
+        for name, kind, help, key in SERVER_FAMILIES:
+            lines += _family(name, kind, help, [({}, server[key])])
         with self._lock:
-            family(
+            lines += self._counter_lines()
+            for hist in (self.ttft, self.tpot, self.e2e):
+                lines.extend(hist.lines())
+        return "\n".join(lines) + "\n"
+
+    def _counter_lines(self) -> list[str]:
+        """What the server counts itself (under the lock)."""
+        finished = sorted(self.finished_by_reason.items())
+        rejected = sorted(self.rejected_by_reason.items())
+        return [
+            *_family(
                 "prompt_tokens_total",
                 "counter",
                 "Prompt tokens submitted to the engine.",
                 [({}, self.prompt_tokens)],
-            )
-            family(
+            ),
+            *_family(
                 "generation_tokens_total",
                 "counter",
                 "Tokens generated.",
                 [({}, self.generation_tokens)],
-            )
-            family(
+            ),
+            *_family(
                 "request_success_total",
                 "counter",
                 "Finished requests, by finish reason (abort: cancelled).",
-                [({"finished_reason": r}, n) for r, n in sorted(self.finished_by_reason.items())],
-            )
-            family(
+                [({"finished_reason": r}, n) for r, n in finished],
+            ),
+            *_family(
                 "requests_rejected_total",
                 "counter",
                 "Requests refused before reaching the engine, by reason.",
-                [({"reason": r}, n) for r, n in sorted(self.rejected_by_reason.items())],
-            )
-            for hist in (self.ttft, self.tpot, self.e2e):
-                lines.extend(hist.lines())
-        return "\n".join(lines) + "\n"
+                [({"reason": r}, n) for r, n in rejected],
+            ),
+        ]
+
+
+def _engine_lines(engine: dict) -> list[str]:
+    """The engine's gauges and counters, and speculative decoding's under vLLM's names."""
+    lines: list[str] = []
+    for name, kind, help, key in ENGINE_FAMILIES:
+        lines += _family(name, kind, help, [({}, engine[key])])
+    if "spec_decode_num_drafts" in engine:
+        for name, help in SPEC_DECODE_COUNTERS.items():
+            lines += _family(name + "_total", "counter", help, [({}, engine[name])])
+        per_pos = engine["spec_decode_num_accepted_tokens_per_pos"]
+        lines += _family(
+            "spec_decode_num_accepted_tokens_per_pos_total",
+            "counter",
+            "Accepted proposals, by position in the proposal.",
+            [({"position": i}, n) for i, n in enumerate(per_pos)],
+        )
+    return lines
+
+
+def _family(name: str, kind: str, help: str, samples: list[tuple[dict, float]]) -> list[str]:
+    """One metric family: its HELP and TYPE lines, then a line per (labels, value) sample."""
+    full = PREFIX + name
+    lines = [f"# HELP {full} {help}", f"# TYPE {full} {kind}"]
+    for labels, value in samples:
+        label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        lines.append(
+            f"{full}{{{label_text}}} {_number(value)}" if label_text else f"{full} {_number(value)}"
+        )
+    return lines
 
 
 def engine_gauges(llm) -> dict:

@@ -19,6 +19,16 @@ GAUGES_TIMEOUT_S = (
 
 
 def add_router_endpoints(app: FastAPI, server) -> None:
+    model_info, server_info, load = _info_handlers(server)
+    for path, handler in (("server_info", server_info), ("model_info", model_info), ("load", load)):
+        app.add_api_route(f"/get_{path}", handler, methods=["GET"])
+        if path != "load":
+            app.add_api_route(f"/{path}", handler, methods=["GET"])
+    _add_render_routes(app, server)
+
+
+def _info_handlers(server) -> tuple:
+    """sglang-router's GET handlers: (model info, server info, load)."""
     client = server.client
 
     def model_info() -> dict:
@@ -63,10 +73,11 @@ def add_router_endpoints(app: FastAPI, server) -> None:
             }
         ]
 
-    for path, handler in (("server_info", server_info), ("model_info", model_info), ("load", load)):
-        app.add_api_route(f"/get_{path}", handler, methods=["GET"])
-        if path != "load":
-            app.add_api_route(f"/{path}", handler, methods=["GET"])
+    return model_info, server_info, load
+
+
+def _add_render_routes(app: FastAPI, server) -> None:
+    """vllm-router's /v1/completions/render and /v1/chat/completions/render."""
 
     async def tokens_of(request: Request) -> list[list[int]]:
         """The body's prompts (chat: its `messages` through the template) as token ids, parsed,
