@@ -1003,59 +1003,20 @@ def _paged_decode_kernel(
     if ROPE:
         pos = tl.load(pos_ptr + seq).to(tl.int64)
     if STORE and kv_end == context_len:  # this program holds the last key: the new token's
+        # fmt: off
         _store_new_kv(
-            new_k_ptr,
-            new_v_ptr,
-            k_cache_ptr,
-            v_cache_ptr,
-            slot_ptr,
-            seq,
-            kv_head,
-            k_s,
-            v_s,
-            offs_d,
-            d_mask,
-            pos,
-            cos_ptr,
-            sin_ptr,
-            stride_cos,
-            k_w_ptr,
-            eps,
-            stride_nk,
-            stride_nkh,
-            stride_nv,
-            stride_nvh,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            HEAD_DIM,
-            PAGE_SIZE,
-            ROPE,
-            HAS_NORM,
-            FP8,
+            new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, seq, kv_head, k_s, v_s,
+            offs_d, d_mask, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, stride_nk, stride_nkh,
+            stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch, HEAD_DIM, PAGE_SIZE, ROPE,
+            HAS_NORM, FP8,
         )
+        # fmt: on
+    # fmt: off
     q = _load_group_q(
-        q_ptr,
-        seq,
-        kv_head,
-        pos,
-        cos_ptr,
-        sin_ptr,
-        stride_cos,
-        q_w_ptr,
-        eps,
-        offs_d,
-        h_mask,
-        stride_qs,
-        stride_qh,
-        GROUP,
-        HEAD_DIM,
-        ROPE,
-        HAS_NORM,
-        BLOCK_G,
-        BLOCK_H,
-        BLOCK_D,
+        q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d, h_mask,
+        stride_qs, stride_qh, GROUP, HEAD_DIM, ROPE, HAS_NORM, BLOCK_G, BLOCK_H, BLOCK_D,
     )
+    # fmt: on
     q, qk_scale = _q_operand(q, qk_scale, k_s, q_scale_ptr, FP8, FP8_DOT, Q_DYNAMIC, ROUND)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
