@@ -9,6 +9,7 @@ so that every open stream ends with a last chunk."""
 import asyncio
 import json
 import socket
+import threading
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -109,6 +110,11 @@ class ConnectionLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+DEAD_LINGER_S = (
+    1.0  # after the engine's death, how long the server still answers (503) before it exits
+)
+
+
 class GracefulServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, server: Server):
         super().__init__(config)
@@ -116,9 +122,11 @@ class GracefulServer(uvicorn.Server):
         server.client.on_dead = self.engine_failed
 
     def engine_failed(self) -> None:
-        """From a thread, once the engine died or hung (its requests are answered): stop serving,
-        so that the process exits with code 1 and a supervisor starts a fresh one."""
-        self.should_exit = True
+        """From a thread, once the engine died or hung (its requests are answered): stop serving
+        after DEAD_LINGER_S, so that the process exits with code 1 and a supervisor starts a fresh
+        one. Until then a request already on its way (its connection open, its headers not yet
+        read, which a shutdown would close unanswered) gets its 503 with the cause too."""
+        threading.Timer(DEAD_LINGER_S, setattr, (self, "should_exit", True)).start()
 
     async def shutdown(self, sockets=None):
         client = self.app_server.client
