@@ -1,4 +1,4 @@
-"""The OpenAI request bodies, their mapping onto SamplingParams, and OpenAI's error object.
+"""The OpenAI request bodies and their mapping onto SamplingParams (the error object: errors.py).
 
 Field names and defaults follow OpenAI's API (and vLLM's extras: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, chat_template_kwargs).
@@ -13,41 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..sampling_params import SamplingParams
 from ..validate import Problem, options
-
-
-class RequestError(Exception):
-    """A request the server refuses: becomes an HTTP response with OpenAI's error object."""
-
-    def __init__(
-        self, message: str, param: str | None = None, status: int = 400, code: str | None = None
-    ):
-        super().__init__(message)
-        self.message, self.param, self.status, self.code = message, param, status, code
-
-    @property
-    def type(self) -> str:
-        return {
-            400: "invalid_request_error",
-            404: "invalid_request_error",
-            408: "invalid_request_error",
-            413: "invalid_request_error",
-            429: "rate_limit_error",
-        }.get(self.status, "server_error")
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-    @classmethod
-    def of(cls, problem: Problem) -> "RequestError":
-        return cls(problem.message, problem.param, code=problem.code)
-
+from .errors import RequestError
+from .response_format import structured_from
 
 STRICT = ConfigDict(extra="ignore", strict=True)
 MAX_STOP_STRINGS, MAX_STOP_CHARS = (
@@ -109,8 +76,6 @@ class _Common(_Sampled):
             for name in _Sampled.model_fields
             if getattr(self, name) is not None
         }
-        from .response_format import structured_from  # it imports this module
-
         if (
             structured := structured_from(self.response_format, self.structured_outputs)
         ) is not None:

@@ -12,7 +12,7 @@ import asyncio
 
 from ..engine.structured import COMPILE_TIMEOUT_S, Grammars, check_available
 from ..structured_outputs import StructuredOutputsParams, to_structured
-from .protocol import RequestError
+from .errors import RequestError
 
 
 def structured_from(
