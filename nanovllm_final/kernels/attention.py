@@ -538,36 +538,18 @@ def _paged_prefill_kernel(
     for start_n in range(full_end, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
+        # fmt: off
         k = _load_kv_tile(
-            k_cache_ptr,
-            bt_row,
-            offs_n,
-            n_mask,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
-            True,
-            True,
+            k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE, True, True,
         )
+        # fmt: on
+        # fmt: off
         v = _load_kv_tile(
-            v_cache_ptr,
-            bt_row,
-            offs_n,
-            n_mask,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
-            True,
-            True,
+            v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE, True, True,
         )
+        # fmt: on
         causal = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
         m_i, l_i, acc = _online_softmax_step(
             q, k, v, m_i, l_i, acc, qk_scale, causal, True, PV_FP8, ROUND
@@ -719,20 +701,12 @@ def _store_new_kv(
         mask = row_ok[:, None] & d_mask[None, :]
         k_row = seq.to(tl.int64) * stride_nk + kv_head * stride_nkh + zero  # [1]
         if ROPE:
+            # fmt: off
             k = rope_rows(
-                new_k_ptr,
-                k_row,
-                row_ok,
-                pos,
-                cos_ptr,
-                sin_ptr,
-                stride_cos,
-                k_w_ptr,
-                eps,
-                offs_d,
-                HEAD_DIM,
-                HAS_NORM,
+                new_k_ptr, k_row, row_ok, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, offs_d,
+                HEAD_DIM, HAS_NORM,
             )
+            # fmt: on
         else:
             k = tl.load(new_k_ptr + k_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
         v_row = seq.to(tl.int64) * stride_nv + kv_head * stride_nvh + zero
@@ -1070,30 +1044,13 @@ def _paged_decode_kernel(
         v_s = v_s / FP8_MAX  # P was scaled by FP8_MAX
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc * (v_s / l_safe)[:, None]  # [BLOCK_H, BLOCK_D]: sum p * (v * v_s) / l
+    # fmt: off
     _write_output(
-        out,
-        m_i,
-        l_safe,
-        out_ptrs,
-        out_mask,
-        part_out_ptr,
-        part_lse_ptr,
-        counts_ptr,
-        seq,
-        kv_head,
-        heads,
-        h_mask,
-        offs_d,
-        split,
-        num_valid,
-        num_splits,
-        NUM_HEADS,
-        KVH,
-        HEAD_DIM,
-        SPLIT,
-        BLOCK_H,
-        BLOCK_D,
+        out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_ptr, counts_ptr, seq, kv_head,
+        heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS, KVH, HEAD_DIM, SPLIT,
+        BLOCK_H, BLOCK_D,
     )
+    # fmt: on
 
 
 def _group_rows(group: int, flags: dict, num_warps: int, device: torch.device) -> int:

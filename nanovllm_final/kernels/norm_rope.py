@@ -184,40 +184,24 @@ def _rotary_kernel(
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     d_ok = offs_d < D
     offs_qh = tl.arange(0, BLOCK_QH)  # [BLOCK_QH]
+    # fmt: off
     q = rope_rows(
-        q_ptr + t * stride_qt,
-        offs_qh * stride_qh,
-        offs_qh < QH,
-        pos,
-        cos_ptr,
-        sin_ptr,
-        stride_cos,
-        q_w_ptr,
-        eps,
-        offs_d,
-        D,
-        HAS_NORM,
+        q_ptr + t * stride_qt, offs_qh * stride_qh, offs_qh < QH, pos, cos_ptr, sin_ptr, stride_cos,
+        q_w_ptr, eps, offs_d, D, HAS_NORM,
     )
+    # fmt: on
     tl.store(
         q_out_ptr + (t * QH + offs_qh[:, None]) * D + offs_d[None, :],
         q.to(q_out_ptr.dtype.element_ty),
         mask=(offs_qh[:, None] < QH) & d_ok[None, :],
     )
     offs_kh = tl.arange(0, BLOCK_KH)
+    # fmt: off
     k = rope_rows(
-        k_ptr + t * stride_kt,
-        offs_kh * stride_kh,
-        offs_kh < KH,
-        pos,
-        cos_ptr,
-        sin_ptr,
-        stride_cos,
-        k_w_ptr,
-        eps,
-        offs_d,
-        D,
-        HAS_NORM,
+        k_ptr + t * stride_kt, offs_kh * stride_kh, offs_kh < KH, pos, cos_ptr, sin_ptr, stride_cos,
+        k_w_ptr, eps, offs_d, D, HAS_NORM,
     )
+    # fmt: on
     tl.store(
         k_out_ptr + (t * KH + offs_kh[:, None]) * D + offs_d[None, :],
         k.to(k_out_ptr.dtype.element_ty),
