@@ -14,8 +14,8 @@ the PyTorch reference) are timed alone at the same batch.
 either free or each under a JSON schema (an object holding an array of at least 1000 objects, so
 no row ends early); the step time is the median wall time of the decode steps of the full batch
 in llm.stats.
-Each mode runs with overlap scheduling on (the masks filled on the mask worker while the host
-completes the step before, see engine/structured.py) and off. Compile times: every schema of
+Each mode runs with overlap scheduling on (a step's mask filled on the host while the device runs
+its forward pass, see engine/structured.py) and off. Compile times: every schema of
 benchmarks/structured_schemas.py against the
 model's tokenizer and vocabulary, uncached (random-weight models carry the factory's small
 tokenizer: a real checkpoint's 150k-token vocabulary takes the compiler longer)."""
@@ -253,12 +253,7 @@ def main() -> None:
                 mode: step_ms(llm, prompts, p)
                 for mode, p in (("free", free), ("constrained", constrained))
             }
-            if (
-                overlap
-            ):  # the other placement of the fill: on the engine's thread, the draw queued at once
-                Grammars.fill_on_worker = not Grammars.fill_on_worker
-                times["constrained_other"] = step_ms(llm, prompts, constrained)
-                Grammars.fill_on_worker = not Grammars.fill_on_worker
+            if overlap:
                 compiles, checked = compile_ms(llm), valid_outputs(llm)
                 engine = llm.engine
                 parts = pieces(
@@ -275,15 +270,6 @@ def main() -> None:
             "constrained_ms": round(times["constrained"], 3),
             "ratio": round(times["constrained"] / times["free"], 3),
         }
-        if overlap:
-            other = "engine_thread" if Grammars.fill_on_worker else "worker"
-            row[f"constrained_fill_on_{other}_ms"] = round(times["constrained_other"], 3)
-            row[f"ratio_fill_on_{other}"] = round(times["constrained_other"] / times["free"], 3)
-            print(
-                f"  fill on the {other.replace('_', ' ')}: constrained {times['constrained_other']:8.2f} ms   "
-                f"x{times['constrained_other'] / times['free']:.3f}",
-                flush=True,
-            )
         rows.append(row)
         print(
             f"overlap {row['overlap_scheduling']!s:5}  batch {args.batch}: free {row['free_ms']:8.2f} ms   "

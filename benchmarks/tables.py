@@ -718,14 +718,6 @@ FILES = [
         "(advance, fill, upload, apply)",
     ),
     (
-        "structured_host_cpu.json",
-        "python -m benchmarks.structured_host --batch 256 --forward-ms 2.5 "
-        "--out benchmarks/results/structured_host_cpu.json",
-        "the engine's host side at batch 256 with the forward pass and draw replaced by a simulated device: step time and "
-        "the engine thread's CPU time per step, free against every row constrained, the mask filled on its worker or on "
-        "the engine thread",
-    ),
-    (
         "structured_mask_pieces_full-vocab-matchers_*_cpu.json",
         "python -m benchmarks.structured_bench --pieces-only 151936 "
         "--batch 256 --device cpu --full-vocab-matchers --out benchmarks/results/"

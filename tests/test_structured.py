@@ -5,7 +5,6 @@ unconstrained tokens; hostile grammars end their own request with a clear error 
 
 import json
 import re
-import threading
 import time
 
 import jsonschema
@@ -280,11 +279,10 @@ def test_mask_kernel_equals_the_reference(dtype):
         assert torch.isfinite(out[0, : min(vocab, 32 * words)]).all()  # bitmask[1]: all allowed
 
 
-def test_masks_filled_off_the_engine_thread_change_no_token(model_dir, monkeypatch):
-    """Overlap fills each step's mask on the engine's thread and draws at once, or (fill_on_worker)
-    on the mask worker, the draw held back until the next step is built: either way a batch mixing
-    constrained rows (n=2 among them) and free ones (greedy, seeded, top-k) gets the tokens of the
-    engine without overlap; the worker's fills ran on one thread, joined at shutdown."""
+def test_overlap_changes_no_token_of_a_mixed_batch(model_dir):
+    """Under overlap each step's mask is filled after the step before's tokens went into the
+    matchers, while the device runs the forward pass: a batch mixing constrained rows (n=2 among
+    them) and free ones (greedy, seeded, top-k) gets the tokens of the engine without overlap."""
     cases = formats()[::4]
     prompts = random_prompts([5, 9, 7], seed=11)
     free = [
@@ -296,49 +294,34 @@ def test_masks_filled_off_the_engine_thread_change_no_token(model_dir, monkeypat
         SamplingParams(temperature=t, seed=i, n=1 + i % 2, max_tokens=64, structured_outputs=fmt)
         for i, ((fmt, _), t) in enumerate(zip(cases, [0.0, 0.8] * len(cases)))
     ]
-    threads = []
-    bitmask = structured.Grammars.bitmask
-    monkeypatch.setattr(
-        structured.Grammars,
-        "bitmask",
-        lambda self, *args: (threads.append(threading.current_thread()), bitmask(self, *args))[1],
-    )
     runs = []
-    for overlap, worker in ((True, True), (True, False), (False, False)):
-        monkeypatch.setattr(structured.Grammars, "fill_on_worker", worker)
+    for overlap in (True, False):
         with LLM(
             model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap
         ) as llm:
             outs = llm.generate(prompts + ["Once"] * len(cases), free + constrained, use_tqdm=False)
             runs.append([[c["token_ids"] for c in o["outputs"]] for o in outs])
             check_all(outs[3:], cases)
-        on_worker = {t for t in threads if t.name.startswith("grammar-mask")}
-        assert len(on_worker) == (1 if worker else 0), {t.name for t in threads}
-        assert not any(t.is_alive() for t in on_worker)  # joined at shutdown
-        threads.clear()
-    assert runs[0] == runs[1] == runs[2]
+    assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("worker", [False, True])
-def test_a_fill_that_raises_ends_its_step_only(model_dir, monkeypatch, worker):
-    """A mask fill that raises (on the engine thread or the mask worker) ends its step's requests with an error; the
-    engine serves the next requests as usual."""
+def test_a_fill_that_raises_ends_its_step_only(model_dir, monkeypatch):
+    """A mask fill that raises ends its step's requests with an error; the engine serves the next
+    requests as usual."""
     calls = []
     bitmask = structured.Grammars.bitmask
 
     def flaky(self, *args):
-        calls.append(threading.current_thread().name)
+        calls.append(1)
         if len(calls) == 3:
             raise RuntimeError("the matcher broke")
         return bitmask(self, *args)
 
     monkeypatch.setattr(structured.Grammars, "bitmask", flaky)
-    monkeypatch.setattr(structured.Grammars, "fill_on_worker", worker)
     params = SamplingParams(temperature=0, max_tokens=32, structured_outputs={"json": STORY})
     with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=True) as llm:
         out = llm.generate(["A story"], params, use_tqdm=False)[0]
         assert out["finish_reason"] == "error" and "the matcher broke" in out["error"], out
-        assert calls[2].startswith("grammar-mask" if worker else "MainThread")
         again = llm.generate(
             ["A story"] * 2, [params, SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False
         )

@@ -44,18 +44,12 @@ class InFlight:
     sample: PendingSample | None
     record: dict  # its stats record, taken at launch (metrics.py)
     launched_at: float
-    needs_tokens: (
-        bool  # the next schedule needs its tokens on the host (penalties count the output)
-    )
-    scores: PendingSample | None = (
-        None  # its prompt logprobs (step.scoring's rows), on their way to the host
-    )
-    constrained: bool = (
-        False  # some rows sampled under a grammar: the next step's mask needs their tokens
-    )
-    deferred: tuple | None = (
-        None  # overlap: (logits, batch, its mask's Future), the draw held back for its mask
-    )
+    # the next schedule needs its tokens on the host (penalties count the output)
+    needs_tokens: bool
+    # its prompt logprobs (step.scoring's rows), on their way to the host
+    scores: PendingSample | None = None
+    # some rows sampled under a grammar: the next step's mask needs their tokens
+    constrained: bool = False
 
     def pending_rows(self) -> dict[int, int]:
         """seq_id -> the row of its pending token."""
@@ -270,8 +264,6 @@ class LLMEngine:
             if self.grammars.waiting:
                 time.sleep(0.001)  # nothing to run but grammars compiling: do not spin
             return None
-        # the sequences a failure ends (and prev's, while its held-back draw is queued)
-        failing = seqs
         try:
             if self.speculator is not None:
                 self.speculator.fill(seqs)  # a draft model's proposals
@@ -281,16 +273,10 @@ class LLMEngine:
                 prev.pending_rows() if prev is not None else None,
                 self.block_tables,
             )
-            if prev is not None:
-                failing = [*prev.seqs, *seqs]
-                self._draw(prev)  # its tokens feed this step: its draw is queued first
-                failing = seqs
             logits = self._execute(step, prev)
-            sampling, batch, pending, constrained, deferred = self._queue_sample(
-                prev, seqs, step, logits
-            )
+            sampling, batch, pending, constrained = self._queue_sample(prev, seqs, step, logits)
         except Exception as err:
-            self._fail(failing, err)
+            self._fail(seqs, err)
             return None
         self.scheduler.launched(seqs)
         mark_launched(step.scoring, seqs)
@@ -309,7 +295,6 @@ class LLMEngine:
             needs_tokens,
             self.model_runner.prompt_scores,
             constrained,
-            deferred,
         )
 
     def _execute(self, step: StepInput, prev: InFlight | None):
@@ -324,12 +309,12 @@ class LLMEngine:
         )
 
     def _queue_sample(self, prev: InFlight | None, seqs: list[Sequence], step: StepInput, logits):
-        """Queue the draw of the step's sampling rows: (sampling, batch, pending, constrained,
-        deferred), the sequences it samples for, their batch, the queued draw (None while held
-        back for a grammar mask: `deferred`), and whether some row samples under a grammar."""
+        """Queue the draw of the step's sampling rows: (sampling, batch, pending, constrained), the
+        sequences it samples for, their batch, the queued draw, and whether some row samples under
+        a grammar."""
         all_sample = len(step.sample_rows) == len(seqs)  # most steps: every sequence samples
         sampling = seqs if all_sample else [seq for seq in seqs if seq.samples_this_step]
-        batch = pending = deferred = None
+        batch = pending = None
         constrained = False  # some row samples under a grammar
         if self.speculator is not None and self.speculator.drafted(sampling):
             batch = verify_batch(sampling, self.eos_token_ids)
@@ -337,34 +322,19 @@ class LLMEngine:
             batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns)
             constrained = self.grammars.used and any(seq.grammar is not None for seq in sampling)
             if constrained:
-                deferred = self._mask(prev, sampling, logits, batch)
-        if batch is not None and deferred is None:
+                batch.grammar = self._mask(prev, sampling)
+        if batch is not None:
             pending = self.model_runner.sample(logits, batch)
-        return sampling, batch, pending, constrained, deferred
+        return sampling, batch, pending, constrained
 
-    def _mask(self, prev: InFlight | None, sampling: list[Sequence], logits, batch) -> tuple | None:
-        """The grammar mask of a step with constrained rows: filled here (None returned: draw now),
-        or under overlap on the mask worker while the host completes `prev` and schedules the next
-        step; then the draw waits (logits, batch, the fill's Future) for `_draw` (structured.py)."""
-        if prev is None:
-            batch.grammar = self.grammars.bitmask(sampling)
-            return None
+    def _mask(self, prev: InFlight | None, sampling: list[Sequence]):
+        """The grammar mask of a step with constrained rows (structured.py), filled on the host
+        while the device runs the step's forward pass. Under overlap the step before's tokens go
+        into the matchers first; sequentially they went in as that step completed."""
         ended = frozenset()  # the rows whose grammar ended on the step before's token
-        if prev.constrained:  # that token, into the matchers first
+        if prev is not None and prev.constrained:
             ended = self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
-        if not self.grammars.fill_on_worker:  # filled here, drawn at once
-            batch.grammar = self.grammars.bitmask(sampling, ended)
-            return None
-        return logits, batch, self.grammars.fill_later(sampling, ended)
-
-    def _draw(self, flight: InFlight) -> None:
-        """Queue the draw a step held back for its grammar mask, the fill joined (once: a fill that
-        raised fails its step once, and the step completes with no token)."""
-        if flight.deferred is not None:
-            logits, batch, mask = flight.deferred
-            flight.deferred = None
-            batch.grammar = mask.result()
-            flight.sample = self.model_runner.sample(logits, batch)
+        return self.grammars.bitmask(sampling, ended)
 
     def _complete(self, done: InFlight, finished_only: bool) -> None:
         """Wait for the step's tokens; resolve, detokenize, check stops, queue the outputs."""
@@ -394,7 +364,6 @@ class LLMEngine:
 
     def _read_tokens(self, done: InFlight) -> tuple[list[Sequence], SampledTokens | Verified]:
         """(sampling, sampled): the step's tokens on the host, and the sequence of each row."""
-        self._draw(done)  # held back for its mask (overlap), when no step followed to queue it
         if done.scores is not None:
             collect_scores(done.step.scoring, done.scores, done.seqs, self.requests)
         # a step with no row sampled: an empty result

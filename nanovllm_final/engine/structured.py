@@ -11,15 +11,10 @@ A request waits here, outside the scheduler, until its grammar is ready; the oth
 Each sequence's matcher accepts its tokens as they resolve (Request.on_token): EOS is allowed
 only where the grammar can end.
 
-Overlap scheduling: step N+1's mask needs step N's tokens, and at a large batch its fill is the
-longest piece of the host's step. So the engine queues N+1's forward pass (fed N's tokens on the
-device), waits for N's tokens, advances the matchers with them (`advance`; N's tokens resolve
-later, and the matchers do not take them twice), and hands N+1's fill to the mask worker
-(`fill_later`), one long-lived thread: xgrammar fills without the GIL, while the engine's thread
-completes step N and schedules and builds step N+2. N+1's draw waits: it is queued (the fill
-joined) only when N+2's inputs are built, just before N+2's forward pass that its tokens feed,
-or when step N+1 is completed if no step follows. The worker fills while only this thread reads
-the matchers (`accepts` takes the verdicts of `advance`), and no two fills run at once."""
+Overlap scheduling: step N+1's mask needs step N's tokens. So the engine queues N+1's forward
+pass (fed N's tokens on the device), waits for N's tokens, advances the matchers with them
+(`advance`; N's tokens resolve later, and the matchers do not take them twice), fills N+1's
+mask while the device runs that forward pass, and queues N+1's draw behind it."""
 
 import atexit
 import copy
@@ -32,7 +27,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import numpy as np
 import torch
@@ -134,11 +129,6 @@ class Grammars:
     """The engine's structured-output state: grammars compiling or cached, requests waiting for
     theirs, and the step's token bitmask. xgrammar is loaded on the first request that needs it."""
 
-    fill_on_worker = (
-        False  # overlap: fill on the engine's thread and draw at once (True: on the mask worker,
-    )
-    # the draw held back until the next forward; structured_bench times both)
-
     def __init__(
         self,
         tokenizer,
@@ -150,9 +140,8 @@ class Grammars:
         self.stop_ids = frozenset(eos_token_ids)  # the matchers' stop tokens
         self.timeout_s = timeout_s
         self.compiler = None
-        self.filler = (
-            None  # xgrammar's BatchGrammarMatcher: its threads fill the rows of a step's bitmask
-        )
+        # xgrammar's BatchGrammarMatcher: its threads fill the rows of a step's bitmask
+        self.filler = None
         self.queue: queue.SimpleQueue = queue.SimpleQueue()  # (job, params), for the workers
         self.workers: list[threading.Thread] = []  # two: one slow grammar leaves the other free
         self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
@@ -160,9 +149,6 @@ class Grammars:
         self.used = False  # no structured request yet: steps skip the bitmask entirely
         self.device: torch.device | None = (
             None  # a GPU: the masks go there, filled in pinned memory
-        )
-        self.mask_worker: ThreadPoolExecutor | None = (
-            None  # overlap: fills a step's mask off the engine's thread
         )
 
     def _compiler(self):
@@ -283,29 +269,6 @@ class Grammars:
             mask.bitmask[:, -1] &= np.int32((1 << self.grammar_vocab % 32) - 1)
         return mask
 
-    def fill_later(self, seqs: list, ended: frozenset[int] = frozenset()) -> Future:
-        """`bitmask(seqs, ended)` on the mask worker (started on first use): the Future of its result."""
-        if (
-            self.mask_worker is None
-        ):  # on a GPU, the worker's CUDA calls (pinned memory) on the engine's device
-            gpu = self.device is not None and self.device.type == "cuda"
-            index = (
-                (
-                    self.device.index
-                    if self.device.index is not None
-                    else torch.cuda.current_device()
-                )
-                if gpu
-                else None
-            )
-            self.mask_worker = ThreadPoolExecutor(
-                max_workers=1,
-                thread_name_prefix="grammar-mask",
-                initializer=torch.cuda.set_device if gpu else None,
-                initargs=(index,) if gpu else (),
-            )
-        return self.mask_worker.submit(self.bitmask, list(seqs), ended)
-
     def advance(self, seqs: list, token_ids: list[int]) -> frozenset[int]:
         """Overlap: the step before's tokens, accepted by the matchers before they resolve, so that
         this step's mask can be filled while the device runs its forward pass. Returns the seq_ids
@@ -327,9 +290,6 @@ class Grammars:
                 job.future.set_exception(err)
 
     def shutdown(self) -> None:
-        if self.mask_worker is not None:
-            self.mask_worker.shutdown(wait=True)  # a fill lasts milliseconds
-            self.mask_worker = None
         for _ in self.workers:
             self.queue.put(None)  # each stops after its compile
         self.workers = [worker for worker in self.workers if worker.is_alive()]

@@ -206,24 +206,13 @@ def store_kvcache(
     if num_tokens == 0:
         return
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
+    # fmt: off
     _store_kvcache_kernel[(num_tokens,)](
-        key,
-        value,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        k_scale,
-        v_scale,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        KVH=kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        FP8=fp8,
+        key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, key.stride(0), key.stride(1),
+        value.stride(0), value.stride(1), KVH=kv_heads, HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(head_dim), FP8=fp8,
     )
+    # fmt: on
 
 
 # ---------------------------------------------------------------------------------------
@@ -500,36 +489,16 @@ def _paged_prefill_kernel(
     # Phase 1: tiles below the diagonal (the cached prefix, earlier query tiles): no mask.
     for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+        # fmt: off
         k = _load_kv_tile(
-            k_cache_ptr,
-            bt_row,
-            offs_n,
-            all_n,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
-            True,
-            True,
+            k_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE, True, True,
         )  # [BLOCK_N, BLOCK_D]
         v = _load_kv_tile(
-            v_cache_ptr,
-            bt_row,
-            offs_n,
-            all_n,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
-            True,
-            True,
+            v_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE, True, True,
         )  # [BLOCK_N, BLOCK_D]
+        # fmt: on
         m_i, l_i, acc = _online_softmax_step(
             q, k, v, m_i, l_i, acc, qk_scale, None, False, PV_FP8, ROUND
         )
@@ -543,8 +512,6 @@ def _paged_prefill_kernel(
             k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask, stride_cb, stride_cs,
             stride_ch, PAGE_SIZE, True, True,
         )
-        # fmt: on
-        # fmt: off
         v = _load_kv_tile(
             v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask, stride_cb, stride_cs,
             stride_ch, PAGE_SIZE, True, True,
@@ -755,20 +722,12 @@ def _load_group_q(
     q_row = q_ptr + seq.to(tl.int64) * stride_qs
     if ROPE:
         offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
+        # fmt: off
         q = rope_rows(
-            q_row,
-            (kv_head * GROUP + offs_g) * stride_qh,
-            offs_g < GROUP,
-            pos,
-            cos_ptr,
-            sin_ptr,
-            stride_cos,
-            q_w_ptr,
-            eps,
-            offs_d,
-            HEAD_DIM,
-            HAS_NORM,
+            q_row, (kv_head * GROUP + offs_g) * stride_qh, offs_g < GROUP, pos, cos_ptr, sin_ptr,
+            stride_cos, q_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM,
         )  # [BLOCK_G, BLOCK_D]
+        # fmt: on
         q = tl.reshape(
             tl.broadcast_to(q[None, :, :], (BLOCK_H // BLOCK_G, BLOCK_G, BLOCK_D)),
             (BLOCK_H, BLOCK_D),
@@ -860,19 +819,12 @@ def _write_output(
             tl.debug_barrier()  # all of this program's partials are written before it counts itself
             count_ptr = counts_ptr + seq * KVH + kv_head
             if tl.atomic_add(count_ptr, 1, sem="acq_rel") == num_valid - 1:  # the others are done
+                # fmt: off
                 out = _merge_splits(
-                    part_out_ptr,
-                    part_lse_ptr,
-                    first_row,
-                    num_valid,
-                    num_splits,
-                    offs_d,
-                    out_mask,
-                    h_mask,
-                    HEAD_DIM,
-                    BLOCK_H,
-                    BLOCK_D,
+                    part_out_ptr, part_lse_ptr, first_row, num_valid, num_splits, offs_d, out_mask,
+                    h_mask, HEAD_DIM, BLOCK_H, BLOCK_D,
                 )
+                # fmt: on
                 tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=out_mask)
                 tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
         else:  # the whole context in one split: its result is the output
@@ -1006,36 +958,16 @@ def _paged_decode_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         n_mask = offs_n < kv_end
         rows = tl.minimum(offs_n, kv_end - 1)  # [BLOCK_N] valid positions
+        # fmt: off
         k = _load_kv_tile(
-            k_cache_ptr,
-            bt_row,
-            rows,
-            n_mask,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
-            False,
-            HEAD_DIM < BLOCK_D,
+            k_cache_ptr, bt_row, rows, n_mask, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE, False, HEAD_DIM < BLOCK_D,
         )  # [BLOCK_N, BLOCK_D]
         v = _load_kv_tile(
-            v_cache_ptr,
-            bt_row,
-            rows,
-            n_mask,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
-            False,
-            HEAD_DIM < BLOCK_D,
+            v_cache_ptr, bt_row, rows, n_mask, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE, False, HEAD_DIM < BLOCK_D,
         )  # [BLOCK_N, BLOCK_D]
+        # fmt: on
         m_i, l_i, acc = _online_softmax_step(
             q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :], True, PV_FP8, ROUND
         )

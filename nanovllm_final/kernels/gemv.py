@@ -141,21 +141,12 @@ def dense_gate_up(
     inter = gate_up.shape[0] // 2
     h = torch.empty(tokens, inter, dtype=x.dtype, device=x.device)  # (T, inter)
     if tokens:
+        # fmt: off
         gate_up_gemv_kernel[(tokens, triton.cdiv(inter, tiles["BLOCK_N"]))](
-            x,
-            gate_up,
-            x,
-            h,
-            x.stride(0),
-            0,
-            gate_up.stride(0),
-            inter,
-            k,
-            TOP_K=1,
-            ROUTED=False,
-            **tiles,
-            **pdl_args(x.device),
+            x, gate_up, x, h, x.stride(0), 0, gate_up.stride(0), inter, k, TOP_K=1, ROUTED=False,
+            **tiles, **pdl_args(x.device),
         )
+        # fmt: on
     return h
 
 
@@ -175,20 +166,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None) -> torch.T
     out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)  # (T, N)
     if tokens:
         tiles = tiles or tuning.for_device(x.device).gemv("linear")
+        # fmt: off
         down_gemv_sum_kernel[(tokens, triton.cdiv(n, tiles["BLOCK_N"]))](
-            x,
-            w,
-            x,
-            x,
-            out,
-            0,
-            w.stride(0),
-            n,
-            k,
-            TOP_K=1,
-            ROUTED=False,
-            BLOCK_S=1,
-            **tiles,
+            x, w, x, x, out, 0, w.stride(0), n, k, TOP_K=1, ROUTED=False, BLOCK_S=1, **tiles,
             **pdl_args(x.device),
         )
+        # fmt: on
     return out

@@ -37,14 +37,10 @@ def mask_logits_(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor
     count, vocab = rows.shape[0], logits.shape[1]
     if count:
         grid = (count, triton.cdiv(vocab, BLOCK))
+        # fmt: off
         _mask_kernel[grid](
-            logits,
-            bitmask,
-            rows,
-            vocab,
-            bitmask.shape[1],
-            logits.stride(0),
-            BLOCK=BLOCK,
+            logits, bitmask, rows, vocab, bitmask.shape[1], logits.stride(0), BLOCK=BLOCK,
             num_warps=8,
         )
+        # fmt: on
     return logits

@@ -169,16 +169,12 @@ def align_by_expert(
     block_expert = torch.empty(max_rows // block_m, dtype=torch.int32, device=device)
     num_rows = torch.empty(1, dtype=torch.int32, device=device)
     _count_kernel[(triton.cdiv(max_rows, 1024),)](flat, counts, rows, pairs, max_rows, BLOCK=1024)
+    # fmt: off
     _plan_kernel[(1,)](
-        counts,
-        block_expert,
-        num_rows,
-        block_expert.numel(),
-        num_experts,
-        BLOCK_M=block_m,
-        BLOCK_E=triton.next_power_of_2(num_experts),
-        BLOCK=128,
+        counts, block_expert, num_rows, block_expert.numel(), num_experts, BLOCK_M=block_m,
+        BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=128,
     )
+    # fmt: on
     _scatter_kernel[(triton.cdiv(pairs, 1024),)](flat, counts, rows, pairs, BLOCK=1024)
     return rows, block_expert, num_rows
 
@@ -298,38 +294,20 @@ def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.T
     ids = expert_ids.contiguous()
     inter = down.shape[2]
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)  # (pairs, inter)
+    # fmt: off
     gate_up_gemv_kernel[(tokens * top_k, triton.cdiv(inter, tiles["BLOCK_N"]))](
-        x,
-        gate_up,
-        ids,
-        h,
-        x.stride(0),
-        gate_up.stride(0),
-        gate_up.stride(1),
-        inter,
-        hidden,
-        TOP_K=top_k,
-        ROUTED=True,
-        **tiles,
-        **pdl_args(x.device),
+        x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden,
+        TOP_K=top_k, ROUTED=True, **tiles, **pdl_args(x.device),
     )
+    # fmt: on
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)  # (tokens, hidden)
+    # fmt: off
     down_gemv_sum_kernel[(tokens, triton.cdiv(hidden, down_block_n))](
-        h,
-        down,
-        ids,
-        weights.contiguous(),
-        out,
-        down.stride(0),
-        down.stride(1),
-        hidden,
-        inter,
-        TOP_K=top_k,
-        ROUTED=True,
-        BLOCK_S=triton.next_power_of_2(top_k),
-        **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k},
-        **pdl_args(x.device),
+        h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter,
+        TOP_K=top_k, ROUTED=True, BLOCK_S=triton.next_power_of_2(top_k),
+        **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k}, **pdl_args(x.device),
     )
+    # fmt: on
     return out
 
 

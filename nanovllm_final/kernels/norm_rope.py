@@ -77,24 +77,15 @@ def rms_norm(
         res_out = torch.empty_like(out)
     if tokens > 0:
         block_h, block_d = triton.next_power_of_2(heads), triton.next_power_of_2(dim)
+        # fmt: off
         _rms_norm_kernel[(tokens,)](
-            x3,
-            residual if residual is not None else x3,
-            weight,
-            out,
-            res_out if residual is not None else out,
-            x3.stride(0),
-            x3.stride(1),
-            residual.stride(0) if residual is not None else 0,
-            eps,
-            H=heads,
-            D=dim,
-            HAS_RESIDUAL=residual is not None,
-            BLOCK_H=block_h,
-            BLOCK_D=block_d,
-            num_warps=warps(block_h * block_d),
-            **pdl_args(x.device),
+            x3, residual if residual is not None else x3, weight, out,
+            res_out if residual is not None else out, x3.stride(0), x3.stride(1),
+            residual.stride(0) if residual is not None else 0, eps, H=heads, D=dim,
+            HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, BLOCK_D=block_d,
+            num_warps=warps(block_h * block_d), **pdl_args(x.device),
         )
+        # fmt: on
     return out if residual is None else (out, res_out)
 
 
@@ -233,29 +224,13 @@ def rotary(
     )
     if tokens > 0:
         block_qh = triton.next_power_of_2(q_heads)
+        # fmt: off
         _rotary_kernel[(tokens,)](
-            q,
-            k,
-            q_out,
-            k_out,
-            positions,
-            cos,
-            sin,
-            q_w,
-            k_w,
-            q.stride(0),
-            q.stride(1),
-            k.stride(0),
-            k.stride(1),
-            cos.stride(0),
-            eps,
-            QH=q_heads,
-            KH=k_heads,
-            D=head_dim,
-            HAS_NORM=norm_weights is not None,
-            BLOCK_QH=block_qh,
-            BLOCK_KH=triton.next_power_of_2(k_heads),
-            BLOCK_D=triton.next_power_of_2(head_dim),
+            q, k, q_out, k_out, positions, cos, sin, q_w, k_w, q.stride(0), q.stride(1),
+            k.stride(0), k.stride(1), cos.stride(0), eps, QH=q_heads, KH=k_heads, D=head_dim,
+            HAS_NORM=norm_weights is not None, BLOCK_QH=block_qh,
+            BLOCK_KH=triton.next_power_of_2(k_heads), BLOCK_D=triton.next_power_of_2(head_dim),
             num_warps=warps(block_qh * head_dim // 2),
         )
+        # fmt: on
     return q_out, k_out

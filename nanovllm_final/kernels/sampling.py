@@ -122,28 +122,16 @@ def gumbel_argmax(
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows > 0:
         temperatures = temperatures.contiguous()
+        # fmt: off
         _gumbel_argmax_chunk_kernel[(rows, chunks)](
-            logits,
-            keys.contiguous(),
-            temperatures,
-            best,
-            best_id,
-            logits.stride(0),
-            vocab,
-            chunks,
-            BLOCK=block,
-            num_warps=warps(block),
-            **pdl_args(logits.device),
+            logits, keys.contiguous(), temperatures, best, best_id, logits.stride(0), vocab, chunks,
+            BLOCK=block, num_warps=warps(block), **pdl_args(logits.device),
         )
         _gumbel_argmax_combine_kernel[(rows,)](
-            best,
-            best_id,
-            out,
-            chunks,
-            BLOCK_C=triton.next_power_of_2(chunks),
-            num_warps=1,
+            best, best_id, out, chunks, BLOCK_C=triton.next_power_of_2(chunks), num_warps=1,
             **pdl_args(logits.device),
         )
+        # fmt: on
     return out
 
 
@@ -249,31 +237,20 @@ def top_candidates(logits: torch.Tensor, k: int, group: int) -> tuple[torch.Tens
         return values, ids
     maxima = torch.empty(rows, num_groups, dtype=torch.float32, device=logits.device)
     block_g = max(1, 4096 // group)
+    # fmt: off
     _group_max_kernel[(rows, triton.cdiv(num_groups, block_g))](
-        logits,
-        maxima,
-        logits.stride(0),
-        num_groups,
-        GROUP=group,
-        BLOCK_G=block_g,
-        num_warps=4,
+        logits, maxima, logits.stride(0), num_groups, GROUP=group, BLOCK_G=block_g, num_warps=4,
         **pdl_args(logits.device),
     )
+    # fmt: on
     block_k = triton.next_power_of_2(k)
+    # fmt: off
     _top_groups_kernel[(rows,)](
-        logits,
-        maxima,
-        values,
-        ids,
-        logits.stride(0),
-        num_groups,
-        k,
-        GROUP=group,
-        BLOCK_NG=triton.next_power_of_2(num_groups),
-        BLOCK_K=block_k,
-        num_warps=warps(block_k * group),
-        **pdl_args(logits.device),
+        logits, maxima, values, ids, logits.stride(0), num_groups, k, GROUP=group,
+        BLOCK_NG=triton.next_power_of_2(num_groups), BLOCK_K=block_k,
+        num_warps=warps(block_k * group), **pdl_args(logits.device),
     )
+    # fmt: on
     return values, ids
 
 
@@ -357,23 +334,15 @@ def candidates_draw(
     if rows > 0:
         unused = temperatures  # any pointer stands in for an absent mask (never read)
         block = max(16, triton.next_power_of_2(k))
+        # fmt: off
         _candidates_draw_kernel[(rows,)](
-            values,
-            ids,
-            keys.contiguous(),
-            temperatures.contiguous(),
+            values, ids, keys.contiguous(), temperatures.contiguous(),
             unused if top_k is None else top_k.contiguous(),
             unused if top_p is None else top_p.contiguous(),
-            unused if min_p is None else min_p.contiguous(),
-            out,
-            values.stride(0),
-            ids.stride(0),
-            k,
-            HAS_TOP_K=top_k is not None,
-            HAS_TOP_P=top_p is not None,
-            HAS_MIN_P=min_p is not None,
-            BLOCK=block,
-            num_warps=warps(block),
+            unused if min_p is None else min_p.contiguous(), out, values.stride(0), ids.stride(0),
+            k, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
+            HAS_MIN_P=min_p is not None, BLOCK=block, num_warps=warps(block),
             **pdl_args(values.device),
         )
+        # fmt: on
     return out

@@ -91,21 +91,13 @@ def store_kvcache(
     assert k_cache.shape[2:] == (kv_heads, head_dim) and v_cache.shape == k_cache.shape
     if num_tokens == 0:
         return
+    # fmt: off
     _store_kvcache_kernel[(num_tokens,)](
-        key,
-        value,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        KVH=kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(kv_heads),
+        key, value, k_cache, v_cache, slot_mapping, key.stride(0), key.stride(1), value.stride(0),
+        value.stride(1), KVH=kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
     )
+    # fmt: on
 
 
 # ---------------------------------------------------------------------------------------
@@ -231,32 +223,16 @@ def _paged_prefill_kernel(
     # Phase 1: tiles below the diagonal (the cached prefix, earlier query tiles): no mask.
     for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+        # fmt: off
         k = _load_kv_tile(
-            k_cache_ptr,
-            bt_row,
-            offs_n,
-            all_n,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
+            k_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE,
         )  # [BLOCK_N, BLOCK_D]
         v = _load_kv_tile(
-            v_cache_ptr,
-            bt_row,
-            offs_n,
-            all_n,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
+            v_cache_ptr, bt_row, offs_n, all_n, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE,
         )  # [BLOCK_N, BLOCK_D]
+        # fmt: on
         m_i, l_i, acc = _online_softmax_step(
             q, k, v, m_i, l_i, acc, qk_scale, None, APPLY_MASK=False
         )
@@ -265,32 +241,16 @@ def _paged_prefill_kernel(
     for start_n in range(full_end, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
+        # fmt: off
         k = _load_kv_tile(
-            k_cache_ptr,
-            bt_row,
-            offs_n,
-            n_mask,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
+            k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE,
         )
         v = _load_kv_tile(
-            v_cache_ptr,
-            bt_row,
-            offs_n,
-            n_mask,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
+            v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE,
         )
+        # fmt: on
         causal = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
         m_i, l_i, acc = _online_softmax_step(
             q, k, v, m_i, l_i, acc, qk_scale, causal, APPLY_MASK=True
@@ -332,32 +292,15 @@ def paged_prefill_attention(
     if num_tokens == 0 or num_seqs == 0 or max_seqlen_q == 0:
         return out
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M), num_seqs, num_heads)
+    # fmt: off
     _paged_prefill_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        cu_seqlens_q,
-        context_lens,
-        block_tables,
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        block_tables.stride(0),
-        GROUP=num_heads // kv_heads,
-        HEAD_DIM=head_dim,
-        PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        BLOCK_D=_block_d(head_dim),
-        num_warps=num_warps,
-        num_stages=num_stages,
+        q, k_cache, v_cache, out, cu_seqlens_q, context_lens, block_tables, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
+        k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), GROUP=num_heads // kv_heads,
+        HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        BLOCK_D=_block_d(head_dim), num_warps=num_warps, num_stages=num_stages,
     )
+    # fmt: on
     return out
 
 
@@ -446,32 +389,16 @@ def _paged_decode_kernel(
     for start_n in range(kv_start, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         n_mask = offs_n < kv_end
+        # fmt: off
         k = _load_kv_tile(
-            k_cache_ptr,
-            bt_row,
-            offs_n,
-            n_mask,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
+            k_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE,
         )  # [BLOCK_N, BLOCK_D]
         v = _load_kv_tile(
-            v_cache_ptr,
-            bt_row,
-            offs_n,
-            n_mask,
-            kv_head,
-            offs_d,
-            d_mask,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            PAGE_SIZE,
+            v_cache_ptr, bt_row, offs_n, n_mask, kv_head, offs_d, d_mask, stride_cb, stride_cs,
+            stride_ch, PAGE_SIZE,
         )  # [BLOCK_N, BLOCK_D]
+        # fmt: on
         m_i, l_i, acc = _online_softmax_step(
             q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :], APPLY_MASK=True
         )
@@ -609,49 +536,22 @@ def paged_decode_attention(
     else:
         part_out = part_lse = out  # unused placeholders
     block_d = _block_d(head_dim)
+    # fmt: off
     _paged_decode_kernel[(num_seqs, kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        part_out,
-        part_lse,
-        context_lens,
-        block_tables,
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        block_tables.stride(0),
-        num_splits,
-        NUM_HEADS=num_heads,
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        PAGE_SIZE=page_size,
-        SPLIT=num_splits > 1,
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=BLOCK_N,
-        BLOCK_D=block_d,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        q, k_cache, v_cache, out, part_out, part_lse, context_lens, block_tables, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
+        k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), num_splits,
+        NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        SPLIT=num_splits > 1, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
+        BLOCK_D=block_d, num_warps=num_warps, num_stages=num_stages,
     )
+    # fmt: on
     if num_splits > 1:
+        # fmt: off
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            out,
-            part_out,
-            part_lse,
-            context_lens,
-            out.stride(0),
-            out.stride(1),
-            num_splits,
-            NUM_HEADS=num_heads,
-            HEAD_DIM=head_dim,
-            BLOCK_N=BLOCK_N,
-            BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_D=block_d,
+            out, part_out, part_lse, context_lens, out.stride(0), out.stride(1), num_splits,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
         )
+        # fmt: on
     return out
