@@ -479,6 +479,43 @@ def spec_decode_cpu_table(prefix: str) -> str:
     return markdown(header + ["record"], rows)
 
 
+SPEC_GPU_SHAPES = ("qwen3-8b", "qwen3-0.6b")
+SPEC_GPU_COLUMNS = (
+    ("replay", 1.0, "all accepted"),
+    ("replay", 0.5, "half accepted"),
+    ("replay", 0.0, "all rejected"),
+    ("none", None, "nothing proposed"),
+    ("ngram", None, "n-gram lookup"),
+)
+
+
+def spec_decode_gpu_table(prefix: str, tag: str) -> str:
+    """benchmarks/spec_decode.py on random-weight shapes: per shape, batch and k, the speedup over
+    the faster of plain decoding with and without overlap, per proposal kind, and a verify step's
+    time over a decode step's (all proposals accepted)."""
+    rows = []
+    for shape in SPEC_GPU_SHAPES:
+        rel = f"spec_decode_{shape}_{tag}.json"
+        record = load(rel)
+        for batch in sorted({r["batch"] for r in record["rows"]}):
+            for k in sorted({r["k"] for r in record["rows"]}):
+                at = {
+                    (r["method"], r["replay_accept"]): r
+                    for r in record["rows"]
+                    if r["batch"] == batch and r["k"] == k
+                }
+                cells = [
+                    f"{at[m, a]['speedup']:.2f}×" if (m, a) in at else MISSING
+                    for m, a, _ in SPEC_GPU_COLUMNS
+                ]
+                full = at.get(("replay", 1.0), {}).get("verify_over_decode")
+                rows.append(
+                    [f"{shape}, {batch}", str(k), *cells, number(full, ".2f"), link(rel, prefix)]
+                )
+    header = ["shape, batch", "k", *[name for _, _, name in SPEC_GPU_COLUMNS]]
+    return markdown(header + ["verify / decode step", "record"], rows)
+
+
 DEVICES = (
     "h200",
     "h100",
@@ -492,6 +529,7 @@ TABLES: dict[str, Callable[[str], str]] = {
     "serve": serve_table,
     "kv-quality": kv_quality_table,
     "spec-decode-cpu": spec_decode_cpu_table,
+    "spec-decode-h100": functools.partial(spec_decode_gpu_table, tag="h100"),
 }
 
 

@@ -154,3 +154,14 @@ def test_tune_only_some_kernels_keeps_the_others():
     assert (
         "decode_attention, prefill_attention, moe: not timed" in config["record"]["notes"]["kept"]
     )
+
+
+def test_stages_are_cut_to_the_shared_memory():
+    """A file's stages were timed in bfloat16; float32 operands double a stage's bytes, and a
+    pipeline that no longer fits the device's shared memory runs with fewer stages."""
+    cpu = torch.device("cpu")
+    smem = tuning.describe(cpu).shared_memory
+    tiles = {"BLOCK_N": 64, "num_stages": 4}
+    assert tuning.fit_stages(tiles, smem // 3, cpu) == tiles  # 3 stages in flight fit
+    assert tuning.fit_stages(tiles, smem // 2, cpu) == {"BLOCK_N": 64, "num_stages": 3}
+    assert tuning.fit_stages(tiles, 2 * smem, cpu)["num_stages"] == 1

@@ -112,7 +112,7 @@ class LLMEngine:
         self.scheduler.speculator = self.speculator
         self.requests: dict[str, Request] = {}
         self.pending: list[RequestOutput] = []  # outputs not handed out yet (the step returns them)
-        self.overlap = config.overlap_scheduling and spec is None  # speculator.py says why
+        self.overlap = config.overlap_scheduling  # taking turns with speculation: speculator.py
         self.in_flight: InFlight | None = None
         self.block_tables = (
             BlockTables()
@@ -283,8 +283,10 @@ class LLMEngine:
         record = self.metrics.step_record(
             step, len(seqs), self.block_manager.num_hit_tokens - hits_before
         )
-        # penalties count the output
+        # penalties count the output; a proposer reads it
         needs_tokens = batch is not None and batch.penalties is not None
+        if self.speculator is not None:
+            needs_tokens |= self.speculator.needs_tokens
         return InFlight(
             step,
             seqs,

@@ -14,9 +14,13 @@ proposers.py the proposals). A step's life with speculation:
                            overwritten by the next step. The prefix cache hashes only full blocks
                            of known tokens, so only accepted tokens are ever hashed.
 
-A step where no sequence has proposals samples as without speculation. Overlap scheduling is
-off while speculating: a step's proposals and slots depend on how many tokens the step before
-accepted, which only the host learns when that step is done."""
+A step where no sequence has proposals samples as without speculation. Overlap scheduling
+and speculation take turns: a step's proposals and slots depend on how many tokens the step
+before accepted, which only the host learns when that step is done, so a step that verifies,
+or after which the proposer looks again, is completed before the next is scheduled. A look
+that finds nothing to propose for any decoding sequence (n-gram lookup with no match) rests
+the proposer for 1, 2, 4, ... up to MAX_REST steps, which run overlapped; a look that
+proposes ends the dry spell. Without overlap scheduling the proposer looks at every step."""
 
 from ..config import EngineConfig
 from ..speculative_config import SpeculativeConfig
@@ -25,6 +29,8 @@ from .draft_model import DraftModelProposer
 from .proposers import NgramProposer
 from .sequence import Sequence
 from .spec_verify import Verified
+
+MAX_REST = 16  # the longest rest after dry looks: 1/17 of the steps pay for looking again
 
 
 class Speculator:
@@ -39,6 +45,9 @@ class Speculator:
             self.proposer = DraftModelProposer(config, spec.model, num_blocks)
         # a draft model proposes once the scheduler has given the proposals their slots (fill)
         self.after_schedule = spec.method == "draft_model"
+        self.rests = config.overlap_scheduling  # dry spells run overlapped
+        self.resting = 0  # steps left in the current rest
+        self.dry = 0  # looks in a row that proposed nothing
         self.reset()
 
     def reset(self) -> None:
@@ -49,7 +58,10 @@ class Speculator:
 
     def propose(self, running: list[Sequence]) -> None:
         """Proposals for every running sequence that decodes (its one unfed token known), as
-        many as its length limits leave room for."""
+        many as its length limits leave room for; none while resting."""
+        if self.resting:
+            self.resting -= 1
+            return
         ready, ks = [], []
         for seq in running:
             seq.spec_token_ids = []
@@ -67,6 +79,16 @@ class Speculator:
         )
         for seq, ids in zip(ready, proposals):
             seq.spec_token_ids = ids
+        if ready:
+            self.dry = 0 if any(proposals) else self.dry + 1
+            if self.dry and self.rests:
+                self.resting = min(2 ** (self.dry - 1), MAX_REST)
+
+    @property
+    def needs_tokens(self) -> bool:
+        """Whether the next schedule needs this step's tokens on the host: the proposer looks
+        again (a step verifies only after a look that proposed, which starts no rest)."""
+        return not self.resting
 
     def fill(self, seqs: list[Sequence]) -> None:
         """A draft model's proposals for the scheduled sequences, as many as their slots hold."""

@@ -344,6 +344,9 @@ def fused_experts(
     # BLOCK_N, BLOCK_K and the launch's num_warps, num_stages
     tiles = {**choices.moe_grouped(pairs), **(tiles or {})}
     block_n = tiles["BLOCK_N"]
+    # a stage of the gate/up kernel: x's (BLOCK_M, BLOCK_K) and gate's and up's (BLOCK_K, BLOCK_N)
+    stage_bytes = x.element_size() * tiles["BLOCK_K"] * (block_m + 2 * block_n)
+    tiles = tuning.fit_stages(tiles, stage_bytes, x.device)
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)  # (pairs, hidden)
     # fmt: off
     _gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](

@@ -225,6 +225,14 @@ class Tuning:
         return self.config["moe"]["small_pairs"]
 
 
+def fit_stages(tiles: dict, stage_bytes: int, device: torch.device) -> dict:
+    """`tiles` with num_stages cut to what the device's shared memory holds: a Triton pipeline of
+    num_stages keeps num_stages - 1 stages of `stage_bytes` each in shared memory (a file's tiles
+    were timed in bfloat16; float32 operands take twice the bytes)."""
+    fits = 1 + describe(device).shared_memory // stage_bytes
+    return tiles if tiles["num_stages"] <= fits else {**tiles, "num_stages": max(1, fits)}
+
+
 def _by_size(table: dict, size: int) -> dict:
     """The entry of the smallest key >= size, else of the largest key."""
     keys = sorted(int(key) for key in table)
