@@ -44,6 +44,8 @@
 #                  cache, final with overlap on and off -> nanovllm-checkpoint-sampling_qwen3-0.6b_06_final_TAG.json,
 #                  nanovllm-checkpoint-sampling-fp8-kv_qwen3-0.6b_final_TAG.json,
 #                  nanovllm-checkpoint-sampling_qwen3-0.6b_final_TAG.json, variants/..._no_overlap_TAG.json
+#   fp8-pair       the fp8 cache's workload with e4m3 tensor-core attention and with widened tiles, in turns (0 1 0 1)
+#                  -> variants/nanovllm-checkpoint-sampling-fp8-kv_fp8-products-vs-widening_qwen3-0.6b_final_TAG.json
 #   breakdown      per-step breakdowns (--breakdown) of 06, 03 and of final on Llama-3.2-1B -> variants/
 #   small          the smaller workload stages 01 and 02 get through -> small-nanovllm_qwen3-0.6b_*_TAG.json
 #   short          03/04/05 interleaved in one process, 128 output tokens -> variants/nanovllm-short_*_TAG.json
@@ -156,6 +158,14 @@ for part in "${parts[@]}"; do
         --out "$OUT/nanovllm-checkpoint-sampling_qwen3-0.6b_final_$TAG.json"
       step "${RUN[@]}" --engine final --workload nanovllm --shape qwen3-0.6b --option overlap_scheduling=false \
         --out "$OUT/variants/nanovllm-checkpoint-sampling_qwen3-0.6b_final_no_overlap_$TAG.json" ;;
+    fp8-pair)  # the fp8 cache's attention both ways in turns: NANOVLLM_FP8_DOT=0 widens K and V (the default), 1 multiplies in e4m3
+      pair=$(mktemp -d)
+      for dot in 0 1 0 1; do
+        NANOVLLM_FP8_DOT=$dot step "${RUN[@]}" --engine final --workload nanovllm --shape qwen3-0.6b --option kv_cache_dtype=fp8 \
+          --breakdown --out "$pair/$dot-$RANDOM.json"
+      done
+      step "$PY" -m benchmarks.results join --out "$OUT/variants/nanovllm-checkpoint-sampling-fp8-kv_fp8-products-vs-widening_qwen3-0.6b_final_$TAG.json" \
+        $(ls -tr "$pair"/*.json) ;;
     breakdown)
       step "${RUN[@]}" --engine 06 --engine 03 --workload nanovllm --shape qwen3-0.6b --breakdown \
         --out "$OUT/variants/nanovllm_qwen3-0.6b_06_03_breakdown_$TAG.json"

@@ -7,8 +7,11 @@
 
 Only throughput records (those written by benchmarks/run.py) are returned; other JSON
 files in the folder, such as kernel_bench.py's, are skipped.
+
+    python -m benchmarks.results join --out FILE A.json B.json ...   # runs of several processes, one file
 """
 
+import argparse
 import json
 from pathlib import Path
 
@@ -110,3 +113,29 @@ def plot_throughput(
         title = " | ".join(str(c) for c in common if c)
     ax.set_title(title, fontsize=10)
     return ax
+
+
+def join(paths: list[str], out: str) -> None:
+    """The run records of `paths`, in their order, written to `out` as one list."""
+    records = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        records += data if isinstance(data, list) else [data]
+    if not all(is_run_record(record) for record in records):
+        raise SystemExit("error: join takes the records of benchmarks/run.py only")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(records, indent=2) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="benchmarks/run.py's records")
+    commands = parser.add_subparsers(dest="command", required=True)
+    joined = commands.add_parser("join", help="several runs' records in one file")
+    joined.add_argument("--out", required=True)
+    joined.add_argument("paths", nargs="+")
+    args = parser.parse_args()
+    join(args.paths, args.out)
+
+
+if __name__ == "__main__":
+    main()

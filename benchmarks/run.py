@@ -673,7 +673,11 @@ def base_record(engine: str, setup: dict, args: argparse.Namespace) -> dict:
         "versions": versions(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **git_commit(),
-        "command": shlex.join(["python", "-m", "benchmarks.run", *args.argv]),
+        # the engine's environment switches (NANOVLLM_*) as the command's prefix
+        "command": shlex.join(
+            [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NANOVLLM_")]
+            + ["python", "-m", "benchmarks.run", *args.argv]
+        ),
         "hostname": platform.node(),
         "load_average": os.getloadavg()[0]
         if hasattr(os, "getloadavg")

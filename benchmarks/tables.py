@@ -802,6 +802,7 @@ RUN_PARTS = [  # the suite part that writes each kind of benchmarks/run.py recor
     ("variants/*no_overlap*", "checkpoint"),
     ("variants/*breakdown*", "breakdown"),
     ("variants/nanovllm-short*", "short"),
+    ("variants/*fp8-products-vs-widening*", "fp8-pair"),
     ("variants/nanovllm-checkpoint-sampling*", "checkpoint"),
     ("variants/nanovllm_qwen3-30b-a3b*", "moe"),
     ("variants/nanovllm_llama-3.2-1b*", "throughput"),
@@ -817,8 +818,10 @@ def clean_command(command: str, rel: str) -> str:
     """A record's command line as one runs it from the repository root: `python`, `--out`
     naming the file where it now lies, and no `--server-log` (a log the results do not keep)."""
     words = shlex.split(command)
-    if words and Path(words[0]).name.startswith("python"):
-        words[0] = "python"
+    # NAME=value words first: the environment it ran with
+    at = next((i for i, word in enumerate(words) if "=" not in word), len(words))
+    if at < len(words) and Path(words[at]).name.startswith("python"):
+        words[at] = "python"
     if "--out" in words:
         words[words.index("--out") + 1] = f"benchmarks/results/{rel}"
     if "--server-log" in words:

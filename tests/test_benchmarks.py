@@ -197,6 +197,27 @@ def test_runner_runs_several_engines_into_a_list(tiny_model, tmp_path, one_threa
     assert all(r["output_tokens"] == 3 * 8 for r in records)
 
 
+def test_runs_of_several_processes_join_into_one_file(tiny_model, tmp_path, one_thread, monkeypatch):
+    """The engine's NANOVLLM_* switches lead the recorded command; `benchmarks.results join`
+    puts runs made apart into one list, in order, and refuses other JSON."""
+    from benchmarks.results import join
+
+    base = ["--engine", "3", "--workload", "shared-prefix", "--model", str(tiny_model)]
+    base += ["--num-seqs", "2", "--param", "max_output_len=4", "--device", "cpu"]
+    for flag in ("0", "1"):
+        monkeypatch.setenv("NANOVLLM_FP8_DOT", flag)
+        assert run.main([*base, "--out", str(tmp_path / f"{flag}.json")]) == 0
+    join([str(tmp_path / "0.json"), str(tmp_path / "1.json")], str(tmp_path / "both.json"))
+    records = json.loads((tmp_path / "both.json").read_text())
+    assert [r["command"].split()[0] for r in records] == [
+        "NANOVLLM_FP8_DOT=0",
+        "NANOVLLM_FP8_DOT=1",
+    ]
+    (tmp_path / "other.json").write_text('{"benchmark": "kernels"}')
+    with pytest.raises(SystemExit, match="benchmarks/run.py"):
+        join([str(tmp_path / "other.json")], str(tmp_path / "no.json"))
+
+
 def test_runner_usage_errors_exit_2(tiny_model, capsys):
     cases = {
         "unknown engine 'nope'": ["--engine", "nope", "--workload", "tiny-cpu"],
@@ -335,6 +356,10 @@ def test_clean_command():
     raw = "/opt/venv/bin/python3 -m benchmarks.run --engine 07 --out /tmp/x/ladder_07.json"
     assert clean_command(raw, "nanovllm_qwen3-0.6b_07_h200.json") == (
         "python -m benchmarks.run --engine 07 --out benchmarks/results/nanovllm_qwen3-0.6b_07_h200.json"
+    )
+    with_env = "NANOVLLM_FP8_DOT=1 /usr/bin/python3 -m benchmarks.run --out /tmp/a.json"
+    assert clean_command(with_env, "a.json") == (
+        "NANOVLLM_FP8_DOT=1 python -m benchmarks.run --out benchmarks/results/a.json"
     )
 
 
