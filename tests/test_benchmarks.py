@@ -197,7 +197,9 @@ def test_runner_runs_several_engines_into_a_list(tiny_model, tmp_path, one_threa
     assert all(r["output_tokens"] == 3 * 8 for r in records)
 
 
-def test_runs_of_several_processes_join_into_one_file(tiny_model, tmp_path, one_thread, monkeypatch):
+def test_runs_of_several_processes_join_into_one_file(
+    tiny_model, tmp_path, one_thread, monkeypatch
+):
     """The engine's NANOVLLM_* switches lead the recorded command; `benchmarks.results join`
     puts runs made apart into one list, in order, and refuses other JSON."""
     from benchmarks.results import join
