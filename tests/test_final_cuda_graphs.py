@@ -154,18 +154,12 @@ def test_replay_through_padded_buffers_matches_eager(kind):
     )  # the cached prefixes (and stale slots)
     outputs, caches = [], []
 
-    def replay(
-        step,
-    ):  # a decode step goes through write_decode, a step with prompts through the buffers' copies
-        if step.is_decode:
-            assert graphs.can_replay_decode(step.num_tokens) and not graphs.can_replay(
-                _context(step), step.num_tokens
-            )
-            t = graphs.write_decode(step)
-            assert torch.equal(t["input_ids"].cpu(), torch.from_numpy(step.input_ids))
-            return graphs.replay_decode(step.num_tokens)
-        assert graphs.can_replay(_context(step), step.num_tokens)
-        return graphs.replay(_tensor(step.input_ids), _tensor(step.positions), _context(step))
+    def replay(step):  # written into its ladder's graph inputs in one copy, then replayed
+        assert graphs.can_replay(step)
+        t = graphs.write(step)
+        assert torch.equal(t["input_ids"].cpu(), torch.from_numpy(step.input_ids))
+        assert t["sample_rows"].tolist() == step.sample_rows.tolist()
+        return graphs.replay(step)
 
     for replayed in (False, True):
         if replayed:
@@ -198,29 +192,31 @@ def test_larger_steps_run_eagerly():
     )
     graphs.graphs = {(False, 32): None}
     step = build_step_input([_seq(33, 0, 0)], BLOCK)
-    assert not graphs.can_replay(_context(step), step.num_tokens)
+    assert not graphs.can_replay(step)
     step = build_step_input([_seq(32, 0, 0)], BLOCK)
-    assert graphs.can_replay(_context(step), step.num_tokens)
+    assert graphs.can_replay(step)
+    step = build_step_input([_seq(9, 8, 0) for _ in range(5)], BLOCK)
+    assert step.is_decode and not graphs.can_replay(step)  # 5 sequences: past the decode ladder
 
 
 def test_decode_inputs_rows_padding_and_tables():
-    """DecodeInputs.write puts a step's arrays where the decode graphs read them, after a wider step
+    """GraphInputs.write puts a step's arrays where the decode graphs read them, after a wider step
     of the same graph size: its rows, padding rows up to the graph's size that store and attend to
     nothing and run last, and its packed block tables spread into the graphs' (rows, max_blocks) table."""
-    from nanovllm_final.engine.decode_inputs import DecodeInputs
+    from nanovllm_final.engine.graph_inputs import GraphInputs
 
-    inputs = DecodeInputs(rows=8, max_blocks=6, device=DEVICE)
+    inputs = GraphInputs(8, 8, max_blocks=6, device=DEVICE, decode=True)
     wider = build_step_input(
         [_seq(20, 19, 0), _seq(9, 8, 5), _seq(13, 12, 8), _seq(5, 4, 12)], BLOCK
     )
-    inputs.write(wider, 4)
+    inputs.write(wider, 4, 4)
     chunk = _seq(
         9, 4, 3
     )  # a prompt fed one token short of its end: a decode-shaped step's row that samples nothing
     chunk.num_scheduled_tokens = 1
     step = build_step_input([_seq(9, 8, 0), chunk, _seq(5, 4, 6)], BLOCK)
     assert step.is_decode and step.sample_rows.tolist() == [0, 2]
-    t = inputs.write(step, 4)
+    t = inputs.write(step, 4, 4)
     v = {name: view.cpu() for name, view in inputs.views.items()}
     assert (
         torch.equal(t["input_ids"].cpu(), torch.from_numpy(step.input_ids))
@@ -236,13 +232,40 @@ def test_decode_inputs_rows_padding_and_tables():
     assert v["block_tables"][:3, :width].tolist() == step.block_tables.tolist()
 
 
-def test_engine_decode_through_graph_inputs_matches_eager(model_dir):
-    """The runner's decode path with graphs, each captured graph replaced by a stand-in that runs
-    the model on the graphs' buffers: a step written into DecodeInputs, the tokens sampled by the
-    step before put in on the device, the logits of its rows, under overlap scheduling. Greedy and
-    seeded rows, prompts of several lengths (steps of 1 to 5 sequences on graphs of 1 to 8), and
-    max_num_batched_tokens small enough that prompts are chunked beside decodes: the tokens of the
-    eager engine that completes each step before the next (no token carried on the device)."""
+def test_prompt_inputs_rows_padding_and_tables():
+    """GraphInputs.write for a step with prompt tokens, after a larger step of the same graph: the
+    tokens' rows and padding rows that store nothing, the sequences' context lengths and token
+    ranges with padding sequences that attend to nothing and hold no token, the packed tables."""
+    from nanovllm_final.engine.graph_inputs import GraphInputs
+
+    inputs = GraphInputs(32, 8, max_blocks=12, device=DEVICE, decode=False)
+    larger = build_step_input([_seq(20, 0, 0), _seq(9, 8, 5), _seq(6, 2, 8), _seq(3, 2, 10)], BLOCK)
+    inputs.write(larger, 32, 8)
+    step = build_step_input([_seq(9, 8, 0), _seq(14, 3, 3)], BLOCK)
+    assert not step.is_decode and step.num_tokens == 12
+    t = inputs.write(step, 16, 8)
+    v = {name: view.cpu() for name, view in inputs.views.items()}
+    assert t["input_ids"].tolist() == step.input_ids.tolist()
+    assert t["sample_rows"].tolist() == step.sample_rows.tolist() == [0, 11]
+    for name in ("input_ids", "positions", "slot_mapping"):
+        assert v[name][:12].tolist() == getattr(step, name).tolist(), name
+    assert v["slot_mapping"][12:16].tolist() == [-1] * 4
+    assert v["context_lens"][:8].tolist() == step.context_lens.tolist() + [0] * 6
+    assert v["cu_seqlens_q"][:9].tolist() == step.cu_seqlens_q.tolist() + [12] * 6
+    width = step.block_tables.shape[1]
+    assert v["block_tables"][:2, :width].tolist() == step.block_tables.tolist()
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_engine_decode_through_graph_inputs_matches_eager(model_dir, speculative):
+    """The runner's path with graphs, each captured graph replaced by a stand-in that runs the
+    model on the graphs' buffers: a step written into GraphInputs (decode steps, and steps with
+    prompt tokens up to 16), the tokens sampled by the step before put in on the device, the
+    logits of its rows, under overlap scheduling. Greedy and seeded rows, prompts of several
+    lengths (steps of 1 to 5 sequences on graphs of 1 to 8), and max_num_batched_tokens small
+    enough that prompts are chunked beside decodes: the tokens of the eager engine that completes
+    each step before the next (no token carried on the device). `speculative`: n-gram proposals,
+    whose verify steps replay the prompt ladder's graphs."""
     from nanovllm_final import LLM
 
     path = str(model_dir("qwen3"))
@@ -265,13 +288,17 @@ def test_engine_decode_through_graph_inputs_matches_eager(model_dir):
         max_num_seqs=8,
         max_num_batched_tokens=16,
     )
+    if speculative:
+        options["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 2}
+        params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * len(prompts)
+        prompts = [p + p for p in prompts]  # proposals from the prompts' own repeats
     with LLM(path, overlap_scheduling=False, **options) as eager:
         expected = [o["token_ids"] for o in eager.generate(prompts, params, use_tqdm=False)]
     with LLM(path, **options) as llm:
         runner = llm.engine.model_runner
         graphs = CUDAGraphs(
             max_num_seqs=8,
-            max_prompt_tokens=0,
+            max_prompt_tokens=16,
             max_model_len=64,
             block_size=BLOCK,
             hidden_size=llm.engine.model_config.hidden_size,
@@ -279,10 +306,17 @@ def test_engine_decode_through_graph_inputs_matches_eager(model_dir):
             device=runner.device,
         )
         graphs.graphs = {
-            (True, bs): Recorded(graphs, runner.model, (True, bs)) for bs in graphs.sizes
+            key: Recorded(graphs, runner.model, key)
+            for key in [(True, bs) for bs in graphs.sizes]
+            + [(False, n) for n in graphs.token_sizes]
         }
         runner.cuda_graphs = graphs
         got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert graphs.num_replays[False] > 0
+        if speculative:
+            assert llm.metrics()["spec_decode_num_accepted_tokens"] > 0
+            assert got == expected
+            return
         assert graphs.num_replays[True] > 0
         # a decode-shaped step one row of which samples nothing: the logits of the other rows
         chunk = _seq(9, 4, 3)

@@ -2,9 +2,9 @@
 ladder, and steps that carry prompt tokens, one graph per token count of a second ladder.
 
 A graph replays every kernel launch of a step with one call, on fixed buffers: a step
-copies its inputs into the first rows of the buffers (a decode step in one copy,
-decode_inputs.py) and replays the graph of the next captured size up (the padding rows store
-nothing and attend to nothing). Eagerly, a step of
+writes its inputs into the first rows of its ladder's buffers (in one copy, graph_inputs.py)
+and replays the graph of the next captured size up (the padding rows store nothing and attend
+to nothing). Eagerly, a step of
 a small model is bound by the host's ~500 launches (~15 ms on a Hopper GPU at any token count up
 to a few thousand, against ~2 ms for a decode step replayed), so a step that admits a new
 prompt would stall every running stream for several decode steps; replayed, it costs its
@@ -18,7 +18,7 @@ from torch import nn
 
 from ..layers.context import Context, set_context
 from .block_manager import blocks_needed
-from .decode_inputs import DecodeInputs
+from .graph_inputs import GraphInputs
 from .step_input import StepInput
 
 
@@ -68,17 +68,11 @@ class CUDAGraphs:
         max_tokens = max(self.token_sizes, default=0)
         max_seqs = self.seq_rows(max_tokens)
         max_blocks = blocks_needed(max_model_len, block_size)
-        self.inputs = {  # static buffers of the steps with prompts; a graph uses their first rows
-            "input_ids": torch.zeros(max_tokens, dtype=torch.int64, device=device),
-            "positions": torch.zeros(max_tokens, dtype=torch.int64, device=device),
-            "slot_mapping": torch.full((max_tokens,), -1, dtype=torch.int64, device=device),
-            "context_lens": torch.zeros(max_seqs, dtype=torch.int32, device=device),
-            "block_tables": torch.full(
-                (max_seqs, max_blocks), -1, dtype=torch.int32, device=device
-            ),
-            "cu_seqlens_q": torch.zeros(max_seqs + 1, dtype=torch.int32, device=device),
+        # the buffers each ladder's graphs read, a step written into their first rows
+        self.inputs = {
+            True: GraphInputs(self.sizes[-1], self.sizes[-1], max_blocks, device, decode=True),
+            False: GraphInputs(max_tokens, max_seqs, max_blocks, device, decode=False),
         }
-        self.decode_inputs = DecodeInputs(self.sizes[-1], max_blocks, device)  # the decode steps'
         self.identity = torch.arange(
             self.sizes[-1] + 1, dtype=torch.int32, device=device
         )  # decode's cu_seqlens_q (never read)
@@ -117,14 +111,14 @@ class CUDAGraphs:
 
     def token_inputs(self, is_decode: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The (input_ids, positions) buffers the graphs of one ladder read."""
-        g = self.decode_inputs.views if is_decode else self.inputs
+        g = self.inputs[is_decode].views
         return g["input_ids"], g["positions"]
 
     def context(self, is_decode: bool, n: int) -> Context:
         """The context a graph of `n` sequences (decode) or tokens (with prompts) reads. While
         capturing, every row is padding: nothing is stored (slots -1), nothing attended to
         (context 0, and no prompt sequence has a token: cu_seqlens_q all 0)."""
-        g = self.decode_inputs.views if is_decode else self.inputs
+        g = self.inputs[is_decode].views
         seqs = n if is_decode else self.seq_rows(n)
         return Context(
             cu_seqlens_q=self.identity[: seqs + 1]
@@ -138,48 +132,28 @@ class CUDAGraphs:
             decode_order=g["decode_order"][:n] if is_decode else None,
         )
 
-    def can_replay(self, context: Context, num_tokens: int) -> bool:
-        """Is there a graph for this step with prompt tokens (decode steps: can_replay_decode)?"""
+    def can_replay(self, step: StepInput) -> bool:
+        """Is there a graph for this step: decode steps by sequences, steps with prompt tokens
+        by tokens?"""
+        if step.is_decode:
+            return bool(self.graphs) and step.num_tokens <= self.sizes[-1]
         return (
-            bool(self.graphs)
-            and not context.is_decode
-            and bool(self.token_sizes)
-            and num_tokens <= self.token_sizes[-1]
+            bool(self.graphs) and bool(self.token_sizes) and step.num_tokens <= self.token_sizes[-1]
         )
 
-    def can_replay_decode(self, num_seqs: int) -> bool:
-        return bool(self.graphs) and num_seqs <= self.sizes[-1]
+    def write(self, step: StepInput) -> dict[str, torch.Tensor]:
+        """The step's arrays into its ladder's graph inputs, in one copy (graph_inputs.py); the
+        device views of its input_ids, sample_rows, carry_index and carry_rows."""
+        size = self.size(step)
+        rows = size if step.is_decode else self.seq_rows(size)
+        return self.inputs[step.is_decode].write(step, size, rows)
 
-    def write_decode(self, step: StepInput) -> dict[str, torch.Tensor]:
-        """A decode step's arrays into the decode graphs' inputs, in one copy (decode_inputs.py);
-        the device views of its input_ids, sample_rows, carry_index and carry_rows."""
-        return self.decode_inputs.write(step, graph_for(step.num_tokens, self.sizes))
+    def size(self, step: StepInput) -> int:
+        """The captured size the step is padded up to."""
+        return graph_for(step.num_tokens, self.sizes if step.is_decode else self.token_sizes)
 
-    def replay_decode(self, num_seqs: int) -> torch.Tensor:
-        """(seqs, hidden): the hidden states of the decode step write_decode wrote."""
-        self.graphs[(True, graph_for(num_seqs, self.sizes))].replay()
-        self.num_replays[True] += 1
-        return self.output[:num_seqs]
-
-    def replay(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context
-    ) -> torch.Tensor:
-        """(tokens, hidden): a step with prompt tokens, from the graph of the next token count up,
-        its inputs copied into the graphs' buffers."""
-        n, seqs = len(input_ids), len(context.context_lens)
-        size = graph_for(n, self.token_sizes)
-        rows = self.seq_rows(size)  # sequence rows of that graph
-        g = self.inputs
-        g["input_ids"][:n] = input_ids
-        g["positions"][:n] = positions
-        g["slot_mapping"][n:size].fill_(-1)  # padding rows store nothing ...
-        g["slot_mapping"][:n] = context.slot_mapping
-        g["context_lens"][seqs:rows].zero_()  # ... and attend to nothing
-        g["context_lens"][:seqs] = context.context_lens
-        width = context.block_tables.shape[1]
-        g["block_tables"][:seqs, :width] = context.block_tables
-        g["cu_seqlens_q"][: seqs + 1] = context.cu_seqlens_q
-        g["cu_seqlens_q"][seqs + 1 : rows + 1].fill_(n)  # padding sequences hold no token
-        self.graphs[(False, size)].replay()
-        self.num_replays[False] += 1
-        return self.output[:n]  # (tokens, hidden)
+    def replay(self, step: StepInput) -> torch.Tensor:
+        """(tokens, hidden): the hidden states of the step `write` wrote."""
+        self.graphs[(step.is_decode, self.size(step))].replay()
+        self.num_replays[step.is_decode] += 1
+        return self.output[: step.num_tokens]

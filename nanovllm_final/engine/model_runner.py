@@ -282,10 +282,10 @@ class ModelRunner:
         None on the other ranks (and when no row samples). `carried`: on rank 0, the sampled ids
         of the step in flight (overlap scheduling), which feed this one."""
         graphs = self.cuda_graphs
-        if step.is_decode and graphs is not None and graphs.can_replay_decode(step.num_tokens):
-            t = graphs.write_decode(step)  # straight into the graph's inputs
+        if graphs is not None and graphs.can_replay(step):
+            t = graphs.write(step)  # straight into the graph's inputs
             self.input_ids(t, carried)
-            hidden = graphs.replay_decode(step.num_tokens)  # (seqs, hidden)
+            hidden = graphs.replay(step)  # (tokens, hidden)
         else:
             arrays = step.arrays()
             t = dict(
@@ -331,10 +331,8 @@ class ModelRunner:
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context
     ) -> torch.Tensor:
-        """A step with prompt tokens replays the graph captured for the next token count up when
-        there is one (decode steps replay in `execute`); anything else runs eagerly."""
-        if self.cuda_graphs is not None and self.cuda_graphs.can_replay(context, len(input_ids)):
-            return self.cuda_graphs.replay(input_ids, positions, context)
+        """The model on a step's tokens, eagerly (a step with a captured graph replays it in
+        `execute`)."""
         set_context(context)
         try:
             return self.model(input_ids, positions)  # (tokens, hidden)
