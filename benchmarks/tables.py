@@ -496,6 +496,8 @@ def spec_decode_gpu_table(prefix: str, tag: str) -> str:
     rows = []
     for shape in SPEC_GPU_SHAPES:
         rel = f"spec_decode_{shape}_{tag}.json"
+        if not (RESULTS / rel).exists():
+            continue  # a shape not recorded on this device
         record = load(rel)
         for batch in sorted({r["batch"] for r in record["rows"]}):
             for k in sorted({r["k"] for r in record["rows"]}):
@@ -529,7 +531,7 @@ TABLES: dict[str, Callable[[str], str]] = {
     "serve": serve_table,
     "kv-quality": kv_quality_table,
     "spec-decode-cpu": spec_decode_cpu_table,
-    "spec-decode-h100": functools.partial(spec_decode_gpu_table, tag="h100"),
+    **{f"spec-decode-{tag}": functools.partial(spec_decode_gpu_table, tag=tag) for tag in DEVICES},
 }
 
 

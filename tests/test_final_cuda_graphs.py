@@ -254,6 +254,11 @@ def test_prompt_inputs_rows_padding_and_tables():
     assert v["cu_seqlens_q"][:9].tolist() == step.cu_seqlens_q.tolist() + [12] * 6
     width = step.block_tables.shape[1]
     assert v["block_tables"][:2, :width].tolist() == step.block_tables.tolist()
+    # every view 16-byte aligned, as an upload's are: Triton specializes a captured step's kernels
+    # on their pointers as it does an eager step's
+    for rows, seqs, blocks, decode in ((24, 3, 7, False), (3, 3, 5, True), (32, 8, 12, False)):
+        odd = GraphInputs(rows, seqs, max_blocks=blocks, device=DEVICE, decode=decode)
+        assert all(view.data_ptr() % 16 == 0 for view in odd.views.values())
 
 
 @pytest.mark.parametrize("speculative", [False, True])

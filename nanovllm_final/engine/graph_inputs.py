@@ -36,6 +36,12 @@ SEQ_ARRAYS = {  # per sequence: decode steps read decode_order, steps with promp
 }
 PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1}  # a padding row stores nothing
 NUM_HOST_COPIES = 3
+ALIGN = 16  # bytes: every view starts at a multiple, as an upload's arrays do (step_input.py), so
+# Triton specializes a captured step's kernels as it does an eager step's (pointers divisible by 16)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 class GraphInputs:
@@ -58,8 +64,8 @@ class GraphInputs:
         self.offsets, total = {}, 0
         for name, dtype in self.dtypes.items():
             self.offsets[name] = total
-            total += -(-self.sizes[name] * dtype.itemsize // 8) * 8  # 8-byte aligned
-        table_bytes = seq_rows * max_blocks * torch.int32.itemsize
+            total += _aligned(self.sizes[name] * dtype.itemsize)
+        table_bytes = _aligned(seq_rows * max_blocks * torch.int32.itemsize)
         self.offsets["packed_tables"] = (
             total  # the step's (seqs, width) tables, as the host sends them
         )
@@ -92,12 +98,15 @@ class GraphInputs:
             name: block[at[name] : at[name] + self.sizes[name] * dtype.itemsize].view(dtype)
             for name, dtype in self.dtypes.items()
         }
-        views["packed_tables"] = block[at["packed_tables"] : at["block_tables"]].view(
+        table = self.seq_rows * self.max_blocks * torch.int32.itemsize
+        views["packed_tables"] = block[at["packed_tables"] : at["packed_tables"] + table].view(
             torch.int32
         )  # (seq_rows * max_blocks,)
         if on_device:
             views["block_tables"] = (
-                block[at["block_tables"] :].view(torch.int32).view(self.seq_rows, self.max_blocks)
+                block[at["block_tables"] : at["block_tables"] + table]
+                .view(torch.int32)
+                .view(self.seq_rows, self.max_blocks)
             )
         return views
 
