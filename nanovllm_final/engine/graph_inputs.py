@@ -20,7 +20,7 @@ in a decode step the padding rows run last (decode_order)."""
 import numpy as np
 import torch
 
-from .step_input import StepInput
+from .step_input import StepInput, aligned
 
 TOKEN_ARRAYS = {  # name -> dtype of the per-token arrays, in block order
     "input_ids": torch.int64,
@@ -36,12 +36,6 @@ SEQ_ARRAYS = {  # per sequence: decode steps read decode_order, steps with promp
 }
 PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1}  # a padding row stores nothing
 NUM_HOST_COPIES = 3
-ALIGN = 16  # bytes: every view starts at a multiple, as an upload's arrays do (step_input.py), so
-# Triton specializes a captured step's kernels as it does an eager step's (pointers divisible by 16)
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
 
 
 class GraphInputs:
@@ -50,22 +44,19 @@ class GraphInputs:
     ):
         """token_rows, seq_rows: the largest graph's tokens and sequences (equal for decode);
         max_blocks: a block table's width; decode: the decode ladder's (else the prompt one's)."""
-        self.token_rows, self.seq_rows, self.max_blocks, self.decode = (
-            token_rows,
-            seq_rows,
-            max_blocks,
-            decode,
-        )
+        self.seq_rows, self.max_blocks, self.decode = seq_rows, max_blocks, decode
         self.sizes = {name: token_rows for name in TOKEN_ARRAYS}  # elements of each array
         self.sizes |= {name: seq_rows for name in SEQ_ARRAYS[decode]}
         if not decode:
             self.sizes["cu_seqlens_q"] = seq_rows + 1
         self.dtypes = TOKEN_ARRAYS | SEQ_ARRAYS[decode]
+        # every view starts at a multiple of ALIGN, as an upload's arrays do, so that Triton
+        # specializes a captured step's kernels as it does an eager step's
         self.offsets, total = {}, 0
         for name, dtype in self.dtypes.items():
             self.offsets[name] = total
-            total += _aligned(self.sizes[name] * dtype.itemsize)
-        table_bytes = _aligned(seq_rows * max_blocks * torch.int32.itemsize)
+            total += aligned(self.sizes[name] * dtype.itemsize)
+        table_bytes = aligned(seq_rows * max_blocks * torch.int32.itemsize)
         self.offsets["packed_tables"] = (
             total  # the step's (seqs, width) tables, as the host sends them
         )

@@ -53,7 +53,13 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return upload([array], device)[0]
 
 
-_ALIGN = 16  # bytes: every packed array starts at a multiple of any dtype's size
+ALIGN = 16  # bytes: every packed array starts at a multiple of any dtype's size (and Triton
+# specializes a kernel on pointers divisible by 16: graph_inputs.py aligns its views alike)
+
+
+def aligned(nbytes: int) -> int:
+    """nbytes rounded up to a multiple of ALIGN."""
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
@@ -72,8 +78,8 @@ def pack(arrays: list[np.ndarray], pin: bool = False) -> tuple[torch.Tensor, lis
     offsets, total = [], 0
     for a in arrays:
         offsets.append(total)
-        total += -(-a.nbytes // _ALIGN) * _ALIGN
-    host = torch.empty(max(total, _ALIGN), dtype=torch.uint8, pin_memory=pin)
+        total += aligned(a.nbytes)
+    host = torch.empty(max(total, ALIGN), dtype=torch.uint8, pin_memory=pin)
     buffer = host.numpy()
     for a, start in zip(arrays, offsets):
         buffer[start : start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
@@ -84,7 +90,7 @@ def unpack(
     packed: torch.Tensor, arrays: list[np.ndarray], offsets: list[int]
 ) -> list[torch.Tensor]:
     """Views of `packed` (pack's bytes, wherever they are) with the arrays' dtypes and shapes:
-    the buffer is viewed once per dtype (its size and every offset are multiples of _ALIGN),
+    the buffer is viewed once per dtype (its size and every offset are multiples of ALIGN),
     then sliced per array, as few tensor ops as there can be (a step runs this on the host's
     critical path)."""
     typed: dict[np.dtype, torch.Tensor] = {}
