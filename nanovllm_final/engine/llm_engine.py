@@ -319,7 +319,7 @@ class LLMEngine:
         batch = pending = None
         constrained = False  # some row samples under a grammar
         if self.speculator is not None and self.speculator.drafted(sampling):
-            batch = verify_batch(sampling, self.eos_token_ids)
+            batch = verify_batch(sampling, self.eos_token_ids, self.sampling_columns)
         elif sampling:
             batch = build_sampling_batch(sampling, self.eos_token_ids, self.sampling_columns)
             constrained = self.grammars.used and any(seq.grammar is not None for seq in sampling)

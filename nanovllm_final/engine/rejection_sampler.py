@@ -103,11 +103,8 @@ def random_draws(
 def verify(
     generator: torch.Generator, logits: torch.Tensor, batch: SamplingBatch, draft_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(accepted, drawn) of every row of a verify step, queued on the device. Greedy rows only:
-    argmax comparisons, no probabilities."""
-    if batch.all_greedy:
-        drawn = penalized(logits, batch).argmax(dim=-1)  # (rows,)
-        return (draft_ids == drawn) & (draft_ids >= 0), drawn
+    """(accepted, drawn) of every row of a verify step with sampled rows, queued on the device
+    (an all-greedy step takes the argmax alone: spec_verify.verify_step)."""
     p = target_probs(logits, batch)
     uniforms, noise = random_draws(generator, batch, *p.shape, logits.device)
     return verify_rows(p, draft_ids, uniforms, noise)

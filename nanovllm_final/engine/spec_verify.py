@@ -10,7 +10,14 @@ import torch
 
 from ..layers.sampler import Sampler, logprobs_of
 from .rejection_sampler import verify
-from .sampling import PendingSample, SampledTokens, SamplingBatch, build_sampling_batch
+from .sampling import (
+    PendingSample,
+    SampledTokens,
+    SamplingBatch,
+    SamplingColumns,
+    build_sampling_batch,
+    penalized,
+)
 from .sequence import Sequence
 from .step_input import to_device
 
@@ -21,6 +28,7 @@ class DraftRow:
 
     def __init__(self, seq: Sequence, i: int):
         self.seq, self.i = seq, i
+        self.seq_id = (seq.seq_id, i)  # the row's key in SamplingColumns
         self.params, self.index, self.num_prompt_tokens = (
             seq.params,
             seq.index,
@@ -46,17 +54,27 @@ class Verified(SampledTokens):
 
 
 class PendingVerify:
-    """A verify step's outcome on its way to the host."""
+    """A verify step's outcome on its way to the host: `chosen` (rows,) each row's proposal if
+    accepted, else its drawn token (and logprobs); `accepted` (rows,) bool, copied to the host
+    before `chosen` recorded its event, or None: greedy rows, accepted where the row's argmax,
+    which `chosen` holds, is the proposal (`draft_ids` (rows,), -1 on bonus rows)."""
 
-    def __init__(self, seqs: list[Sequence], accepted: torch.Tensor, chosen: PendingSample):
-        self.seqs = seqs
-        self.accepted = accepted.to("cpu", non_blocking=True)  # before `chosen` records its event
-        self.chosen = (
-            chosen  # (rows,) each row's proposal if accepted, else its drawn token; and logprobs
-        )
+    def __init__(
+        self,
+        seqs: list[Sequence],
+        draft_ids: np.ndarray,
+        chosen: PendingSample,
+        accepted: torch.Tensor | None = None,
+    ):
+        self.seqs, self.draft_ids, self.chosen, self.accepted = seqs, draft_ids, chosen, accepted
 
     def result(self) -> Verified:
-        rows, accepted = self.chosen.result(), self.accepted.tolist()
+        rows = self.chosen.result()
+        accepted = (
+            (self.draft_ids == np.asarray(rows.token_ids)).tolist()
+            if self.accepted is None
+            else self.accepted.tolist()
+        )
         out = Verified([], [] if rows.logprobs is not None else None, [], [])
         row = 0
         for seq in self.seqs:
@@ -72,11 +90,14 @@ class PendingVerify:
         return out
 
 
-def verify_batch(seqs: list[Sequence], eos_token_ids: list[int]) -> SamplingBatch:
+def verify_batch(
+    seqs: list[Sequence], eos_token_ids: list[int], columns: SamplingColumns | None = None
+) -> SamplingBatch:
     """The rows of a verify step, 1 + k per sequence in `seqs` (k: its proposals), with `drafts`:
-    the sequences and each row's proposal (-1: the bonus row)."""
+    the sequences and each row's proposal (-1: the bonus row). `columns`: the engine's, kept while
+    the same rows verify."""
     rows = [DraftRow(seq, i) for seq in seqs for i in range(len(seq.spec_token_ids) + 1)]
-    batch = build_sampling_batch(rows, eos_token_ids)
+    batch = build_sampling_batch(rows, eos_token_ids, columns)
     draft_ids = np.fromiter(
         (x for seq in seqs for x in (*seq.spec_token_ids, -1)), np.int64, len(rows)
     )
@@ -86,13 +107,19 @@ def verify_batch(seqs: list[Sequence], eos_token_ids: list[int]) -> SamplingBatc
 
 @torch.inference_mode()
 def verify_step(sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch) -> PendingVerify:
-    """`logits`: (rows, vocab), a row per row of `batch` (verify_batch's)."""
+    """`logits`: (rows, vocab), a row per row of `batch` (verify_batch's). Greedy rows emit their
+    argmax whether or not it is the proposal: the draw is a decode step's, and the host compares."""
     seqs, draft_ids = batch.drafts
-    draft_ids = to_device(draft_ids, logits.device)  # (rows,)
-    accepted, drawn = verify(sampler.generator, logits, batch, draft_ids)
-    chosen = torch.where(accepted, draft_ids, drawn)  # (rows,)
+    accepted = None
+    if batch.all_greedy:
+        chosen = penalized(logits, batch).argmax(dim=-1)  # (rows,)
+    else:
+        on_device = to_device(draft_ids, logits.device)  # (rows,)
+        accepted, drawn = verify(sampler.generator, logits, batch, on_device)
+        chosen = torch.where(accepted, on_device, drawn)  # (rows,)
+        accepted = accepted.to("cpu", non_blocking=True)  # before PendingSample's event
     logprobs = () if batch.num_logprobs is None else logprobs_of(logits, chosen, batch.num_logprobs)
-    return PendingVerify(seqs, accepted, PendingSample(chosen, logprobs))
+    return PendingVerify(seqs, draft_ids, PendingSample(chosen, logprobs), accepted)
 
 
 def warmup_proposals(seqs: list[Sequence], k: int) -> None:

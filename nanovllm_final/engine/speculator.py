@@ -5,7 +5,8 @@ proposers.py the proposals). A step's life with speculation:
                            (seq.spec_token_ids); fit(): cut to the step's token budget; the
                            sequence feeds its last token and its proposals, with slots for all
     runner.execute()       the logits of all 1 + k rows of each verifying sequence
-    runner.sample()        accept or reject each proposal on the device (PendingVerify)
+    runner.sample()        accept or reject each proposal on the device (PendingVerify); greedy
+                           rows draw their argmax alone, and the host keeps the proposals equal to it
     accept()               after the step: the sequence takes its accepted proposals and the
                            token drawn after them as pending tokens (the engine resolves them one
                            by one, checking stops, max_tokens and min_tokens at each), and hands

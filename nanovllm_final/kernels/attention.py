@@ -163,7 +163,9 @@ def _store_kvcache_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     FP8: tl.constexpr,  # the cache is float8 e4m3: store x / scale
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (launch.py)
 ):
+    wait_for_prior_kernel(PDL)
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)  # int64: big caches overflow int32
     if slot < 0:  # -1 marks a token that must not be stored (e.g. padding)
@@ -211,6 +213,7 @@ def store_kvcache(
         key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, key.stride(0), key.stride(1),
         value.stride(0), value.stride(1), KVH=kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(head_dim), FP8=fp8,
+        **pdl_args(key.device),
     )
     # fmt: on
 
@@ -442,7 +445,9 @@ def _paged_prefill_kernel(
     PV_FP8: tl.constexpr,
     Q_DYNAMIC: tl.constexpr,
     ROUND: tl.constexpr,  # see _fp8_launch
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (launch.py)
 ):
+    wait_for_prior_kernel(PDL)
     # Query heads are the fast grid axis: the heads of one tile start together and share its
     # keys in L2. The second axis counts the tiles of every sequence backwards, so the last
     # tiles of the last sequences (the newest prompt, the most keys under the causal mask)
@@ -581,7 +586,7 @@ def paged_prefill_attention(
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N),
         BLOCK_S=max(16, triton.next_power_of_2(num_seqs)), **flags,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl_args(q.device),
     )
     # fmt: on
     return out

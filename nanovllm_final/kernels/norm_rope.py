@@ -169,7 +169,9 @@ def _rotary_kernel(
     BLOCK_QH: tl.constexpr,
     BLOCK_KH: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_prior_kernel(PDL)
     t = tl.program_id(0).to(tl.int64)  # one token: its q heads, then its k heads
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
@@ -230,7 +232,7 @@ def rotary(
             k.stride(0), k.stride(1), cos.stride(0), eps, QH=q_heads, KH=k_heads, D=head_dim,
             HAS_NORM=norm_weights is not None, BLOCK_QH=block_qh,
             BLOCK_KH=triton.next_power_of_2(k_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-            num_warps=warps(block_qh * head_dim // 2),
+            num_warps=warps(block_qh * head_dim // 2), **pdl_args(q.device),
         )
         # fmt: on
     return q_out, k_out
