@@ -135,11 +135,8 @@ class CUDAGraphs:
     def can_replay(self, step: StepInput) -> bool:
         """Is there a graph for this step: decode steps by sequences, steps with prompt tokens
         by tokens?"""
-        if step.is_decode:
-            return bool(self.graphs) and step.num_tokens <= self.sizes[-1]
-        return (
-            bool(self.graphs) and bool(self.token_sizes) and step.num_tokens <= self.token_sizes[-1]
-        )
+        sizes = self.ladder(step)
+        return bool(self.graphs) and bool(sizes) and step.num_tokens <= sizes[-1]
 
     def write(self, step: StepInput) -> dict[str, torch.Tensor]:
         """The step's arrays into its ladder's graph inputs, in one copy (graph_inputs.py); the
@@ -148,9 +145,13 @@ class CUDAGraphs:
         rows = size if step.is_decode else self.seq_rows(size)
         return self.inputs[step.is_decode].write(step, size, rows)
 
+    def ladder(self, step: StepInput) -> list[int]:
+        """The captured sizes of the step's ladder: sequences (decode) or tokens (with prompts)."""
+        return self.sizes if step.is_decode else self.token_sizes
+
     def size(self, step: StepInput) -> int:
         """The captured size the step is padded up to."""
-        return graph_for(step.num_tokens, self.sizes if step.is_decode else self.token_sizes)
+        return graph_for(step.num_tokens, self.ladder(step))
 
     def replay(self, step: StepInput) -> torch.Tensor:
         """(tokens, hidden): the hidden states of the step `write` wrote."""
