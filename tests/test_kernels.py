@@ -286,6 +286,72 @@ def test_prefill_empty_sequence_in_batch(mods):
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
+def _unrotated_step(rope, dtype, tokens, heads, kv_heads, head_dim, g):
+    """A step's rotary layer, its q/k norms (with "norm+rope": random weights from `g`, else None)
+    and its q, new K and new V as the qkv projection gives them: slices of one tensor."""
+    from nanovllm_final.layers.norm import RMSNorm
+    from nanovllm_final.layers.rotary import RotaryEmbedding
+
+    rotary = RotaryEmbedding(head_dim, 64, 10000.0, None)
+    norms = [RMSNorm(head_dim, 1e-6) for _ in range(2)] if rope == "norm+rope" else [None, None]
+    for norm in norms:
+        if norm is not None:
+            norm.weight.data = (torch.rand(head_dim, generator=g) + 0.5).to(dtype)
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, generator=g).to(dtype)
+    q, new_k, new_v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    return rotary, norms, q, new_k, new_v
+
+
+@pytest.mark.parametrize("rope", [None, "rope", "norm+rope"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_prefill_stores_and_rotates_the_new_tokens(dtype, rope):
+    """The final engine's prefill with `new_kv` stores each sequence's new K/V (its last q_len
+    positions) before it attends; with `rope` the same launch first applies the rotary embedding
+    (after Qwen3's q/k norms) to q and the new K, as the rotary layer would. The cache ends up as
+    rotary + store_kvcache leave it and the output is the reference's. A padding token past the
+    last sequence (slot -1) writes nothing."""
+    tri, ref = _load("final", "attention_triton"), _load("final", "attention_torch")
+    heads, kv_heads, head_dim, block = 8, 2, 16, 4
+    case = make_paged(MIXED, block, heads, kv_heads, head_dim, dtype=dtype, seed=5)
+    g = torch.Generator().manual_seed(2)
+    news = [torch.arange(c - n, c) for c, n in MIXED]  # each sequence's new positions
+    positions = torch.cat(news + [torch.zeros(1, dtype=torch.long)])  # and a padding token's
+    tables = case["block_tables"].cpu().long()
+    slots = torch.cat(
+        [tables[i, p // block] * block + p % block for i, p in enumerate(news)]
+        + [torch.tensor([-1])]
+    )
+    # the step's inputs and a padding token's
+    rotary, norms, q, new_k, new_v = _unrotated_step(
+        rope, dtype, len(slots), heads, kv_heads, head_dim, g
+    )
+    q_rot, k_rot = rotary(positions, q, new_k, *norms) if rope else (q, new_k)
+    k_full, v_full = case["k_cache"].clone(), case["v_cache"].clone()
+    ref.store_kvcache(k_rot.to(DEVICE), new_v.to(DEVICE), k_full, v_full, slots.to(DEVICE))
+    args = (case["cu_seqlens_q"], case["context_lens"], case["block_tables"])
+    expected = ref.paged_attention(q_rot[:-1].to(DEVICE), k_full, v_full, *args, 0.3)
+    for cache in (case["k_cache"], case["v_cache"]):  # the new tokens are not in the cache yet
+        cache.view(-1, kv_heads, head_dim)[slots[:-1].to(DEVICE)] = (
+            float("nan") if dtype == torch.float32 else 7.0
+        )
+    extra = {}
+    if rope:
+        extra["rope"] = rotary.to(DEVICE).kernel_args(
+            positions.to(DEVICE), *[n and n.to(DEVICE) for n in norms]
+        )
+    new_kv = (new_k.to(DEVICE), new_v.to(DEVICE), slots.to(DEVICE))
+    caches = (case["k_cache"], case["v_cache"])
+    max_q = max(n for _, n in MIXED)
+    out = tri.paged_prefill_attention(
+        q.to(DEVICE), *caches, *args, 0.3, max_q, BLOCK_M=16, BLOCK_N=16, new_kv=new_kv, **extra
+    )
+    torch.testing.assert_close(case["k_cache"], k_full, equal_nan=True, atol=1e-6, rtol=1e-6)
+    assert torch.equal(case["v_cache"].nan_to_num(), v_full.nan_to_num())
+    torch.testing.assert_close(out[:-1], expected, atol=1e-3, rtol=1e-3)
+    if rope:  # the rotation mattered
+        assert not torch.allclose(q_rot.float(), q.float(), atol=0.05)
+
+
 DECODE_CTX = [1, 5, 17, 40, 33]
 
 
@@ -357,9 +423,6 @@ def test_decode_stores_and_rotates_the_new_tokens(num_splits, dtype, rope):
     ends up as rotary + store_kvcache leave it and the output is the reference's. A padding row
     (context 0, slot -1) writes nothing; with splits, the counters the last split merges by are
     reset for the next launch."""
-    from nanovllm_final.layers.norm import RMSNorm
-    from nanovllm_final.layers.rotary import RotaryEmbedding
-
     tri, ref = _load("final", "attention_triton"), _load("final", "attention_torch")
     heads, kv_heads, head_dim, block = 8, 2, 16, 4
     case = _decode_case(
@@ -368,14 +431,9 @@ def test_decode_stores_and_rotates_the_new_tokens(num_splits, dtype, rope):
     g = torch.Generator().manual_seed(1)
     ctxs = case["context_lens"].tolist()
     positions = torch.tensor([max(c - 1, 0) for c in ctxs])
-    rotary = RotaryEmbedding(head_dim, 64, 10000.0, None)
-    norms = [RMSNorm(head_dim, 1e-6) for _ in range(2)] if rope == "norm+rope" else [None, None]
-    for norm in norms:
-        if norm is not None:
-            norm.weight.data = (torch.rand(head_dim, generator=g) + 0.5).to(dtype)
-    # the step's inputs: q and the new K as the qkv projection gives them, slices of one tensor
-    qkv = torch.randn(len(ctxs), heads + 2 * kv_heads, head_dim, generator=g).to(dtype)
-    q, new_k, new_v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    rotary, norms, q, new_k, new_v = _unrotated_step(
+        rope, dtype, len(ctxs), heads, kv_heads, head_dim, g
+    )
     q_rot, k_rot = (
         rotary(positions, q, new_k, *norms) if rope else (q, new_k)
     )  # the layers' PyTorch code

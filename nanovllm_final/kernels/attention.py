@@ -54,7 +54,7 @@ from .norm_rope import rope_rows
 name = "triton"
 capturable = True  # no launch reads a device value
 capturable_prefill = True  # nor does the prefill launch: steps with prompts can be captured too
-fuses_rope = True  # the decode kernel applies the rotary embedding (and q/k norms) itself
+fuses_rope = True  # the decode kernel and a prompt step's store apply RoPE (and q/k norms)
 
 # exp(x) == exp2(x * log2(e)): exp2 is the cheaper instruction on GPUs, so the kernels
 # fold log2(e) into the softmax scale once and use exp2 everywhere.
@@ -154,37 +154,74 @@ def _store_kvcache_kernel(
     slot_mapping_ptr,  # (N,)
     k_scale_ptr,
     v_scale_ptr,  # (KVH,) fp32, read when FP8
+    q_ptr,  # with ROPE: (N, QH, D) unrotated, strides below; q_out_ptr (N, QH, D) contiguous
+    q_out_ptr,
+    pos_ptr,  # with ROPE: (N,) positions, the cos/sin tables (positions, D), the norms' weights
+    cos_ptr,
+    sin_ptr,
+    q_w_ptr,
+    k_w_ptr,
+    eps,
     stride_kt,
     stride_kh,
     stride_vt,
     stride_vh,
+    stride_qt,
+    stride_qh,
+    stride_cos,
     KVH: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     FP8: tl.constexpr,  # the cache is float8 e4m3: store x / scale
+    QH: tl.constexpr,
+    BLOCK_QH: tl.constexpr,
+    ROPE: tl.constexpr,  # rotate q (into q_out) and the key (before it is stored) for pos_ptr[t]
+    HAS_NORM: tl.constexpr,  # with ROPE: Qwen3's q/k RMSNorm first
     PDL: tl.constexpr,  # launched with programmatic dependent launch (launch.py)
 ):
     wait_for_prior_kernel(PDL)
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    h_ok = offs_h < KVH
+    mask = h_ok[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
+    if ROPE:  # every token's q (a padding row's too: the attention reads it)
+        pos = tl.load(pos_ptr + token).to(tl.int64)
+        offs_qh = tl.arange(0, BLOCK_QH)  # [BLOCK_QH]
+        # fmt: off
+        q = rope_rows(
+            q_ptr + token * stride_qt, offs_qh * stride_qh, offs_qh < QH, pos, cos_ptr, sin_ptr,
+            stride_cos, q_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM,
+        )  # [BLOCK_QH, BLOCK_D]
+        # fmt: on
+        tl.store(
+            q_out_ptr + (token * QH + offs_qh[:, None]) * HEAD_DIM + offs_d[None, :],
+            q.to(q_out_ptr.dtype.element_ty),
+            mask=(offs_qh[:, None] < QH) & (offs_d[None, :] < HEAD_DIM),
+        )
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)  # int64: big caches overflow int32
     if slot < 0:  # -1 marks a token that must not be stored (e.g. padding)
         return
-    offs_h = tl.arange(0, BLOCK_H)  # [BLOCK_H]
-    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
-    mask = (offs_h[:, None] < KVH) & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
-    k = tl.load(
-        key_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask
-    )
+    if ROPE:  # [BLOCK_H, BLOCK_D] fp32 holding the values the rotary layer would write
+        # fmt: off
+        k = rope_rows(
+            key_ptr + token * stride_kt, offs_h * stride_kh, h_ok, pos, cos_ptr, sin_ptr,
+            stride_cos, k_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM,
+        )
+        # fmt: on
+    else:
+        k = tl.load(
+            key_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask
+        )
     v = tl.load(
         value_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask
     )
     if FP8:
-        h_mask = offs_h < KVH
         k = _to_e4m3(
-            k, tl.load(k_scale_ptr + offs_h, mask=h_mask, other=1.0)[:, None]
+            k, tl.load(k_scale_ptr + offs_h, mask=h_ok, other=1.0)[:, None]
         )  # scales [BLOCK_H, 1]
-        v = _to_e4m3(v, tl.load(v_scale_ptr + offs_h, mask=h_mask, other=1.0)[:, None])
+        v = _to_e4m3(v, tl.load(v_scale_ptr + offs_h, mask=h_ok, other=1.0)[:, None])
     dst = slot * (KVH * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -198,24 +235,40 @@ def store_kvcache(
     slot_mapping: torch.Tensor,  # (N,) int32/int64; -1 = skip this token
     k_scale: torch.Tensor | None = None,  # (kv_heads,) float32, for an fp8 cache
     v_scale: torch.Tensor | None = None,
-) -> None:
-    """Write token t's key/value into cache slot slot_mapping[t] (in place), quantized for an fp8 cache."""
+    *,
+    q: torch.Tensor | None = None,  # (N, heads, head_dim), with rope
+    rope: tuple | None = None,  # (positions, cos, sin, q_norm weight | None, k_norm's, eps)
+) -> torch.Tensor | None:
+    """Write token t's key/value into cache slot slot_mapping[t] (in place), quantized for an fp8
+    cache. With `rope` (and q): q and the key come as the qkv projection gives them; the key is
+    rotated (after its norm) as the rotary layer would before it is stored, and q's rotated copy
+    (N, heads, head_dim) is returned: a prompt step's rotary embedding and store in one launch."""
     num_tokens, kv_heads, head_dim = key.shape
     assert value.shape == key.shape and slot_mapping.shape == (num_tokens,)
     assert key.stride(-1) == 1 and value.stride(-1) == 1, "last dim must be contiguous"
     assert k_cache.is_contiguous() and v_cache.is_contiguous()
     assert k_cache.shape[2:] == (kv_heads, head_dim) and v_cache.shape == k_cache.shape
+    assert (q is None) == (rope is None), "q is rotated with rope: both or neither"
+    q_in = key if q is None else q  # unread without rope
+    q_out = None if q is None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_tokens == 0:
-        return
+        return q_out
     k_scale, v_scale, fp8 = _fp8_args(k_cache, k_scale, v_scale)
+    assert q is None or (q.shape[0] == num_tokens and q.shape[2] == head_dim and q.stride(-1) == 1)
+    positions, cos, sin, q_w, k_w, eps = _rope_args(q_in, (key, value, slot_mapping), rope)
     # fmt: off
     _store_kvcache_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, key.stride(0), key.stride(1),
-        value.stride(0), value.stride(1), KVH=kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(head_dim), FP8=fp8,
-        **pdl_args(key.device),
+        key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, q_in,
+        q_in if q_out is None else q_out, positions, cos, sin, q_in if q_w is None else q_w,
+        q_in if k_w is None else k_w, eps, key.stride(0), key.stride(1), value.stride(0),
+        value.stride(1), q_in.stride(0), q_in.stride(1), cos.stride(0), KVH=kv_heads,
+        HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim), FP8=fp8, QH=q_in.shape[1],
+        BLOCK_QH=triton.next_power_of_2(q_in.shape[1]), ROPE=rope is not None,
+        HAS_NORM=q_w is not None, **pdl_args(key.device),
     )
     # fmt: on
+    return q_out
 
 
 # ---------------------------------------------------------------------------------------
@@ -556,12 +609,31 @@ def paged_prefill_attention(
     fp8_dot: bool | None = None,  # e4m3 tensor-core products (_fp8_launch); None: the device's
     pv_fp8: bool | None = None,
     q_scale: torch.Tensor | None = None,
+    new_kv: tuple[torch.Tensor, ...] | None = None,  # (k, v, slot_mapping) of the new tokens
+    rope: tuple | None = None,  # (positions, cos, sin, q_norm weight | None, k_norm's, eps)
 ) -> torch.Tensor:  # (N, heads, head_dim), q.dtype
     """Causal attention of packed queries over a paged cache (see attention_torch.py).
 
-    The new tokens' K/V must already be in the cache (call store_kvcache first).
-    Query j of sequence i is at position context_lens[i] - q_len_i + j.
+    The new tokens' K/V must be in the cache: already stored, or given as `new_kv`, which
+    store_kvcache writes first; with `rope`, q and new_kv's k come unrotated, and that same launch
+    rotates them. Query j of sequence i is at position context_lens[i] - q_len_i + j.
     """
+    if new_kv is not None:
+        k, v, slot_mapping = new_kv
+        rotated = store_kvcache(
+            k,
+            v,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            k_scale,
+            v_scale,
+            q=None if rope is None else q,
+            rope=rope,
+        )
+        q = q if rope is None else rotated
+    else:
+        assert rope is None, "rope rotates the new K as it stores it: it needs new_kv"
     num_tokens, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     assert num_heads % kv_heads == 0 and k_cache.shape[3] == head_dim
@@ -1071,8 +1143,8 @@ def _new_kv_args(q: torch.Tensor, kv_heads: int, new_kv: tuple | None) -> tuple:
 
 
 def _rope_args(q: torch.Tensor, new_kv: tuple | None, rope: tuple | None) -> tuple:
-    """(positions, cos, sin, q_norm weight, k_norm weight, eps) for the decode launch, checked;
-    q stands in for the tensors (unread) without rope."""
+    """(positions, cos, sin, q_norm weight, k_norm weight, eps) for a launch that rotates q and the
+    new K (decode, store_kvcache), checked; q stands in for the tensors (unread) without rope."""
     if rope is None:
         return q, q, q, None, None, 0.0
     assert new_kv is not None, "rope rotates the new K as it stores it: it needs new_kv"

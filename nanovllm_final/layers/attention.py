@@ -5,20 +5,21 @@ A backend is a module: attention_torch.py (the PyTorch reference), ../kernels/at
 which the Attention layer calls, and says four things of itself (`name`; `capturable`: can
 a decode step be captured in a CUDA graph, i.e. do its launches read no device values;
 `capturable_prefill`: can a step with prompt tokens, at padded token and sequence counts;
-`fuses_rope`: does its decode take q and k unrotated, with `rope`)::
+`fuses_rope`: do its decode and prefill take q and k unrotated, with `rope`)::
 
     store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)   token t's k/v into slot slot_mapping[t] (-1: skip)
-    paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q, k_scale, v_scale)
+    paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q, k_scale, v_scale, new_kv[, rope])
     paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order, k_scale, v_scale, new_kv[, rope])
 
     q: (tokens, heads, head_dim), k/v: (tokens, kv_heads, head_dim) of the new tokens
     k_cache, v_cache: (num_blocks, block_size, kv_heads, head_dim); slot = block * block_size + offset
     order: None, or (seqs,) int32, the sequences by decreasing context: a launch order only
     new_kv: None, or (k, v, slot_mapping) of the step's new tokens, stored before attending
-        (store_kvcache's job; the Triton decode kernel does it itself, saving a launch)
+        (store_kvcache's job; the Triton decode kernel does it itself, saving a launch, and
+        the Triton prefill's store rotates q and k in the same launch)
     rope: only where fuses_rope: (positions, cos, sin, q_norm weight, k_norm weight, eps) of
         RotaryEmbedding.kernel_args; q and new_kv's k then come unrotated (and unnormalised);
-        with it `counters`, the backend's SplitCounters that the layer keeps for split-K
+        with it, in a decode, `counters`: the backend's SplitCounters that the layer keeps for split-K
     k_scale, v_scale: keyword arguments, None unless the cache is float8 e4m3 (kv_cache_dtype="fp8"):
         then (kv_heads,) float32 device tensors; the store writes clamp(x / scale, +-448) rounded to
         e4m3, attention computes with stored * scale (the reference dequantizes its gathered K/V;
@@ -130,17 +131,16 @@ class Attention(nn.Module):
         # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim) of the new tokens only,
         # as the qkv projection gives them: `rotary` (after Qwen3's q_norm, k_norm) is applied here
         ctx = get_context()
-        scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
-        if ctx.is_decode:  # one new token per sequence: the decode attention stores it too
-            extra = {}
-            if self.backend.fuses_rope:  # and rotates q and k in the same launch
+        extra = dict(k_scale=self.k_scale, v_scale=self.v_scale)
+        if self.backend.fuses_rope:  # the backend's launches that store and attend rotate q and k
+            extra["rope"] = rotary.kernel_args(positions, q_norm, k_norm)
+        else:
+            q, k = rotary(positions, q, k, q_norm, k_norm)
+        new_kv = (k, v, ctx.slot_mapping)  # stored by the backend before it reads the cache
+        if ctx.is_decode:  # one new token per sequence
+            if self.backend.fuses_rope:
                 self.counters = self.counters or self.backend.SplitCounters()
-                extra = {
-                    "rope": rotary.kernel_args(positions, q_norm, k_norm),
-                    "counters": self.counters,
-                }
-            else:
-                q, k = rotary(positions, q, k, q_norm, k_norm)
+                extra["counters"] = self.counters
             return self.backend.paged_decode_attention(
                 q,
                 self.k_cache,
@@ -149,12 +149,9 @@ class Attention(nn.Module):
                 ctx.block_tables,
                 self.scale,
                 ctx.decode_order,
-                new_kv=(k, v, ctx.slot_mapping),
-                **scales,
+                new_kv=new_kv,
                 **extra,
             )  # (seqs, heads, head_dim)
-        q, k = rotary(positions, q, k, q_norm, k_norm)
-        self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, **scales)
         return self.backend.paged_prefill_attention(
             q,
             self.k_cache,
@@ -164,5 +161,6 @@ class Attention(nn.Module):
             ctx.block_tables,
             self.scale,
             ctx.max_seqlen_q,
-            **scales,
+            new_kv=new_kv,
+            **extra,
         )  # (tokens, heads, head_dim)

@@ -37,8 +37,12 @@ def paged_prefill_attention(
     max_seqlen_q,
     k_scale=None,
     v_scale=None,
+    new_kv=None,
 ):
     _no_fp8(k_cache, k_scale)
+    if new_kv is not None:
+        k, v, slot_mapping = new_kv
+        store_kvcache(k, v, k_cache, v_cache, slot_mapping)
     cu_seqlens_k = F.pad(context_lens.cumsum(0, dtype=torch.int32), (1, 0))  # (seqs+1,)
     max_seqlen_k = int(context_lens.max())
     return flash_attn_varlen_func(

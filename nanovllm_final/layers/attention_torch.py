@@ -217,7 +217,11 @@ def paged_prefill_attention(
     max_seqlen_q,
     k_scale=None,
     v_scale=None,
+    new_kv=None,
 ):
+    if new_kv is not None:
+        k, v, slot_mapping = new_kv
+        store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     seqs = len(context_lens)
     if (
         seqs and len(q) == seqs * max_seqlen_q
