@@ -106,11 +106,15 @@ def engine_options(options: dict) -> dict:
 
 
 def fixed_point(
-    llm: LLM, prompts, params, runs: list[list[int]], vocab: int, tries: int = 4
+    llm: LLM, prompts, params, runs: list[list[int]], vocab: int, tries: int = 40
 ) -> list[list[int]]:
     """Runs that a replay at acceptance 1 reproduces. In bf16 a verify step's wider matrix products
     round differently from a decode step's, so on random weights (near-tied logits) its greedy
-    tokens can part from plain decoding's; replaying its own output makes every proposal right."""
+    tokens can part from plain decoding's; replaying its own output makes every proposal right.
+    A token can also depend on which tokens share its verify step (the decode kernel's split-K cut
+    follows a step's first query), so a replay of one run's output, verified in other groups, can
+    part from it again; each try keeps every group before the first parting, so the runs settle
+    within a try or so per verify step (`tries` bounds them)."""
     for _ in range(tries):
         llm.engine.speculator.proposer = ReplayProposer(runs, 1.0, vocab, seed=0)
         outs = llm.generate(prompts, params, use_tqdm=False)

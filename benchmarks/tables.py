@@ -712,6 +712,14 @@ FILES = [
         + "; the course model with its draft and with n-gram lookup, on requests to repeat a quoted passage",
     ),
     (
+        "spec_decode_course-llama_h100.json",
+        "python -m benchmarks.spec_decode --model models/course-llama --draft "
+        "models/course-llama-draft --device cuda --workload stories --batches 1 8 --ks 4 --accept --repeat 3 "
+        "--max-tokens 128 --out benchmarks/results/spec_decode_course-llama_h100.json",
+        SPEC_DECODE
+        + "; the course model with its draft and with n-gram lookup, on openings of held-out stories, on one GPU",
+    ),
+    (
         "spec_decode_*.json",
         "python -m benchmarks.spec_decode --shape S --batches 1 8 --ks 1 2 3 4 5 6 7 8 "
         "--accept 1.0 0.5 0.0 --out benchmarks/results/spec_decode_S_h200.json (S: the record's model)",

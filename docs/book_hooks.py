@@ -7,10 +7,16 @@
    files as a page holding the code, directories as their README or a file listing, images as
    they are), and the link is rewritten to point there. Targets are followed from the pages
    they are linked from, so the book holds what the course links to and nothing more.
+3. Search: the theme's search worker bundles lunr, whose token set names a state by its edges'
+   labels and target ids run together ("a12b3"), so with digits among the labels (the index
+   holds terms such as "10472,") two different states can get one name and be merged: a query
+   then expands to a term that is in no document, and the search fails ("No matching
+   documents"). After the build, a comma ends each id in those names.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -38,6 +44,9 @@ WORKER = (
     "assets/iframe-worker.js"  # docs/iframe-worker.js: mkdocs.yml names it among extra.polyfills
 )
 _state: dict = {}
+log = logging.getLogger("mkdocs.plugins.book_hooks")
+# lunr's TokenSet.prototype.toString as the theme's minified worker has it, and with the comma
+TOKEN_SET_NAME = re.compile(r"(\w)=\1\+(\w)\+(\w)\.id\}return \1")
 
 
 def _relative(target: str) -> bool:
@@ -249,3 +258,17 @@ def _match_toc(toc, headings: list[tuple[str, str]]) -> None:
     if len(anchors) == len(headings):
         for anchor, (id_, title) in zip(anchors, headings):
             anchor.id, anchor.title = id_, title or anchor.title
+
+
+def on_post_build(config):
+    """Patch the search worker's token-set names (3. above); a worker without that code is a
+    warning, which fails a strict build: search must be checked again."""
+    workers = sorted(Path(config["site_dir"], "assets/javascripts/workers").glob("search.*.js"))
+    for worker in workers:
+        code = worker.read_text(encoding="utf-8")
+        patched, count = TOKEN_SET_NAME.subn(r'\1=\1+\2+\3.id+","}return \1', code)
+        if count != 1:
+            log.warning(f"{worker.name}: lunr's TokenSet.toString not found once ({count})")
+        worker.write_text(patched, encoding="utf-8")
+    if not workers:
+        log.warning("no search worker found to patch")

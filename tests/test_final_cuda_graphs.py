@@ -68,15 +68,24 @@ class AttentionOnly(nn.Module):
 class Recorded:
     """Stands in for a captured graph: replay() runs the model on the buffer views of the key."""
 
-    def __init__(self, graphs: CUDAGraphs, model: nn.Module, key: tuple[bool, int]):
+    def __init__(self, graphs: CUDAGraphs, model: nn.Module, key: tuple[str, int]):
         self.graphs, self.model, self.key = graphs, model, key
 
     def replay(self) -> None:
-        is_decode, n = self.key
-        set_context(self.graphs.context(is_decode, n))
-        ids, pos = self.graphs.token_inputs(is_decode)
+        n = self.graphs.tokens(*self.key)
+        set_context(self.graphs.context(*self.key))
+        ids, pos = self.graphs.token_inputs(self.key[0])
         self.graphs.output[:n] = self.model(ids[:n], pos[:n])
         set_context(None)
+
+
+def recorded(graphs: CUDAGraphs, model: nn.Module) -> dict:
+    """A stand-in for every graph of every ladder."""
+    return {
+        (kind, size): Recorded(graphs, model, (kind, size))
+        for kind, sizes in graphs.ladders.items()
+        for size in sizes
+    }
 
 
 def _seq(length: int, cached: int, first_block: int) -> Sequence:
@@ -109,12 +118,19 @@ def _context(step) -> Context:
 
 
 # (length, cached) per sequence: a step with prompts (decodes, a chunk after a cached prefix,
-# a whole new prompt of more than two query tiles), and a decode step
-STEPS = {"with prompts": [(9, 8), (13, 5), (140, 0), (6, 5)], "decode": [(9, 8), (30, 29), (5, 4)]}
+# a whole new prompt of more than two query tiles), a decode step, and a verify step (at most
+# VERIFY tokens a sequence)
+STEPS = {
+    "prompt": [(9, 8), (13, 5), (140, 0), (6, 5)],
+    "decode": [(9, 8), (30, 29), (5, 4)],
+    "verify": [(9, 6), (30, 29), (5, 3)],
+}
 EXTRA = {
-    "with prompts": (12, 0),
+    "prompt": (12, 0),
     "decode": (12, 11),
+    "verify": (12, 9),
 }  # one more sequence: the same graph, a larger step
+VERIFY = 3  # 1 + k
 
 
 def _steps(kind: str):
@@ -140,15 +156,14 @@ def test_replay_through_padded_buffers_matches_eager(kind):
         hidden_size=HEADS * HEAD_DIM,
         dtype=torch.float32,
         device=DEVICE,
+        verify_tokens=VERIFY,
+        max_step_tokens=256,
     )
-    graphs.graphs = {
-        key: Recorded(graphs, model, key)
-        for key in [(False, n) for n in graphs.token_sizes] + [(True, bs) for bs in graphs.sizes]
-    }
+    graphs.graphs = recorded(graphs, model)
     step, larger, num_blocks = _steps(kind)
     assert step.is_decode == larger.is_decode == (kind == "decode")
-    sizes = graphs.sizes if step.is_decode else graphs.token_sizes
-    assert graph_for(step.num_tokens, sizes) == graph_for(larger.num_tokens, sizes)
+    assert graphs.kind(step) == graphs.kind(larger) == kind
+    assert graphs.size(step) == graphs.size(larger)
     cache = torch.randn(
         2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM, device=DEVICE
     )  # the cached prefixes (and stale slots)
@@ -177,7 +192,19 @@ def test_replay_through_padded_buffers_matches_eager(kind):
         caches.append(torch.stack(kv))
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
     assert torch.equal(caches[1], caches[0])  # the padding rows stored nothing
-    assert graphs.num_replays[step.is_decode] == 2
+    assert graphs.num_replays[kind] == 2
+
+
+def test_verify_ladder():
+    """Verify steps' graphs: the decode ladder's sizes whose 1 + k tokens a sequence fit in a step;
+    none without speculation."""
+    options = dict(max_prompt_tokens=64, max_model_len=64, block_size=BLOCK, hidden_size=8)
+    options |= dict(dtype=torch.float32, device=DEVICE)
+    graphs = CUDAGraphs(max_num_seqs=40, verify_tokens=5, max_step_tokens=100, **options)
+    assert graphs.ladders["verify"] == [1, 2, 4, 8, 16] and graphs.tokens("verify", 16) == 80
+    assert graphs.ladders["decode"] == [1, 2, 4, 8, 16, 32, 40]
+    for spec in ({}, dict(verify_tokens=0, max_step_tokens=100)):
+        assert CUDAGraphs(max_num_seqs=40, **spec, **options).ladders["verify"] == []
 
 
 def test_larger_steps_run_eagerly():
@@ -190,7 +217,7 @@ def test_larger_steps_run_eagerly():
         dtype=torch.float32,
         device=DEVICE,
     )
-    graphs.graphs = {(False, 32): None}
+    graphs.graphs = {("prompt", 32): None}
     step = build_step_input([_seq(33, 0, 0)], BLOCK)
     assert not graphs.can_replay(step)
     step = build_step_input([_seq(32, 0, 0)], BLOCK)
@@ -270,7 +297,7 @@ def test_engine_decode_through_graph_inputs_matches_eager(model_dir, speculative
     lengths (steps of 1 to 5 sequences on graphs of 1 to 8), and max_num_batched_tokens small
     enough that prompts are chunked beside decodes: the tokens of the eager engine that completes
     each step before the next (no token carried on the device). `speculative`: n-gram proposals,
-    whose verify steps replay the prompt ladder's graphs."""
+    whose verify steps replay the verify ladder's graphs (attention by the decode kernel)."""
     from nanovllm_final import LLM
 
     path = str(model_dir("qwen3"))
@@ -309,20 +336,19 @@ def test_engine_decode_through_graph_inputs_matches_eager(model_dir, speculative
             hidden_size=llm.engine.model_config.hidden_size,
             dtype=runner.dtype,
             device=runner.device,
+            verify_tokens=3 if speculative else 0,
+            max_step_tokens=16,
         )
-        graphs.graphs = {
-            key: Recorded(graphs, runner.model, key)
-            for key in [(True, bs) for bs in graphs.sizes]
-            + [(False, n) for n in graphs.token_sizes]
-        }
+        graphs.graphs = recorded(graphs, runner.model)
         runner.cuda_graphs = graphs
         got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
-        assert graphs.num_replays[False] > 0
+        assert graphs.num_replays["prompt"] > 0
         if speculative:
             assert llm.metrics()["spec_decode_num_accepted_tokens"] > 0
+            assert graphs.num_replays["verify"] > 0
             assert got == expected
             return
-        assert graphs.num_replays[True] > 0
+        assert graphs.num_replays["decode"] > 0
         # a decode-shaped step one row of which samples nothing: the logits of the other rows
         chunk = _seq(9, 4, 3)
         chunk.num_scheduled_tokens = 1

@@ -64,7 +64,7 @@ def test_final_replays_steps_with_prompts(model_dir):
         with st.LLM(path, cuda_graph_max_tokens=max_tokens, **options) as llm:
             graphed = llm.generate(prompts, params, use_tqdm=False)
             replays = llm.engine.model_runner.cuda_graphs.num_replays
-            assert replays[True] > 0 and (replays[False] > 0) == (max_tokens > 0)
+            assert replays["decode"] > 0 and (replays["prompt"] > 0) == (max_tokens > 0)
         assert stage_view(graphed) == stage_view(eager)
 
 
@@ -121,6 +121,6 @@ def test_final_pdl_changes_no_token(model_dir, monkeypatch):
             path, device="cuda", dtype="bfloat16", max_model_len=128, max_num_seqs=16
         ) as llm:
             outputs[flag] = llm.generate(prompts, params, use_tqdm=False)
-            assert llm.engine.model_runner.cuda_graphs.num_replays[False] > 0
+            assert llm.engine.model_runner.cuda_graphs.num_replays["prompt"] > 0
     launch.pdl_args.cache_clear()
     assert stage_view(outputs["1"]) == stage_view(outputs["0"])

@@ -302,19 +302,48 @@ def _unrotated_step(rope, dtype, tokens, heads, kv_heads, head_dim, g):
     return rotary, norms, q, new_k, new_v
 
 
+VERIFY = [(10, 3), (13, 5), (6, 1), (1, 1), (0, 0), (33, 5), (40, 5), (60, 4)]  # 1 + k each
+
+
+def _several_queries(case, max_q, num_splits):
+    """The final engine's decode launch taking each sequence's queries of `case` (packed)."""
+    return dict(
+        cu_seqlens_q=case["cu_seqlens_q"], max_seqlen_q=max_q, num_splits=num_splits, BLOCK_N=16
+    )
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(8, 2, 16), (4, 4, 24)])
+def test_decode_takes_several_queries_per_sequence(heads, kv_heads, head_dim, num_splits):
+    """The final engine's decode kernel with cu_seqlens_q attends each sequence's last few
+    positions (a verify step's 1 + k; a sequence with none, as a CUDA graph's padding), causally,
+    as the reference does: the split-K cut and its merge hold with several queries a row."""
+    tri, ref = _load("final", "attention_triton"), _load("final", "attention_torch")
+    case = make_paged(VERIFY, 4, heads, kv_heads, head_dim, seed=1)
+    expected = ref.paged_attention(*_prefill_args(case), 0.3)
+    out = tri.paged_decode_attention(
+        *_decode_args(case), 0.3, **_several_queries(case, 5, num_splits)
+    )
+    assert out.shape == case["q"].shape
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["prefill", "decode"])
 @pytest.mark.parametrize("rope", [None, "rope", "norm+rope"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_prefill_stores_and_rotates_the_new_tokens(dtype, rope):
+def test_prefill_stores_and_rotates_the_new_tokens(dtype, rope, kernel):
     """The final engine's prefill with `new_kv` stores each sequence's new K/V (its last q_len
     positions) before it attends; with `rope` the same launch first applies the rotary embedding
     (after Qwen3's q/k norms) to q and the new K, as the rotary layer would. The cache ends up as
     rotary + store_kvcache leave it and the output is the reference's. A padding token past the
-    last sequence (slot -1) writes nothing."""
+    last sequence (slot -1) writes nothing. So does the decode kernel given a few queries per
+    sequence (with splits: its last split stores them all)."""
     tri, ref = _load("final", "attention_triton"), _load("final", "attention_torch")
     heads, kv_heads, head_dim, block = 8, 2, 16, 4
-    case = make_paged(MIXED, block, heads, kv_heads, head_dim, dtype=dtype, seed=5)
+    seqs = MIXED if kernel == "prefill" else VERIFY
+    case = make_paged(seqs, block, heads, kv_heads, head_dim, dtype=dtype, seed=5)
     g = torch.Generator().manual_seed(2)
-    news = [torch.arange(c - n, c) for c, n in MIXED]  # each sequence's new positions
+    news = [torch.arange(c - n, c) for c, n in seqs]  # each sequence's new positions
     positions = torch.cat(news + [torch.zeros(1, dtype=torch.long)])  # and a padding token's
     tables = case["block_tables"].cpu().long()
     slots = torch.cat(
@@ -341,10 +370,21 @@ def test_prefill_stores_and_rotates_the_new_tokens(dtype, rope):
         )
     new_kv = (new_k.to(DEVICE), new_v.to(DEVICE), slots.to(DEVICE))
     caches = (case["k_cache"], case["v_cache"])
-    max_q = max(n for _, n in MIXED)
-    out = tri.paged_prefill_attention(
-        q.to(DEVICE), *caches, *args, 0.3, max_q, BLOCK_M=16, BLOCK_N=16, new_kv=new_kv, **extra
-    )
+    max_q = max(n for _, n in seqs)
+    if kernel == "prefill":
+        out = tri.paged_prefill_attention(
+            q.to(DEVICE), *caches, *args, 0.3, max_q, BLOCK_M=16, BLOCK_N=16, new_kv=new_kv, **extra
+        )
+    else:
+        out = tri.paged_decode_attention(
+            q.to(DEVICE),
+            *caches,
+            *args[1:],
+            0.3,
+            new_kv=new_kv,
+            **extra,
+            **_several_queries(case, max_q, 3),
+        )
     torch.testing.assert_close(case["k_cache"], k_full, equal_nan=True, atol=1e-6, rtol=1e-6)
     assert torch.equal(case["v_cache"].nan_to_num(), v_full.nan_to_num())
     torch.testing.assert_close(out[:-1], expected, atol=1e-3, rtol=1e-3)

@@ -500,8 +500,8 @@ def test_draft_with_another_tokenizer(spec_model, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_cuda_graphs_replay_verify_steps(spec_model, method):
-    """On CUDA with the Triton backend: verify steps replay the token-count ladder's graphs, and
-    the greedy tokens are those of plain decoding."""
+    """On CUDA with the Triton backend: verify steps replay their own ladder's graphs (prompt steps
+    the token-count ladder's), and the greedy tokens are those of plain decoding."""
     path = spec_model("qwen3")
     prompts = random_prompts([9, 14, 6, 11], seed=12)
     params = SamplingParams(temperature=0.0, max_tokens=40)
@@ -521,14 +521,15 @@ def test_cuda_graphs_replay_verify_steps(spec_model, method):
             llm.engine.speculator.proposer = ReplayProposer(
                 runs, 0.7, llm.engine.model_config.vocab_size
             )
-        replays = dict(llm.engine.model_runner.cuda_graphs.num_replays)
+        graphs = llm.engine.model_runner.cuda_graphs
+        replays = dict(graphs.num_replays)
         outs = llm.generate(prompts, params, use_tqdm=False)
         not_decode = sum(
             s["is_prefill"] for s in llm.stats
         )  # prompt steps and verify steps (1 + k tokens each)
-        assert (
-            llm.engine.model_runner.cuda_graphs.num_replays[False] - replays[False] == not_decode
-        )  # all replayed
+        new = {kind: graphs.num_replays[kind] - replays[kind] for kind in replays}
+        assert new["verify"] + new["prompt"] == not_decode  # all replayed
+        assert new["verify"] > len(prompts)
         assert llm.metrics()["spec_decode_num_drafts"] > len(prompts) and not_decode > len(prompts)
         assert llm.engine.num_free_blocks == llm.engine.num_blocks
     assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in plain]

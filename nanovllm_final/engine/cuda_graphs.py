@@ -1,5 +1,8 @@
 """Steps captured as CUDA graphs and replayed: decode steps, one graph per batch size of a
-ladder, and steps that carry prompt tokens, one graph per token count of a second ladder.
+ladder, and steps that carry prompt tokens, one graph per token count of a second ladder. With
+speculative decoding, where the attention backend's decode takes a verify step's 1 + k queries
+per sequence, verify steps (at most 1 + k tokens a sequence) have a third ladder, by sequences as
+decode's, each graph sized for 1 + k tokens a sequence: their attention is the decode kernel's.
 
 A graph replays every kernel launch of a step with one call, on fixed buffers: a step
 writes its inputs into the first rows of its ladder's buffers (in one copy, graph_inputs.py)
@@ -45,8 +48,12 @@ def graph_token_sizes(max_tokens: int) -> list[int]:
 
 
 def graph_for(n: int, sizes: list[int]) -> int:
-    """The captured size a step of `n` sequences (decode) or tokens (with prompts) is padded up to."""
+    """The captured size a step of `n` sequences (decode, verify) or tokens (with prompts) is
+    padded up to."""
     return next(size for size in sizes if size >= n)
+
+
+KINDS = ("decode", "verify", "prompt")  # the ladders
 
 
 class CUDAGraphs:
@@ -60,45 +67,57 @@ class CUDAGraphs:
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        verify_tokens: int = 0,
+        max_step_tokens: int = 0,
     ):
-        """max_prompt_tokens: the largest step with prompt tokens to capture (0: none)."""
-        self.sizes = graph_batch_sizes(max_num_seqs)  # decode: sequences
-        self.token_sizes = graph_token_sizes(max_prompt_tokens)  # with prompts: tokens
-        self.max_num_seqs = max_num_seqs
-        max_tokens = max(self.token_sizes, default=0)
-        max_seqs = self.seq_rows(max_tokens)
+        """max_prompt_tokens: the largest step with prompt tokens to capture (0: none);
+        verify_tokens: 1 + k, the most tokens a sequence feeds in a verify step (0: no verify
+        ladder); max_step_tokens: the most tokens of a step, which caps that ladder."""
+        self.verify_tokens, self.max_num_seqs = verify_tokens, max_num_seqs
+        decode = graph_batch_sizes(max_num_seqs)
+        self.ladders = {  # sequences (decode, verify) or tokens (with prompts)
+            "decode": decode,
+            "verify": [n for n in decode if 0 < n * verify_tokens <= max_step_tokens],
+            "prompt": graph_token_sizes(max_prompt_tokens),
+        }
         max_blocks = blocks_needed(max_model_len, block_size)
         # the buffers each ladder's graphs read, a step written into their first rows
         self.inputs = {
-            True: GraphInputs(self.sizes[-1], self.sizes[-1], max_blocks, device, decode=True),
-            False: GraphInputs(max_tokens, max_seqs, max_blocks, device, decode=False),
+            kind: GraphInputs(
+                self.tokens(kind, max(sizes, default=0)),
+                self.seqs(kind, max(sizes, default=0)),
+                max_blocks,
+                device,
+                decode=kind == "decode",
+            )
+            for kind, sizes in self.ladders.items()
         }
         self.identity = torch.arange(
-            self.sizes[-1] + 1, dtype=torch.int32, device=device
+            decode[-1] + 1, dtype=torch.int32, device=device
         )  # decode's cu_seqlens_q (never read)
-        self.output = torch.zeros(
-            max(self.sizes[-1], max_tokens), hidden_size, dtype=dtype, device=device
-        )
-        self.graphs: dict[
-            tuple[bool, int], torch.cuda.CUDAGraph
-        ] = {}  # (is_decode, sequences or tokens) -> graph
-        self.num_replays = {True: 0, False: 0}  # by is_decode
+        most = max(self.tokens(kind, max(sizes, default=0)) for kind, sizes in self.ladders.items())
+        self.output = torch.zeros(most, hidden_size, dtype=dtype, device=device)
+        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}  # (kind, size) -> graph
+        self.num_replays = dict.fromkeys(KINDS, 0)
 
-    def seq_rows(self, num_tokens: int) -> int:
-        """The sequences a step of `num_tokens` tokens may hold."""
-        return min(self.max_num_seqs, num_tokens)
+    def tokens(self, kind: str, size: int) -> int:
+        """The tokens of a graph of the ladder `kind` and size `size`."""
+        return size * self.verify_tokens if kind == "verify" else size
+
+    def seqs(self, kind: str, size: int) -> int:
+        """The sequences a graph of the ladder `kind` and size `size` may hold."""
+        return min(self.max_num_seqs, size) if kind == "prompt" else size
 
     @torch.inference_mode()  # no autograd records: the graphs' memory pool holds only what a step needs
     def capture(self, model: nn.Module) -> None:
         """Record one step of `model` per size of each ladder; they share one memory pool (one
         step runs at a time), so the largest of all is captured first."""
         pool = None
-        todo = [(False, n) for n in self.token_sizes] + [(True, bs) for bs in self.sizes]
-        for key in sorted(todo, key=lambda key: key[1], reverse=True):
-            is_decode, n = key
-            graph = torch.cuda.CUDAGraph()
-            set_context(self.context(is_decode, n))
-            ids, pos = (buffer[:n] for buffer in self.token_inputs(is_decode))
+        todo = [(kind, size) for kind, sizes in self.ladders.items() for size in sizes]
+        for key in sorted(todo, key=lambda key: self.tokens(*key), reverse=True):
+            graph, n = torch.cuda.CUDAGraph(), self.tokens(*key)
+            set_context(self.context(*key))
+            ids, pos = (buffer[:n] for buffer in self.token_inputs(key[0]))
             self.output[:n] = model(
                 ids, pos
             )  # warm-up: autotuning and allocations happen outside the graph
@@ -109,52 +128,62 @@ class CUDAGraphs:
             torch.cuda.synchronize()
         set_context(None)
 
-    def token_inputs(self, is_decode: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def token_inputs(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The (input_ids, positions) buffers the graphs of one ladder read."""
-        g = self.inputs[is_decode].views
+        g = self.inputs[kind].views
         return g["input_ids"], g["positions"]
 
-    def context(self, is_decode: bool, n: int) -> Context:
-        """The context a graph of `n` sequences (decode) or tokens (with prompts) reads. While
-        capturing, every row is padding: nothing is stored (slots -1), nothing attended to
-        (context 0, and no prompt sequence has a token: cu_seqlens_q all 0)."""
-        g = self.inputs[is_decode].views
-        seqs = n if is_decode else self.seq_rows(n)
+    def context(self, kind: str, size: int) -> Context:
+        """The context a graph of the ladder `kind` and size `size` reads. While capturing,
+        every row is padding: nothing is stored (slots -1), nothing attended to (context 0, and
+        no sequence of a step with prompts or a verify step has a token: cu_seqlens_q all 0)."""
+        g, n, seqs = self.inputs[kind].views, self.tokens(kind, size), self.seqs(kind, size)
+        decode = kind == "decode"
         return Context(
             cu_seqlens_q=self.identity[: seqs + 1]
-            if is_decode
+            if decode
             else g["cu_seqlens_q"][: seqs + 1],  # decode: 0, 1, ..., never read
             slot_mapping=g["slot_mapping"][:n],
             context_lens=g["context_lens"][:seqs],
             block_tables=g["block_tables"][:seqs],
-            max_seqlen_q=1 if is_decode else n,
-            is_decode=is_decode,
-            decode_order=g["decode_order"][:n] if is_decode else None,
+            max_seqlen_q={"decode": 1, "verify": self.verify_tokens}.get(kind, n),
+            is_decode=decode,
+            decode_order=g["decode_order"][:n] if decode else None,
         )
 
+    def kind(self, step: StepInput) -> str:
+        """The ladder a step replays from: decode steps and verify steps (a few tokens a sequence)
+        by sequences, other steps with prompt tokens by tokens."""
+        if step.is_decode:
+            return "decode"
+        verify = self.ladders["verify"]
+        few = step.max_seqlen_q <= self.verify_tokens
+        return "verify" if verify and few and len(step.context_lens) <= verify[-1] else "prompt"
+
+    def units(self, step: StepInput, kind: str) -> int:
+        """What the ladder `kind` counts of the step: its sequences, or its tokens."""
+        return step.num_tokens if kind == "prompt" else len(step.context_lens)
+
     def can_replay(self, step: StepInput) -> bool:
-        """Is there a graph for this step: decode steps by sequences, steps with prompt tokens
-        by tokens?"""
-        sizes = self.ladder(step)
-        return bool(self.graphs) and bool(sizes) and step.num_tokens <= sizes[-1]
+        """Is there a graph for this step on its ladder?"""
+        kind = self.kind(step)
+        sizes = self.ladders[kind]
+        return bool(self.graphs) and bool(sizes) and self.units(step, kind) <= sizes[-1]
 
     def write(self, step: StepInput) -> dict[str, torch.Tensor]:
         """The step's arrays into its ladder's graph inputs, in one copy (graph_inputs.py); the
         device views of its input_ids, sample_rows, carry_index and carry_rows."""
-        size = self.size(step)
-        rows = size if step.is_decode else self.seq_rows(size)
-        return self.inputs[step.is_decode].write(step, size, rows)
+        kind, size = self.size(step)
+        return self.inputs[kind].write(step, self.tokens(kind, size), self.seqs(kind, size))
 
-    def ladder(self, step: StepInput) -> list[int]:
-        """The captured sizes of the step's ladder: sequences (decode) or tokens (with prompts)."""
-        return self.sizes if step.is_decode else self.token_sizes
-
-    def size(self, step: StepInput) -> int:
-        """The captured size the step is padded up to."""
-        return graph_for(step.num_tokens, self.ladder(step))
+    def size(self, step: StepInput) -> tuple[str, int]:
+        """The step's ladder and the captured size it is padded up to."""
+        kind = self.kind(step)
+        return kind, graph_for(self.units(step, kind), self.ladders[kind])
 
     def replay(self, step: StepInput) -> torch.Tensor:
         """(tokens, hidden): the hidden states of the step `write` wrote."""
-        self.graphs[(step.is_decode, self.size(step))].replay()
-        self.num_replays[step.is_decode] += 1
+        key = self.size(step)
+        self.graphs[key].replay()
+        self.num_replays[key[0]] += 1
         return self.output[: step.num_tokens]

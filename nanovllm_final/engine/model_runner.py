@@ -342,13 +342,15 @@ class ModelRunner:
     # ---- CUDA graphs (captured and replayed by cuda_graphs.py) ----
 
     def capture_cuda_graphs(self, model_config: ModelConfig) -> None:
-        """Capture the decode steps' graphs (and, where the backend can, those with prompts)."""
-        config = self.config
+        """Capture the decode steps' graphs (and, where the backend can, those with prompts, and
+        those of verify steps whose attention is its decode's)."""
+        config, spec = self.config, self.config.speculative_config
         prompt_tokens = (
             min(config.max_num_batched_tokens, config.cuda_graph_max_tokens)
             if self.attention_backend.capturable_prefill
             else 0
         )
+        verify_tokens = 0 if spec is None else 1 + spec.num_speculative_tokens
         self.cuda_graphs = CUDAGraphs(
             config.max_num_seqs,
             prompt_tokens,
@@ -357,6 +359,10 @@ class ModelRunner:
             model_config.hidden_size,
             self.dtype,
             self.device,
+            verify_tokens=verify_tokens
+            if verify_tokens <= self.attention_backend.decode_queries
+            else 0,
+            max_step_tokens=config.max_num_batched_tokens,
         )
         if self.world_size > 1:  # dropped before the group is left (distributed.py says why)
             keep_graphs(self.cuda_graphs.graphs)

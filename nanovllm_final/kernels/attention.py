@@ -21,6 +21,8 @@ Kernels
                              split-K over the context, merged by the last split to finish, so
                              that a few long sequences still fill the GPU; it can also store the
                              new tokens' K/V itself (``new_kv``): a decode step is one launch.
+                             It also takes a few queries per sequence (``cu_seqlens_q``): a
+                             verify step's 1 + k, each row masked causally.
 
 Conventions: tensors' last dim must be contiguous; every accumulation is fp32; fp32, fp16
 and bf16 inputs are supported; head_dim need not be a power of two (BLOCK_D pads it and
@@ -55,6 +57,7 @@ name = "triton"
 capturable = True  # no launch reads a device value
 capturable_prefill = True  # nor does the prefill launch: steps with prompts can be captured too
 fuses_rope = True  # the decode kernel and a prompt step's store apply RoPE (and q/k norms)
+decode_queries = 16  # the decode kernel takes up to 16 queries per sequence (a verify step's 1 + k)
 
 # exp(x) == exp2(x * log2(e)): exp2 is the cheaper instruction on GPUs, so the kernels
 # fold log2(e) into the softmax scale once and use exp2 everywhere.
@@ -685,19 +688,23 @@ def paged_prefill_attention(
 
 
 @triton.jit
-def _split_range(context_len, split, num_splits, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+def _split_range(context_len, q_len, split, num_splits, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
     """(kv_start, kv_end, num_valid): the keys of one sequence this split attends to, and how many
-    splits see at least one key. A split's size is ceil(context_len / num_splits) in whole tiles
-    (>= 1 tile), from the sequence's own context: every split has work whatever the block-table
-    width. Empty (kv_start >= kv_end) for a split past a short context, or a context of 0."""
+    splits see at least one key. The splits cut the keys every query sees, the first
+    context_len - q_len + 1, into ceil(that / num_splits) keys each in whole tiles (>= 1 tile),
+    from the sequence's own context: every split has work whatever the block-table width. The
+    last of them also takes the keys after those (the later queries' own), so every split's
+    first key is seen by all queries, and the new tokens' keys all fall in the last split.
+    Empty (kv_start >= kv_end) for a split past a short context, or a context of 0."""
     if SPLIT:
-        partition = tl.maximum(tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N), 1) * BLOCK_N
+        shared = context_len - q_len + 1  # keys before the first query's own, and it
+        partition = tl.maximum(tl.cdiv(tl.cdiv(shared, num_splits), BLOCK_N), 1) * BLOCK_N
         kv_start = split * partition
-        return (
-            kv_start,
-            tl.minimum(context_len, kv_start + partition),
-            tl.cdiv(context_len, partition),
-        )
+        num_valid = tl.cdiv(shared, partition)
+        kv_end = tl.minimum(shared, kv_start + partition)
+        if split == num_valid - 1:
+            kv_end = context_len
+        return kv_start, kv_end, num_valid
     else:
         return 0, context_len, 1
 
@@ -709,13 +716,14 @@ def _store_new_kv(
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
-    seq,
+    q_start,
+    q_len,
     kv_head,
     k_s,
     v_s,
     offs_d,
     d_mask,
-    pos,
+    pos_ptr,
     cos_ptr,
     sin_ptr,
     stride_cos,
@@ -733,55 +741,61 @@ def _store_new_kv(
     ROPE: tl.constexpr,
     HAS_NORM: tl.constexpr,
     FP8: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
 ):
-    """Sequence seq's new K/V of one kv head into its cache slot (slot_ptr[seq]; -1: none), as
-    store_kvcache writes them; with ROPE, K is rotated (after its norm) first, as the rotary layer
-    would. Rows are [1, BLOCK_D] tiles, the shape rope_rows works on. Ends with a barrier: every
-    thread's store is done before any thread reads the tile back."""
-    slot = tl.load(slot_ptr + seq).to(tl.int64)
-    if slot >= 0:
-        zero = tl.zeros([1], tl.int64)  # [1]: the one row's offset
-        row_ok = zero == 0
-        mask = row_ok[:, None] & d_mask[None, :]
-        k_row = seq.to(tl.int64) * stride_nk + kv_head * stride_nkh + zero  # [1]
-        if ROPE:
-            # fmt: off
-            k = rope_rows(
-                new_k_ptr, k_row, row_ok, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, offs_d,
-                HEAD_DIM, HAS_NORM,
-            )
-            # fmt: on
-        else:
-            k = tl.load(new_k_ptr + k_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
-        v_row = seq.to(tl.int64) * stride_nv + kv_head * stride_nvh + zero
-        v = tl.load(new_v_ptr + v_row[:, None] + offs_d[None, :], mask=mask, other=0.0)
-        if FP8:
-            k, v = _to_e4m3(k, k_s), _to_e4m3(v, v_s)
-        dst = (
-            (slot // PAGE_SIZE) * stride_cb
-            + (slot % PAGE_SIZE) * stride_cs
-            + kv_head * stride_ch
-            + zero[:, None]
-            + offs_d[None, :]
+    """A sequence's q_len new tokens (from token q_start on): their K/V of one kv head into their
+    cache slots (slot_ptr[token]; -1: none), as store_kvcache writes them; with ROPE, K is rotated
+    (after its norm) for its position first, as the rotary layer would. Rows are a [BLOCK_Q,
+    BLOCK_D] tile, the shape rope_rows works on. Ends with a barrier: every thread's store is done
+    before any thread reads the tile back."""
+    offs_q = tl.arange(0, BLOCK_Q)  # [BLOCK_Q]
+    tokens = (q_start + offs_q).to(tl.int64)
+    slots = tl.load(slot_ptr + tokens, mask=offs_q < q_len, other=-1).to(tl.int64)  # [BLOCK_Q]
+    rows_ok = slots >= 0
+    mask = rows_ok[:, None] & d_mask[None, :]
+    k_rows = tokens * stride_nk + kv_head * stride_nkh  # [BLOCK_Q]
+    if ROPE:
+        pos = tl.load(pos_ptr + tokens, mask=rows_ok, other=0).to(tl.int64)  # [BLOCK_Q]
+        # fmt: off
+        k = rope_rows(
+            new_k_ptr, k_rows, rows_ok, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, offs_d,
+            HEAD_DIM, HAS_NORM,
         )
-        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        # fmt: on
+    else:
+        k = tl.load(new_k_ptr + k_rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    v_rows = tokens * stride_nv + kv_head * stride_nvh
+    v = tl.load(new_v_ptr + v_rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    if FP8:
+        k, v = _to_e4m3(k, k_s), _to_e4m3(v, v_s)
+    dst = (slots // PAGE_SIZE) * stride_cb + (slots % PAGE_SIZE) * stride_cs + kv_head * stride_ch
+    dst = dst[:, None] + offs_d[None, :]  # [BLOCK_Q, BLOCK_D]
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
     tl.debug_barrier()
+
+
+@triton.jit
+def _group_rows_of(q_start, q_len, kv_head, ROWS: tl.constexpr, GROUP: tl.constexpr):
+    """The rows of a decode program's products: row r is query head r % GROUP of the kv head's
+    group at the sequence's (r // GROUP)-th new token. (tokens, heads, rows_ok), each [ROWS]."""
+    offs = tl.arange(0, ROWS)
+    return q_start + offs // GROUP, kv_head * GROUP + offs % GROUP, offs < GROUP * q_len
 
 
 @triton.jit
 def _load_group_q(
     q_ptr,
-    seq,
+    q_start,
+    q_len,
     kv_head,
-    pos,
+    pos_ptr,
     cos_ptr,
     sin_ptr,
     stride_cos,
     q_w_ptr,
     eps,
     offs_d,
-    h_mask,
     stride_qs,
     stride_qh,
     GROUP: tl.constexpr,
@@ -792,16 +806,18 @@ def _load_group_q(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The GROUP query heads of one kv head as the rows of a [BLOCK_H, BLOCK_D] matrix (padding
-    rows 0), in q's dtype; with ROPE rotated first (after the q norm).
-    The rotation works element by element, so it runs on the GROUP real rows only (BLOCK_G of
-    them), which are then spread over the BLOCK_H rows that tl.dot needs."""
-    q_row = q_ptr + seq.to(tl.int64) * stride_qs
+    """The GROUP query heads of one kv head at each of the sequence's q_len new tokens as the rows
+    of a [BLOCK_H, BLOCK_D] matrix (_group_rows_of's order; padding rows 0), in q's dtype; with
+    ROPE rotated first (after the q norm), each for its token's position.
+    The rotation works element by element, so it runs on the GROUP * q_len real rows only
+    (BLOCK_G of them), which are then spread over the BLOCK_H rows that tl.dot needs."""
     if ROPE:
-        offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
+        tokens, heads, rows_ok = _group_rows_of(q_start, q_len, kv_head, BLOCK_G, GROUP)
+        tokens = tokens.to(tl.int64)  # [BLOCK_G]
+        pos = tl.load(pos_ptr + tokens, mask=rows_ok, other=0).to(tl.int64)
         # fmt: off
         q = rope_rows(
-            q_row, (kv_head * GROUP + offs_g) * stride_qh, offs_g < GROUP, pos, cos_ptr, sin_ptr,
+            q_ptr, tokens * stride_qs + heads * stride_qh, rows_ok, pos, cos_ptr, sin_ptr,
             stride_cos, q_w_ptr, eps, offs_d, HEAD_DIM, HAS_NORM,
         )  # [BLOCK_G, BLOCK_D]
         # fmt: on
@@ -809,11 +825,13 @@ def _load_group_q(
             tl.broadcast_to(q[None, :, :], (BLOCK_H // BLOCK_G, BLOCK_G, BLOCK_D)),
             (BLOCK_H, BLOCK_D),
         )
+        _, _, h_mask = _group_rows_of(q_start, q_len, kv_head, BLOCK_H, GROUP)
         q = tl.where(h_mask[:, None], q, 0.0).to(q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
     else:
-        heads = kv_head * GROUP + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+        tokens, heads, h_mask = _group_rows_of(q_start, q_len, kv_head, BLOCK_H, GROUP)
+        rows = tokens.to(tl.int64) * stride_qs + heads * stride_qh  # [BLOCK_H]
         mask = h_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
-        q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=mask, other=0.0)
+        q = tl.load(q_ptr + rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
     return q
 
 
@@ -866,6 +884,7 @@ def _write_output(
     counts_ptr,
     seq,
     kv_head,
+    tokens,
     heads,
     h_mask,
     offs_d,
@@ -885,7 +904,7 @@ def _write_output(
     if SPLIT:
         if num_valid > 1:
             first_row = (
-                seq.to(tl.int64) * NUM_HEADS + heads
+                tokens.to(tl.int64) * NUM_HEADS + heads
             ) * num_splits  # [BLOCK_H]: split 0's rows
             tl.store(
                 part_out_ptr + (first_row + split)[:, None] * HEAD_DIM + offs_d[None, :],
@@ -930,6 +949,7 @@ def _paged_decode_kernel(
     context_lens_ptr,
     block_tables_ptr,
     order_ptr,  # (S,) int32: the sequences in launch order (when ORDERED)
+    cu_seqlens_q_ptr,  # (S + 1,) int32: each sequence's first token (when MAX_Q > 1)
     k_scale_ptr,
     v_scale_ptr,  # (KVH,) fp32, read when FP8
     q_scale_ptr,  # (1,) fp32: q's static scale, read when FP8_DOT and not Q_DYNAMIC
@@ -959,7 +979,9 @@ def _paged_decode_kernel(
     ROPE: tl.constexpr,  # q and new K come unrotated: rotate them (HAS_NORM: norms first)
     HAS_NORM: tl.constexpr,
     ORDERED: tl.constexpr,  # program i handles sequence order[i]
-    BLOCK_G: tl.constexpr,  # GROUP padded to a power of two
+    MAX_Q: tl.constexpr,  # 1: a query per sequence, token i of sequence i; else up to MAX_Q (a
+    # power of two) from cu_seqlens_q
+    BLOCK_G: tl.constexpr,  # GROUP * MAX_Q padded to a power of two
     BLOCK_H: tl.constexpr,  # and to at least 16 (tl.dot's least M): _group_rows
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -979,19 +1001,30 @@ def _paged_decode_kernel(
     else:
         seq = tl.program_id(1)
     split = tl.program_id(2)
+    if MAX_Q == 1:
+        q_start, q_len = seq, 1
+    else:
+        q_start = tl.load(cu_seqlens_q_ptr + seq)
+        q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
 
-    # The GROUP query heads that share this kv head are the rows of one matrix, so each
-    # K/V tile is loaded once for the whole group (padding rows are masked).
-    offs_h = tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    # The GROUP query heads that share this kv head, at each of the sequence's new tokens, are
+    # the rows of one matrix, so each K/V tile is loaded once for all of them (padding rows are
+    # masked).
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
-    h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + offs_h  # [BLOCK_H] query heads
+    tokens, heads, h_mask = _group_rows_of(q_start, q_len, kv_head, BLOCK_H, GROUP)  # [BLOCK_H]
     out_mask = h_mask[:, None] & d_mask[None, :]
-    out_ptrs = out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
+    out_ptrs = (
+        out_ptr
+        + tokens.to(tl.int64)[:, None] * stride_os
+        + heads[:, None] * stride_oh
+        + offs_d[None, :]
+    )
 
     context_len = tl.load(context_lens_ptr + seq)
-    kv_start, kv_end, num_valid = _split_range(context_len, split, num_splits, SPLIT, BLOCK_N)
+    kv_start, kv_end, num_valid = _split_range(
+        context_len, q_len, split, num_splits, SPLIT, BLOCK_N
+    )
     if kv_start >= kv_end:  # a split past a short context: nothing to do
         if context_len == 0 and split == 0:  # a padding row: zeros
             tl.store(
@@ -1002,21 +1035,18 @@ def _paged_decode_kernel(
         return
 
     k_s, v_s = _kv_scales(k_scale_ptr, v_scale_ptr, kv_head, FP8)
-    pos = 0
-    if ROPE:
-        pos = tl.load(pos_ptr + seq).to(tl.int64)
-    if STORE and kv_end == context_len:  # this program holds the last key: the new token's
+    if STORE and kv_end == context_len:  # this program holds the last keys: the new tokens'
         # fmt: off
         _store_new_kv(
-            new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, seq, kv_head, k_s, v_s,
-            offs_d, d_mask, pos, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, stride_nk, stride_nkh,
-            stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch, HEAD_DIM, PAGE_SIZE, ROPE,
-            HAS_NORM, FP8,
+            new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, q_start, q_len, kv_head, k_s,
+            v_s, offs_d, d_mask, pos_ptr, cos_ptr, sin_ptr, stride_cos, k_w_ptr, eps, stride_nk,
+            stride_nkh, stride_nv, stride_nvh, stride_cb, stride_cs, stride_ch, HEAD_DIM, PAGE_SIZE,
+            ROPE, HAS_NORM, FP8, MAX_Q,
         )
         # fmt: on
     # fmt: off
     q = _load_group_q(
-        q_ptr, seq, kv_head, pos, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d, h_mask,
+        q_ptr, q_start, q_len, kv_head, pos_ptr, cos_ptr, sin_ptr, stride_cos, q_w_ptr, eps, offs_d,
         stride_qs, stride_qh, GROUP, HEAD_DIM, ROPE, HAS_NORM, BLOCK_G, BLOCK_H, BLOCK_D,
     )
     # fmt: on
@@ -1027,13 +1057,19 @@ def _paged_decode_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
 
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    # The single query is the last position, so every key < context_len is visible: the
-    # only mask needed is the end of the context (or of this split). The loads need none: a
-    # tile's rows past the end read the last key again (always a valid slot), and the scores'
-    # mask gives them no weight: fewer instructions per tile than masked loads.
+    # A single query is the last position, so every key < context_len is visible: the only
+    # mask needed is the end of the context (or of this split); with several, each row also
+    # stops at its own token's position. The loads need none: a tile's rows past the end read
+    # the last key again (always a valid slot), and the scores' mask gives them no weight:
+    # fewer instructions per tile than masked loads.
+    last_key = context_len - q_len + tl.minimum(tokens - q_start, q_len - 1)  # [BLOCK_H]
     for start_n in range(kv_start, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         n_mask = offs_n < kv_end
+        if MAX_Q == 1:
+            mask = n_mask[None, :]
+        else:
+            mask = n_mask[None, :] & (offs_n[None, :] <= last_key[:, None])  # [BLOCK_H, BLOCK_N]
         rows = tl.minimum(offs_n, kv_end - 1)  # [BLOCK_N] valid positions
         # fmt: off
         k = _load_kv_tile(
@@ -1046,7 +1082,7 @@ def _paged_decode_kernel(
         )  # [BLOCK_N, BLOCK_D]
         # fmt: on
         m_i, l_i, acc = _online_softmax_step(
-            q, k, v, m_i, l_i, acc, qk_scale, n_mask[None, :], True, PV_FP8, ROUND
+            q, k, v, m_i, l_i, acc, qk_scale, mask, True, PV_FP8, ROUND
         )
 
     if PV_FP8:
@@ -1056,15 +1092,15 @@ def _paged_decode_kernel(
     # fmt: off
     _write_output(
         out, m_i, l_safe, out_ptrs, out_mask, part_out_ptr, part_lse_ptr, counts_ptr, seq, kv_head,
-        heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS, KVH, HEAD_DIM, SPLIT,
-        BLOCK_H, BLOCK_D,
+        tokens, heads, h_mask, offs_d, split, num_valid, num_splits, NUM_HEADS, KVH, HEAD_DIM,
+        SPLIT, BLOCK_H, BLOCK_D,
     )
     # fmt: on
 
 
 def _group_rows(group: int, flags: dict, num_warps: int, device: torch.device) -> int:
-    """BLOCK_H, the rows of the decode kernel's products: the GQA group padded to a power of two and
-    to at least 16 (tl.dot's least M); 64 for e4m3 products on Hopper with a multiple of 4 warps:
+    """BLOCK_H, the rows of the decode kernel's products: `group` (the GQA group's heads times the
+    queries per sequence) padded to a power of two and to at least 16 (tl.dot's least M); 64 for e4m3 products on Hopper with a multiple of 4 warps:
     there only warpgroup MMA (64 rows a warpgroup) multiplies e4m3, and Triton widens the operands
     of a smaller product to fp16 (Ada's mma.sync takes e4m3 at 16 rows). The padding rows cost
     tensor-core time only, which a decode step has to spare."""
@@ -1157,14 +1193,16 @@ def _rope_args(q: torch.Tensor, new_kv: tuple | None, rope: tuple | None) -> tup
     return rope
 
 
-def _decode_tiles(q, flags, kv_heads, max_context, block_n, num_warps, num_stages, num_splits):
+def _decode_tiles(
+    q, flags, num_seqs, kv_heads, max_context, block_n, num_warps, num_stages, num_splits
+):
     """(BLOCK_N, num_warps, num_stages, num_splits) of a decode launch: each one given, else the
     device's tuning (the split-K factor from default_num_splits)."""
     tiles = tuning.for_device(q.device).decode(flags["FP8"], q.shape[2])
     block_n = block_n or tiles["BLOCK_N"]
     if num_splits is None:
         num_splits = default_num_splits(
-            q.shape[0], kv_heads, max_context, q.device, block_n, tiles["programs_per_sm"]
+            num_seqs, kv_heads, max_context, q.device, block_n, tiles["programs_per_sm"]
         )
     return (
         block_n,
@@ -1175,7 +1213,7 @@ def _decode_tiles(q, flags, kv_heads, max_context, block_n, num_warps, num_stage
 
 
 def paged_decode_attention(
-    q: torch.Tensor,  # (num_seqs, heads, head_dim), one query per sequence
+    q: torch.Tensor,  # (num_seqs, heads, head_dim), one query per sequence (or see cu_seqlens_q)
     k_cache: torch.Tensor,  # (num_blocks, block_size, kv_heads, head_dim)
     v_cache: torch.Tensor,  # (num_blocks, block_size, kv_heads, head_dim)
     context_lens: torch.Tensor,  # (num_seqs,) int32, includes the current token
@@ -1196,23 +1234,35 @@ def paged_decode_attention(
     pv_fp8: bool | None = None,
     q_scale: torch.Tensor | None = None,
     BLOCK_H: int | None = None,  # rows of the products (_group_rows); None: the device's least
-) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype
+    cu_seqlens_q: torch.Tensor | None = None,  # (num_seqs + 1,) int32: several queries each
+    max_seqlen_q: int = 1,  # with cu_seqlens_q: the most queries of a sequence (at most decode_queries)
+) -> torch.Tensor:  # (num_seqs, heads, head_dim), q.dtype (or (tokens, ...): see cu_seqlens_q)
     """Attention of each sequence's single query (position context_len - 1) over its cache: one
     program per (sequence, kv head[, split]) for all query heads of the GQA group. The launch
     reads no device values (graph-capturable); a context_len of 0 gives zeros. `new_kv` and
     `rope`: see "Decode" above. `order` changes only which programs start first: in a batch of
-    mixed lengths, longest first keeps the last wave short (the runner passes it, step_input.py)."""
-    (num_seqs, num_heads, head_dim), kv_heads, page_size = q.shape, *k_cache.shape[2:0:-1]
+    mixed lengths, longest first keeps the last wave short (the runner passes it, step_input.py).
+
+    With `cu_seqlens_q`, a sequence has a few queries, its last q_len positions (q packed as for
+    prefill, q_len up to max_seqlen_q): a verify step's 1 + k. The program's rows are then the
+    group's heads at each of them, each masked causally; its last split, which the split-K cut
+    makes hold every new key, stores them all."""
+    (num_tokens, num_heads, head_dim), kv_heads, page_size = q.shape, *k_cache.shape[2:0:-1]
     assert num_heads % kv_heads == 0 and k_cache.shape[3] == head_dim
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride()
-    group = num_heads // kv_heads
+    assert cu_seqlens_q is not None or max_seqlen_q == 1, "several queries need cu_seqlens_q"
+    assert 1 <= max_seqlen_q <= decode_queries, f"at most {decode_queries} queries per sequence"
+    group, num_seqs = num_heads // kv_heads, context_lens.shape[0]
+    max_q = triton.next_power_of_2(max_seqlen_q) if cu_seqlens_q is not None else 1
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if num_seqs == 0:
+    if num_seqs == 0 or num_tokens == 0:
         return out
     scales, flags = _fp8_launch("decode", q, k_cache, k_scale, v_scale, fp8_dot, pv_fp8, q_scale)
     max_ctx = block_tables.shape[1] * page_size  # an upper bound on any context_len
     tiles = (BLOCK_N, num_warps, num_stages, num_splits)
-    BLOCK_N, num_warps, num_stages, num_splits = _decode_tiles(q, flags, kv_heads, max_ctx, *tiles)
+    BLOCK_N, num_warps, num_stages, num_splits = _decode_tiles(
+        q, flags, num_seqs, kv_heads, max_ctx, *tiles
+    )
     # the split-K partials: out, lse, counts
     splits = _split_buffers(q, kv_heads, num_splits, counters, out, context_lens)
     new_k, new_v, slot_mapping = _new_kv_args(q, kv_heads, new_kv)
@@ -1223,12 +1273,13 @@ def paged_decode_attention(
         q, k_cache, v_cache, out, *splits, new_k, new_v, slot_mapping,
         positions, cos, sin, q if q_w is None else q_w, q if k_w is None else k_w,
         context_lens, block_tables, order if order is not None else context_lens,
-        *scales, scale * LOG2E, eps, *q.stride()[:2], *out.stride()[:2], *k_cache.stride()[:3],
+        cu_seqlens_q if cu_seqlens_q is not None else context_lens, *scales, scale * LOG2E, eps, *q.stride()[:2], *out.stride()[:2], *k_cache.stride()[:3],
         *new_k.stride()[:2], *new_v.stride()[:2], cos.stride(0), block_tables.stride(0), num_splits,
         NUM_HEADS=num_heads, KVH=kv_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         SPLIT=num_splits > 1, STORE=new_kv is not None, ROPE=rope is not None, HAS_NORM=q_w is not None,
         ORDERED=order is not None and num_splits == 1,  # splits balance the work themselves
-        BLOCK_G=triton.next_power_of_2(group), BLOCK_H=BLOCK_H or _group_rows(group, flags, num_warps, q.device),
+        MAX_Q=max_q, BLOCK_G=triton.next_power_of_2(group * max_q),
+        BLOCK_H=BLOCK_H or _group_rows(group * max_q, flags, num_warps, q.device),
         BLOCK_N=BLOCK_N, BLOCK_D=_block_d(head_dim, flags, BLOCK_N), **flags,
         num_warps=num_warps, num_stages=num_stages, **pdl_args(q.device),
     )

@@ -111,7 +111,7 @@ def rope_rows(
     HAS_NORM: tl.constexpr,
 ):
     """Rows of head_dim D at x_ptr + row_offs (a [ROWS] tensor; rows_ok masks them), rotated
-    for position `pos`: [ROWS, BLOCK_D] float32 holding values of x's dtype (0 past D). Each
+    for position `pos` (one for all rows, or [ROWS]: each row's own): [ROWS, BLOCK_D] float32 holding values of x's dtype (0 past D). Each
     lane d reads x[d] and its rotate-half partner x[d +- D/2]: out = x c + sign x' s, sign
     -1 in the first half. With HAS_NORM, x is first w * x / rms(x) per row (Qwen3's q_norm,
     k_norm). Every product and the sum are rounded to x's dtype where the reference rounds."""
@@ -135,13 +135,14 @@ def rope_rows(
         xs = rounded(ws * rounded(xs * rstd, dtype), dtype)
     # cos/sin tables are (positions, D) with both halves equal; rounded to the inputs' dtype
     # like the reference's `.to(q.dtype)`
-    c = rounded(
-        tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32), dtype
-    )[None, :]
-    s = rounded(
-        tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32), dtype
-    )[None, :]
+    table = (pos * stride_cos + row_offs * 0)[:, None] + offs_d[None, :]  # [ROWS, BLOCK_D]
+    c = rounded(tl.load(cos_ptr + table, mask=mask, other=0.0).to(tl.float32), dtype)
+    s = rounded(tl.load(sin_ptr + table, mask=mask, other=0.0).to(tl.float32), dtype)
     sign = tl.where(offs_d < half, -1.0, 1.0)[None, :]
+    if (
+        dtype == tl.float32
+    ):  # one fused multiply-add: what a compiler would contract, in every variant
+        return tl.fma(x, c, sign * (xs * s))
     return rounded(rounded(x * c, dtype) + sign * rounded(xs * s, dtype), dtype)
 
 

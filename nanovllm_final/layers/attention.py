@@ -2,14 +2,17 @@
 
 A backend is a module: attention_torch.py (the PyTorch reference), ../kernels/attention.py
 (ours, Triton) or attention_flash.py (the flash-attn package). Each has the same three functions,
-which the Attention layer calls, and says four things of itself (`name`; `capturable`: can
+which the Attention layer calls, and says five things of itself (`name`; `capturable`: can
 a decode step be captured in a CUDA graph, i.e. do its launches read no device values;
 `capturable_prefill`: can a step with prompt tokens, at padded token and sequence counts;
-`fuses_rope`: do its decode and prefill take q and k unrotated, with `rope`)::
+`fuses_rope`: do its decode and prefill take q and k unrotated, with `rope`; `decode_queries`:
+the most queries per sequence its decode takes, packed as for prefill with cu_seqlens_q and
+max_seqlen_q: a step whose sequences feed no more, such as a verify step's 1 + k, runs as a
+decode)::
 
     store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)   token t's k/v into slot slot_mapping[t] (-1: skip)
     paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_seqlen_q, k_scale, v_scale, new_kv[, rope])
-    paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order, k_scale, v_scale, new_kv[, rope])
+    paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, order, k_scale, v_scale, new_kv[, rope, cu_seqlens_q, max_seqlen_q])
 
     q: (tokens, heads, head_dim), k/v: (tokens, kv_heads, head_dim) of the new tokens
     k_cache, v_cache: (num_blocks, block_size, kv_heads, head_dim); slot = block * block_size + offset
@@ -137,10 +140,14 @@ class Attention(nn.Module):
         else:
             q, k = rotary(positions, q, k, q_norm, k_norm)
         new_kv = (k, v, ctx.slot_mapping)  # stored by the backend before it reads the cache
-        if ctx.is_decode:  # one new token per sequence
+        if (
+            ctx.is_decode or ctx.max_seqlen_q <= self.backend.decode_queries
+        ):  # a few new tokens each
             if self.backend.fuses_rope:
                 self.counters = self.counters or self.backend.SplitCounters()
                 extra["counters"] = self.counters
+            if not ctx.is_decode:
+                extra |= dict(cu_seqlens_q=ctx.cu_seqlens_q, max_seqlen_q=ctx.max_seqlen_q)
             return self.backend.paged_decode_attention(
                 q,
                 self.k_cache,
@@ -151,7 +158,7 @@ class Attention(nn.Module):
                 ctx.decode_order,
                 new_kv=new_kv,
                 **extra,
-            )  # (seqs, heads, head_dim)
+            )  # (tokens, heads, head_dim)
         return self.backend.paged_prefill_attention(
             q,
             self.k_cache,

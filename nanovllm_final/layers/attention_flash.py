@@ -17,6 +17,7 @@ capturable_prefill = (
     False  # the prefill reads the longest context on the host: steps with prompts run eagerly
 )
 fuses_rope = False  # the rotary layer rotates q and k before the attention
+decode_queries = 1  # its decode takes one query per sequence
 
 
 def _no_fp8(k_cache: torch.Tensor, k_scale) -> None:

@@ -29,6 +29,7 @@ name = "torch"
 capturable = False  # it reads sizes on the host (.tolist())
 capturable_prefill = False  # nor can its prefill
 fuses_rope = False  # the rotary layer rotates q and k before the attention
+decode_queries = 1  # its decode takes one query per sequence
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 
