@@ -111,10 +111,12 @@ def rope_rows(
     HAS_NORM: tl.constexpr,
 ):
     """Rows of head_dim D at x_ptr + row_offs (a [ROWS] tensor; rows_ok masks them), rotated
-    for position `pos` (one for all rows, or [ROWS]: each row's own): [ROWS, BLOCK_D] float32 holding values of x's dtype (0 past D). Each
-    lane d reads x[d] and its rotate-half partner x[d +- D/2]: out = x c + sign x' s, sign
-    -1 in the first half. With HAS_NORM, x is first w * x / rms(x) per row (Qwen3's q_norm,
-    k_norm). Every product and the sum are rounded to x's dtype where the reference rounds."""
+    for position `pos` (one for all rows, or [ROWS]: each row's own): [ROWS, BLOCK_D] float32
+    holding values of x's dtype (0 past D). Each lane d reads x[d] and its rotate-half partner
+    x[d +- D/2]: out = x c + sign x' s, sign -1 in the first half. With HAS_NORM, x is first
+    w * x / rms(x) per row (Qwen3's q_norm, k_norm). Below float32, every product and the sum
+    are rounded to x's dtype where the reference rounds; in float32, out is one fused
+    multiply-add, which a compiler would otherwise contract or not depending on the variant."""
     half = D // 2
     d_ok = offs_d < D
     partner = tl.where(offs_d < half, offs_d + half, offs_d - half)  # [BLOCK_D]
@@ -139,9 +141,7 @@ def rope_rows(
     c = rounded(tl.load(cos_ptr + table, mask=mask, other=0.0).to(tl.float32), dtype)
     s = rounded(tl.load(sin_ptr + table, mask=mask, other=0.0).to(tl.float32), dtype)
     sign = tl.where(offs_d < half, -1.0, 1.0)[None, :]
-    if (
-        dtype == tl.float32
-    ):  # one fused multiply-add: what a compiler would contract, in every variant
+    if dtype == tl.float32:
         return tl.fma(x, c, sign * (xs * s))
     return rounded(rounded(x * c, dtype) + sign * rounded(xs * s, dtype), dtype)
 

@@ -140,9 +140,7 @@ class Attention(nn.Module):
         else:
             q, k = rotary(positions, q, k, q_norm, k_norm)
         new_kv = (k, v, ctx.slot_mapping)  # stored by the backend before it reads the cache
-        if (
-            ctx.is_decode or ctx.max_seqlen_q <= self.backend.decode_queries
-        ):  # a few new tokens each
+        if ctx.max_seqlen_q <= self.backend.decode_queries:  # one new token each, or a few
             if self.backend.fuses_rope:
                 self.counters = self.counters or self.backend.SplitCounters()
                 extra["counters"] = self.counters
