@@ -689,6 +689,12 @@ FILES = [
         "model has layers: the matrix-vector kernels for each tile choice against cuBLAS",
     ),
     (
+        "gemv_rows_*.json",
+        "python -m nanovllm_final.tune --only gemv --out benchmarks/results/gemv_rows_h100.json",
+        "the dense layers' matrix-vector kernel against cuBLAS at one, two and three rows on the tuner's "
+        "projections, and its tiles: how many rows a step may send to it (gemv.rows)",
+    ),
+    (
         "draft_agreement_course-llama_cpu.json",
         "python -m benchmarks.draft_agreement --out benchmarks/results/draft_agreement_course-llama_cpu.json",
         "the course model's draft (models/course-llama-draft) teacher-forced on the course model's greedy text (held-out "

@@ -84,7 +84,7 @@ class Plan:
     prefill_tiles: list = field(default_factory=lambda: PREFILL_TILES)
     gemv_shapes: dict = field(default_factory=lambda: GEMV_SHAPES)
     gemv_tiles: list = field(default_factory=lambda: GEMV_TILES)
-    gemv_rows: tuple = (1, 2, 3, 4, 6, 8)
+    gemv_rows: tuple = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
     moe_shape: tuple = MOE_SHAPE
     moe_sizes: dict = field(
         default_factory=lambda: {"2048": 256, "8192": 1024, "65536": 4096}

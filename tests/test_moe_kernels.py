@@ -222,28 +222,43 @@ def test_small_batches_take_the_gemv_path(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens", [1, 3, 4])
+@pytest.mark.parametrize("tokens", [1, 3, 5, 8, 17])
 def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype):
-    """A dense layer's few rows on the same kernels (one expert of weight 1): `gemv` is F.linear,
-    `dense_mlp` a SwiGLU MLP's gate/up, SiLU-and-multiply and down, with a K of several tiles
-    and a ragged last one (72 = 2 * 32 + 8 on a CPU's tiles) and an output width not a multiple of the columns."""
+    """A dense layer's few rows on the matrix-vector kernel: `gemv` is F.linear, gate/up then
+    down a SwiGLU MLP, with a K of several tiles and a ragged last one (72 = 2 * 32 + 8 on a
+    CPU's tiles), an output width not a multiple of the columns, and rows filling part of a
+    program (3, 5), all of one (8) or spilling into a second (17). Each row equals that row
+    alone, bit for bit: the rows beside it change nothing."""
+    tiles = {
+        kind: tuning.for_device(torch.device(DEVICE)).gemv(kind)
+        for kind in ("linear", "gate_up", "down")
+    }
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, 72, generator=g).to(dtype)
     w = (torch.randn(45, 72, generator=g) * 0.2).to(dtype)
-    out = gemv.gemv(x.to(DEVICE), w.to(DEVICE)).cpu()
+    out = gemv.gemv(x.to(DEVICE), w.to(DEVICE), tiles["linear"]).cpu()
     assert out.shape == (tokens, 45) and out.dtype == dtype
     torch.testing.assert_close(
         out, torch.nn.functional.linear(x.float(), w.float()).to(dtype), **tol(dtype)
     )
     gate_up, down = (
-        (torch.randn(2 * 24, 72, generator=g) * 0.2).to(dtype),
-        (torch.randn(72, 24, generator=g) * 0.2).to(dtype),
+        (torch.randn(2 * 24, 72, generator=g) * 0.2).to(dtype).to(DEVICE),
+        (torch.randn(72, 24, generator=g) * 0.2).to(dtype).to(DEVICE),
     )
-    h = torch.nn.functional.linear(x, gate_up)  # (tokens, 2 * 24) = [gate | up]
-    expected = torch.nn.functional.linear(torch.nn.functional.silu(h[:, :24]) * h[:, 24:], down)
-    out = gemv.dense_mlp(x.to(DEVICE), gate_up.to(DEVICE), down.to(DEVICE)).cpu()
+
+    def mlp(rows: torch.Tensor) -> torch.Tensor:
+        h = gemv.dense_gate_up(rows.to(DEVICE), gate_up, tiles["gate_up"])
+        return gemv.gemv(h, down, tiles["down"]).cpu()
+
+    h = torch.nn.functional.linear(x, gate_up.cpu())  # (tokens, 2 * 24) = [gate | up]
+    expected = torch.nn.functional.linear(
+        torch.nn.functional.silu(h[:, :24]) * h[:, 24:], down.cpu()
+    )
+    out = mlp(x)
     assert out.shape == x.shape
     torch.testing.assert_close(out, expected, **tol(dtype))
+    for row in {0, tokens // 2, tokens - 1}:
+        assert torch.equal(mlp(x[row : row + 1])[0], out[row])
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="the layers use the kernels on CUDA only")

@@ -1,13 +1,15 @@
 """Matrix-vector products in Triton: a few rows times a weight matrix, at the memory bound.
 
-Two kernels: `_gate_up_gemv_kernel` computes silu(gate @ x) * (up @ x) for one row and block
-of columns, `_down_gemv_sum_kernel` a projection, summing over each token's top_k slots. With
-ROUTED=False they serve dense layers at a decode batch of a few rows (one expert that every
-token picks with weight 1): `dense_mlp` is a whole SwiGLU MLP in two launches, `gemv` any
-projection without a bias, where cuBLAS picks kernels far from the memory bound at one row.
-With ROUTED=True, moe.py runs a few tokens' experts on them. References: F.linear, and
-layers/transformer.py's MLP (SiluAndMul between two projections); tests/test_moe_kernels.py
-checks them against those under TRITON_INTERPRET=1. Tiles: tuning.py's `gemv` entry."""
+`dense_gemv_kernel` serves dense layers at a few rows (the device's gemv.rows: a small decode
+batch, a verify step of k = 1), where cuBLAS picks kernels far from the memory bound: `gemv` is
+any projection without a bias, `dense_mlp` a whole SwiGLU MLP in two launches (gate/up with the
+activation on the tile, then down). A program reads its weight tile once for all of its rows,
+and computes each row with the same instructions whatever the number of rows beside it: a row's
+result does not depend on which rows share the launch. `gate_up_gemv_kernel` and
+`down_gemv_sum_kernel` run a few tokens' experts for moe.py, each (token, expert) pair reading
+its own expert's weights. References: F.linear, and layers/transformer.py's MLP (SiluAndMul
+between two projections); tests/test_moe_kernels.py checks them against those under
+TRITON_INTERPRET=1. Tiles: tuning.py's `gemv` entry (and `moe.gemv`)."""
 
 import torch
 import triton
@@ -16,6 +18,59 @@ import triton.language as tl
 from . import tuning
 from .common import rounded, swiglu
 from .launch import pdl_args, wait_for_prior_kernel
+
+
+@triton.jit
+def dense_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    stride_xt,
+    stride_wn,  # x: (T, K); w: (N, K), or (2N, K) = [gate | up] with GATE_UP; last dims contiguous
+    T,
+    N,
+    K,
+    GATE_UP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """out[t-block, n-block] = x @ w^T rounded once as F.linear, or with GATE_UP
+    silu(x @ gate^T) * (x @ up^T), for BLOCK_T rows: each weight tile is loaded once, then
+    every row is multiplied by it in turn."""
+    wait_for_prior_kernel(PDL)
+    row0 = tl.program_id(0) * BLOCK_T
+    offs_t = row0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    g_ptrs = (
+        w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    )  # [BLOCK_N, BLOCK_K]
+    x_ptrs = x_ptr + row0.to(tl.int64) * stride_xt + offs_k  # [BLOCK_K], row0's
+    acc_g = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        w_mask = n_ok[:, None] & k_ok[None, :]
+        g = tl.load(g_ptrs, mask=w_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        if GATE_UP:  # the up rows follow the gate rows
+            u = tl.load(g_ptrs + N * stride_wn, mask=w_mask, other=0.0).to(tl.float32)
+        for t in tl.static_range(BLOCK_T):
+            k_left = tl.where(row0 + t < T, K - k * BLOCK_K, 0)  # none past the last row
+            a = tl.load(x_ptrs + t * stride_xt, mask=offs_k < k_left, other=0.0)
+            a = a.to(tl.float32)[None, :]  # [1, BLOCK_K]
+            mine = (offs_t == row0 + t)[:, None]  # [BLOCK_T, 1]: row t's accumulators
+            acc_g = tl.where(mine, acc_g + tl.sum(g * a, axis=1)[None, :], acc_g)
+            if GATE_UP:
+                acc_u = tl.where(mine, acc_u + tl.sum(u * a, axis=1)[None, :], acc_u)
+        x_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+    dtype = out_ptr.dtype.element_ty
+    out = swiglu(acc_g, acc_u, dtype) if GATE_UP else acc_g.to(dtype)  # [BLOCK_T, BLOCK_N]
+    out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
+    tl.store(out_ptrs, out, mask=(offs_t < T)[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -30,19 +85,16 @@ def gate_up_gemv_kernel(
     N,
     K,
     TOP_K: tl.constexpr,
-    ROUTED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """out[pair, n-block] = silu(gate[e] @ x[token]) * (up[e] @ x[token]) for one pair
-    (ROUTED=False: expert 0, a dense MLP's weights)."""
+    """out[pair, n-block] = silu(gate[e] @ x[token]) * (up[e] @ x[token]) for one (token,
+    expert) pair, e its routed expert."""
     wait_for_prior_kernel(PDL)
     pair = tl.program_id(0)
     token = (pair // TOP_K).to(tl.int64)
-    expert = 0
-    if ROUTED:
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -81,7 +133,6 @@ def down_gemv_sum_kernel(
     N,
     K,
     TOP_K: tl.constexpr,
-    ROUTED: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -89,21 +140,14 @@ def down_gemv_sum_kernel(
 ):
     """out[token, n-block] = sum over the token's top_k slots of routing_weight * (down[e] @ h[pair]).
     Each pair's product is rounded to the output dtype, scaled and rounded again, as a
-    (pairs, N) buffer would hold it; the sum is float32, rounded once. ROUTED=False: one slot,
-    expert 0 with weight 1, i.e. out = h @ w[0]^T rounded once, as F.linear."""
+    (pairs, N) buffer would hold it; the sum is float32, rounded once."""
     wait_for_prior_kernel(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S] slots
     s_ok = offs_s < TOP_K
     pairs = token * TOP_K + offs_s  # [BLOCK_S]
-    if ROUTED:
-        experts = tl.load(ids_ptr + pairs, mask=s_ok, other=0).to(tl.int64)  # [BLOCK_S]
-        routing = tl.load(weights_ptr + pairs, mask=s_ok, other=0.0).to(
-            tl.float32
-        )  # [BLOCK_S]; 0 past TOP_K
-    else:
-        experts = tl.zeros([BLOCK_S], dtype=tl.int64)
-        routing = tl.where(s_ok, 1.0, 0.0)
+    experts = tl.load(ids_ptr + pairs, mask=s_ok, other=0).to(tl.int64)  # [BLOCK_S]
+    routing = tl.load(weights_ptr + pairs, mask=s_ok, other=0.0).to(tl.float32)  # 0 past TOP_K
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -130,46 +174,42 @@ def down_gemv_sum_kernel(
     tl.store(out_ptr + token * N + offs_n, tl.sum(per_pair, axis=0).to(dtype), mask=n_ok)
 
 
+def _dense(x: torch.Tensor, w: torch.Tensor, n: int, gate_up: bool, tiles: dict) -> torch.Tensor:
+    """One dense_gemv_kernel launch: x (T, K) contiguous, w (N or 2N, K) -> (T, N); every row
+    in one program column (up to 8 rows a program: more would spill registers)."""
+    tokens, k = x.shape
+    assert x.is_contiguous() and w.stride(-1) == 1 and w.shape[1] == k
+    out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)  # (T, N)
+    if tokens:
+        block_t = min(triton.next_power_of_2(tokens), 8)
+        # fmt: off
+        dense_gemv_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(n, tiles["BLOCK_N"]))](
+            x, w, out, x.stride(0), w.stride(0), tokens, n, k, GATE_UP=gate_up, BLOCK_T=block_t,
+            **tiles, **pdl_args(x.device),
+        )
+        # fmt: on
+    return out
+
+
 def dense_gate_up(
     x: torch.Tensor, gate_up: torch.Tensor, tiles: dict | None = None
 ) -> torch.Tensor:
     """silu(gate @ x) * (up @ x) for a few rows in one launch: x (T, hidden), gate_up
     (2 * inter, hidden) = [gate | up] rows -> (T, inter). tiles: the device's gemv gate_up by default."""
-    assert x.is_contiguous() and gate_up.is_contiguous()
+    assert gate_up.is_contiguous()
     tiles = tiles or tuning.for_device(x.device).gemv("gate_up")
-    tokens, k = x.shape
-    inter = gate_up.shape[0] // 2
-    h = torch.empty(tokens, inter, dtype=x.dtype, device=x.device)  # (T, inter)
-    if tokens:
-        # fmt: off
-        gate_up_gemv_kernel[(tokens, triton.cdiv(inter, tiles["BLOCK_N"]))](
-            x, gate_up, x, h, x.stride(0), 0, gate_up.stride(0), inter, k, TOP_K=1, ROUTED=False,
-            **tiles, **pdl_args(x.device),
-        )
-        # fmt: on
-    return h
+    return _dense(x, gate_up, gate_up.shape[0] // 2, True, tiles)
 
 
 def dense_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """A SwiGLU MLP for a few rows in two launches: x (T, hidden), gate_up (2 * inter, hidden),
     down (hidden, inter) -> down @ (silu(gate @ x) * (up @ x)), (T, hidden)."""
-    return gemv(dense_gate_up(x, gate_up), down, tuning.for_device(x.device).gemv("down"))
+    return gemv(dense_gate_up(x, gate_up), down, kind="down")
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None, kind: str = "linear"
+) -> torch.Tensor:
     """x @ w^T for a few rows, rounded once as F.linear: x (T, K) contiguous, w (N, K) with a
-    contiguous last dim -> (T, N). The down kernel with one expert of weight 1; tiles (BLOCK_N,
-    BLOCK_K, num_warps): the device's gemv linear by default."""
-    tokens, k = x.shape
-    n = w.shape[0]
-    assert x.is_contiguous() and w.stride(-1) == 1 and w.shape[1] == k
-    out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)  # (T, N)
-    if tokens:
-        tiles = tiles or tuning.for_device(x.device).gemv("linear")
-        # fmt: off
-        down_gemv_sum_kernel[(tokens, triton.cdiv(n, tiles["BLOCK_N"]))](
-            x, w, x, x, out, 0, w.stride(0), n, k, TOP_K=1, ROUTED=False, BLOCK_S=1, **tiles,
-            **pdl_args(x.device),
-        )
-        # fmt: on
-    return out
+    contiguous last dim -> (T, N). tiles: the device's for a projection of `kind` by default."""
+    return _dense(x, w, w.shape[0], False, tiles or tuning.for_device(x.device).gemv(kind))

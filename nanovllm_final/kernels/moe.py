@@ -297,14 +297,14 @@ def _experts_gemv(x, gate_up, down, weights, expert_ids, tiles: dict) -> torch.T
     # fmt: off
     gate_up_gemv_kernel[(tokens * top_k, triton.cdiv(inter, tiles["BLOCK_N"]))](
         x, gate_up, ids, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter, hidden,
-        TOP_K=top_k, ROUTED=True, **tiles, **pdl_args(x.device),
+        TOP_K=top_k, **tiles, **pdl_args(x.device),
     )
     # fmt: on
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)  # (tokens, hidden)
     # fmt: off
     down_gemv_sum_kernel[(tokens, triton.cdiv(hidden, down_block_n))](
         h, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1), hidden, inter,
-        TOP_K=top_k, ROUTED=True, BLOCK_S=triton.next_power_of_2(top_k),
+        TOP_K=top_k, BLOCK_S=triton.next_power_of_2(top_k),
         **{**tiles, "BLOCK_N": down_block_n, "BLOCK_K": down_block_k}, **pdl_args(x.device),
     )
     # fmt: on

@@ -56,8 +56,8 @@ class Linear(nn.Module):
         return self.matmul(x, self.bias)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x W^T (+ bias): on CUDA, a few rows without a bias take the matrix-vector kernel
-        (kernels/gemv.py: cuBLAS's kernels for one row are far from the memory bound), else F.linear."""
+        """x W^T (+ bias): on CUDA, a few rows without a bias take the matrix-vector kernels
+        (kernels/gemv.py: cuBLAS's kernels for a few rows are far from the memory bound), else F.linear."""
         if bias is None and dispatch.takes_gemv(x):
             return dispatch.gemv.gemv(x, self.weight)
         return cpu_linear.linear(

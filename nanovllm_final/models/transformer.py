@@ -54,7 +54,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if dispatch.takes_gemv(x):
-            # a few rows (a small decode batch): the MoE's matrix-vector kernels with one expert, two launches
+            # a few rows (a small decode batch, a verify step): the matrix-vector kernels, two launches
             return self.down_proj.reduce(dispatch.gemv.dense_mlp(x, self.gate_up_proj.weight, self.down_proj.weight))
         return self.down_proj(self.act(self.gate_up_proj(x)))  # (tokens, intermediate / tp) -> (tokens, hidden)
 
