@@ -224,19 +224,15 @@ def test_small_batches_take_the_gemv_path(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 3, 5, 8, 17])
 def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype):
-    """A dense layer's few rows on the matrix-vector kernel: `gemv` is F.linear, gate/up then
-    down a SwiGLU MLP, with a K of several tiles and a ragged last one (72 = 2 * 32 + 8 on a
-    CPU's tiles), an output width not a multiple of the columns, and rows filling part of a
-    program (3, 5), all of one (8) or spilling into a second (17). Each row equals that row
-    alone, bit for bit: the rows beside it change nothing."""
-    tiles = {
-        kind: tuning.for_device(torch.device(DEVICE)).gemv(kind)
-        for kind in ("linear", "gate_up", "down")
-    }
+    """A dense layer's few rows on the matrix-vector kernel: `gemv` is F.linear, `dense_mlp` a
+    SwiGLU MLP's gate/up, SiLU-and-multiply and down, with a K of several tiles and a ragged
+    last one (72 = 2 * 32 + 8 on a CPU's tiles), an output width not a multiple of the columns,
+    and rows filling part of a program (3, 5), all of one (8) or spilling into a second (17).
+    Each row equals that row alone, bit for bit: the rows beside it change nothing."""
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, 72, generator=g).to(dtype)
     w = (torch.randn(45, 72, generator=g) * 0.2).to(dtype)
-    out = gemv.gemv(x.to(DEVICE), w.to(DEVICE), tiles["linear"]).cpu()
+    out = gemv.gemv(x.to(DEVICE), w.to(DEVICE)).cpu()
     assert out.shape == (tokens, 45) and out.dtype == dtype
     torch.testing.assert_close(
         out, torch.nn.functional.linear(x.float(), w.float()).to(dtype), **tol(dtype)
@@ -247,8 +243,7 @@ def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype):
     )
 
     def mlp(rows: torch.Tensor) -> torch.Tensor:
-        h = gemv.dense_gate_up(rows.to(DEVICE), gate_up, tiles["gate_up"])
-        return gemv.gemv(h, down, tiles["down"]).cpu()
+        return gemv.dense_mlp(rows.to(DEVICE), gate_up, down).cpu()
 
     h = torch.nn.functional.linear(x, gate_up.cpu())  # (tokens, 2 * 24) = [gate | up]
     expected = torch.nn.functional.linear(
