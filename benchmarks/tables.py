@@ -691,8 +691,9 @@ FILES = [
     (
         "gemv_rows_*.json",
         "python -m nanovllm_final.tune --only gemv --out benchmarks/results/gemv_rows_h100.json",
-        "the dense layers' matrix-vector kernel against cuBLAS at one, two and three rows on the tuner's "
-        "projections, and its tiles: how many rows a step may send to it (gemv.rows)",
+        "the tuner's output for the gemv section alone (the other sections kept as the device's file has them): "
+        "the dense layers' matrix-vector kernel against cuBLAS by rows on the tuner's projections, and its "
+        "tiles by projection, timed at one and two rows; what gemv.rows is (the engine keeps its config file's tiles)",
     ),
     (
         "draft_agreement_course-llama_cpu.json",

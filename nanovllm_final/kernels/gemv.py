@@ -204,12 +204,11 @@ def dense_gate_up(
 def dense_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """A SwiGLU MLP for a few rows in two launches: x (T, hidden), gate_up (2 * inter, hidden),
     down (hidden, inter) -> down @ (silu(gate @ x) * (up @ x)), (T, hidden)."""
-    return gemv(dense_gate_up(x, gate_up), down, kind="down")
+    return gemv(dense_gate_up(x, gate_up), down, tuning.for_device(x.device).gemv("down"))
 
 
-def gemv(
-    x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None, kind: str = "linear"
-) -> torch.Tensor:
+def gemv(x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
     """x @ w^T for a few rows, rounded once as F.linear: x (T, K) contiguous, w (N, K) with a
-    contiguous last dim -> (T, N). tiles: the device's for a projection of `kind` by default."""
-    return _dense(x, w, w.shape[0], False, tiles or tuning.for_device(x.device).gemv(kind))
+    contiguous last dim -> (T, N). tiles (BLOCK_N, BLOCK_K, num_warps): the device's gemv
+    linear by default."""
+    return _dense(x, w, w.shape[0], False, tiles or tuning.for_device(x.device).gemv("linear"))
