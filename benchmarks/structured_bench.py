@@ -13,7 +13,8 @@ the PyTorch reference) are timed alone at the same batch.
 `batch` prompts of 32 random tokens generate `--max-tokens` tokens each (ignore_eos, greedy),
 either free or each under a JSON schema (an object holding an array of at least 1000 objects, so
 no row ends early); the step time is the median wall time of the decode steps of the full batch
-in llm.stats.
+in llm.stats (with `--repeats R`, the median of R such runs, alternated with the other mode's in
+one engine).
 Each mode runs with overlap scheduling on (a step's mask filled on the host while the device runs
 its forward pass, see engine/structured.py) and off. Compile times: every schema of
 benchmarks/structured_schemas.py against the
@@ -210,6 +211,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each mode, alternated; the median counts"
+    )
     parser.add_argument("--out")
     parser.add_argument(
         "--pieces-only",
@@ -249,10 +253,11 @@ def main() -> None:
             max_model_len=max(48 + args.max_tokens, 256),
             overlap_scheduling=overlap,
         ) as llm:
-            times = {
-                mode: step_ms(llm, prompts, p)
-                for mode, p in (("free", free), ("constrained", constrained))
-            }
+            runs = {"free": [], "constrained": []}  # alternated: a drift reaches both modes alike
+            for _ in range(args.repeats):
+                for mode, p in (("free", free), ("constrained", constrained)):
+                    runs[mode].append(step_ms(llm, prompts, p))
+            times = {mode: statistics.median(t) for mode, t in runs.items()}
             if overlap:
                 compiles, checked = compile_ms(llm), valid_outputs(llm)
                 engine = llm.engine
@@ -270,6 +275,8 @@ def main() -> None:
             "constrained_ms": round(times["constrained"], 3),
             "ratio": round(times["constrained"] / times["free"], 3),
         }
+        if args.repeats > 1:
+            row |= {f"{mode}_runs_ms": [round(t, 3) for t in runs[mode]] for mode in runs}
         rows.append(row)
         print(
             f"overlap {row['overlap_scheduling']!s:5}  batch {args.batch}: free {row['free_ms']:8.2f} ms   "

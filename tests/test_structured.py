@@ -350,3 +350,23 @@ def test_a_host_mask_is_one_buffer():
             rows.tolist(),
             bitmask.tolist(),
         ]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_finished_grammar_ends_its_sequence_before_min_tokens(model_dir, overlap):
+    """min_tokens past a choice's end: the finished grammar allows only the EOS ids, which
+    min_tokens forbids, so the row has no allowed token left; the sequence still ends ("stop")
+    right after the choice and one token (no step runs on past the grammar), with or without
+    overlap, and the same request without a grammar runs to max_tokens."""
+    params = SamplingParams(
+        temperature=0, max_tokens=16, min_tokens=6, structured_outputs={"choice": ["yes", "no"]}
+    )
+    with LLM(
+        model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap
+    ) as llm:
+        out = llm.generate(["Answer:"], params, use_tqdm=False)[0]
+        params.structured_outputs = None
+        free = llm.generate(["Answer:"], params, use_tqdm=False)[0]
+    assert out["finish_reason"] == "stop", out
+    assert llm.tokenizer.decode(out["token_ids"][:-1]) in ("yes", "no"), out
+    assert len(free["token_ids"]) == 16 and free["finish_reason"] == "length", free
