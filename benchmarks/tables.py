@@ -638,6 +638,13 @@ FILES = [
         "which an overlapped step cannot go below",
     ),
     (
+        "host_overhead_verify_final_cpu.json",
+        "python -m benchmarks.host_overhead --engine final --speculative 4 --num-seqs 1 --repeat 5 "
+        "--out benchmarks/results/host_overhead_verify_final_cpu.json",
+        "the final engine's generate with the device's work stubbed, greedy at batch 1 without overlap: the host's time per "
+        "decode step against per verify step of 4 proposals (every one accepted), in turns",
+    ),
+    (
         "tp_message_cost_cpu.json",
         "python -m benchmarks.tp_message_cost --out benchmarks/results/tp_message_cost_cpu.json",
         "host cost of the per-step message rank 0 sends each worker",

@@ -269,6 +269,20 @@ def test_unknown_engine_from_the_command_line(tiny_model):
     assert "unknown engine '99_nope'" in done.stderr and "02_kvcache" in done.stderr
 
 
+def test_host_overhead_of_a_verify_step_accepts_every_proposal(one_thread):
+    """The stubbed engines' verify steps each emit k + 1 tokens: with every proposal accepted, a
+    request of m tokens takes m - 1 decode steps (its first comes from the prompt's step), or
+    (m - 1) // (k + 1) full verify steps."""
+    from benchmarks import host_overhead
+
+    k = 4
+    (params,) = host_overhead.nanovllm_workload(1, 64)[1]
+    row = host_overhead.measure_verify(run.resolve_engine("final")[1], 1, 64, 256, k)
+    assert row["decode_steps"] == params["max_tokens"] - 1
+    assert row["verify_steps"] == (params["max_tokens"] - 1) // (k + 1) > 0
+    assert row["verify_over_decode"] == row["verify_ms_median"] / row["decode_ms_median"] > 0
+
+
 def test_plot_throughput(tmp_path):
     import matplotlib
 
