@@ -280,7 +280,6 @@ def test_host_overhead_of_a_verify_step_accepts_every_proposal(one_thread):
     row = host_overhead.measure_verify(run.resolve_engine("final")[1], 1, 64, 256, k)
     assert row["decode_steps"] == params["max_tokens"] - 1
     assert row["verify_steps"] == (params["max_tokens"] - 1) // (k + 1) > 0
-    assert row["verify_over_decode"] == row["verify_ms_median"] / row["decode_ms_median"] > 0
 
 
 def test_plot_throughput(tmp_path):

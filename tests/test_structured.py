@@ -355,8 +355,8 @@ def test_a_host_mask_is_one_buffer():
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_finished_grammar_ends_its_sequence_before_min_tokens(model_dir, overlap):
     """min_tokens past a choice's end: the finished grammar allows only the EOS ids, which
-    min_tokens forbids, so the row has no allowed token left and draws the argmax of an all
-    -inf row, token 0 (one of the tiny model's EOS ids, [2, 0]). The sequence still ends
+    min_tokens forbids, so the row has no allowed token left and draws the argmax of a row
+    that is -inf everywhere, token 0 (one of the tiny model's EOS ids, [2, 0]). The sequence still ends
     ("stop") on that one token after the choice (no step runs on past the grammar), with or
     without overlap, and the same request without a grammar runs to max_tokens."""
     params = SamplingParams(
