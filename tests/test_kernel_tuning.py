@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import os
+import time
 
 import pytest
 import torch
@@ -165,3 +166,28 @@ def test_stages_are_cut_to_the_shared_memory():
     assert tuning.fit_stages(tiles, smem // 3, cpu) == tiles  # 3 stages in flight fit
     assert tuning.fit_stages(tiles, smem // 2, cpu) == {"BLOCK_N": 64, "num_stages": 3}
     assert tuning.fit_stages(tiles, 2 * smem, cpu)["num_stages"] == 1
+
+
+def test_gemv_tiles_are_timed_on_weights_that_stream_from_memory():
+    """One weight timed again and again would sit in the L2 cache; the tuner cycles through copies
+    whose bytes exceed twice the L2, and Timer reports the time of one product, not of a cycle."""
+    from nanovllm_final import tune
+
+    mib = 2**20
+    assert tune.streamed_copies(8 * mib, 50 * mib) == 13  # 104 MiB > 2 x 50 MiB
+    assert tune.streamed_copies(64 * mib, 50 * mib) == 2
+    assert tune.streamed_copies(1024, 0) == 2  # a CPU: no L2 counted, still two copies
+    seen = []
+    weights = [torch.full((2, 3), float(i)) for i in range(4)]
+    call = tune.streamed(lambda x, w: seen.append(int(w[0, 0])), torch.ones(1, 3), weights)
+    call()
+    assert seen == [0, 1, 2, 3] and call.calls == 4
+
+    class Bar:
+        def update(self, n):
+            pass
+
+    timer = tune.Timer(torch.device("cpu"), reps=3, bar=Bar())
+    one = timer.ms(lambda: time.sleep(0.004))
+    four = timer.ms(tune.streamed(lambda x, w: time.sleep(0.004), None, weights))
+    assert 0.5 * one < four < 2 * one  # per product: four sleeps a call, divided by four

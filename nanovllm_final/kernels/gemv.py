@@ -35,10 +35,12 @@ def dense_gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
+    ROWS: tl.constexpr,  # min(T, BLOCK_T): the rows a program may hold; the padding is skipped
 ):
     """out[t-block, n-block] = x @ w^T rounded once as F.linear, or with GATE_UP
     silu(x @ gate^T) * (x @ up^T), for BLOCK_T rows: each weight tile is loaded once, then
-    every row is multiplied by it in turn."""
+    every row is multiplied by it in turn (ROWS of them: 5 rows pad to a block of 8, whose last
+    3 would only multiply zeros)."""
     wait_for_prior_kernel(PDL)
     row0 = tl.program_id(0) * BLOCK_T
     offs_t = row0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
@@ -57,7 +59,7 @@ def dense_gemv_kernel(
         g = tl.load(g_ptrs, mask=w_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
         if GATE_UP:  # the up rows follow the gate rows
             u = tl.load(g_ptrs + N * stride_wn, mask=w_mask, other=0.0).to(tl.float32)
-        for t in tl.static_range(BLOCK_T):
+        for t in tl.static_range(ROWS):
             k_left = tl.where(row0 + t < T, K - k * BLOCK_K, 0)  # none past the last row
             a = tl.load(x_ptrs + t * stride_xt, mask=offs_k < k_left, other=0.0)
             a = a.to(tl.float32)[None, :]  # [1, BLOCK_K]
@@ -185,7 +187,7 @@ def _dense(x: torch.Tensor, w: torch.Tensor, n: int, gate_up: bool, tiles: dict)
         # fmt: off
         dense_gemv_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(n, tiles["BLOCK_N"]))](
             x, w, out, x.stride(0), w.stride(0), tokens, n, k, GATE_UP=gate_up, BLOCK_T=block_t,
-            **tiles, **pdl_args(x.device),
+            **tiles, **pdl_args(x.device), ROWS=min(tokens, block_t),
         )
         # fmt: on
     return out
