@@ -497,7 +497,9 @@ def tune(device: torch.device, plan: Plan, only: list[str] | None = None) -> dic
         )  # the counts that stopped early (gemv rows, small pairs) were not timed
     config["decode_splits"] = {"waves": 2, "max_splits": 32}
     kept = [name for name in SECTIONS if name not in timed]
-    notes = {**NOTES, "gemv": NOTES["gemv"].format(rows=", ".join(map(str, plan.gemv_tile_rows)))}
+    notes = {key: text for key, text in NOTES.items() if key != "gemv" or "gemv" in timed}
+    if "gemv" in timed:
+        notes["gemv"] = NOTES["gemv"].format(rows=", ".join(map(str, plan.gemv_tile_rows)))
     if kept:
         notes["kept"] = f"{', '.join(kept)}: not timed, as they were ({present.source})"
     config["record"] = {

@@ -152,9 +152,9 @@ def test_tune_only_some_kernels_keeps_the_others():
         "gemv.down",
         "gemv.rows.1",
     }
-    assert (
-        "decode_attention, prefill_attention, moe: not timed" in config["record"]["notes"]["kept"]
-    )
+    notes = config["record"]["notes"]
+    assert "decode_attention, prefill_attention, moe: not timed" in notes["kept"]
+    assert notes["gemv"].startswith("tiles summed over 1, 2 rows")  # the dry plan's rows
 
 
 def test_stages_are_cut_to_the_shared_memory():
