@@ -267,19 +267,12 @@ def main() -> None:
     rows = []
     for _ in range(args.repeat):
         for name in args.engine:
-            for row in (
-                [
-                    measure_verify(
-                        resolve_engine(name)[1],
-                        args.num_seqs,
-                        args.max_output_len,
-                        args.num_blocks,
-                        args.speculative,
-                    )
-                ]
-                if args.speculative is not None
-                else measure(name, args.num_seqs, args.max_output_len, args.num_blocks, args.passes)
-            ):
+            sizes = (args.num_seqs, args.max_output_len, args.num_blocks)
+            if args.speculative is not None:
+                new = [measure_verify(resolve_engine(name)[1], *sizes, args.speculative)]
+            else:
+                new = measure(name, *sizes, args.passes)
+            for row in new:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if args.out:
