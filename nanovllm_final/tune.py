@@ -60,6 +60,18 @@ GEMV_SHAPES = {
 GEMV_TILES = [
     (bn, bk, w) for bn in (1, 2, 4) for bk in (1024, 2048, 4096) for w in (2, 4) if bn * bk <= 8192
 ]
+GEMV_DOT_TILES = [
+    (16, 128, 2, 4),
+    (16, 256, 2, 3),
+    (16, 256, 4, 3),
+    (16, 512, 4, 2),
+    (32, 64, 2, 4),
+    (32, 128, 2, 4),
+    (32, 128, 4, 4),
+    (32, 256, 4, 3),
+    (64, 64, 4, 4),
+    (64, 128, 4, 3),
+]  # the tensor-core product's BLOCK_N, BLOCK_K, num_warps, num_stages
 MOE_SHAPE = (128, 2048, 768, 8)  # Qwen3-30B-A3B: experts, hidden, expert width, top_k
 MOE_TILES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3)]
 MOE_GEMV_TILES = [
@@ -89,6 +101,8 @@ class Plan:
     # the rows a tile is chosen on: a decode step of one and of two sequences, a verify step of
     # k = 4 proposals at batch 1
     gemv_tile_rows: tuple = (1, 2, 5)
+    gemv_dot_tiles: list = field(default_factory=lambda: GEMV_DOT_TILES)
+    gemv_dot_tile_rows: tuple = (4, 8)  # a verify step of k = 3, a decode step of 8 sequences
     moe_shape: tuple = MOE_SHAPE
     moe_sizes: dict = field(
         default_factory=lambda: {"2048": 256, "8192": 1024, "65536": 4096}
@@ -111,6 +125,8 @@ DRY_PLAN = Plan(
     gemv_tiles=[(4, 16, 1), (8, 32, 1)],
     gemv_rows=(1, 2),
     gemv_tile_rows=(1, 2),
+    gemv_dot_tiles=[(16, 16, 1, 1), (16, 32, 1, 1)],
+    gemv_dot_tile_rows=(3,),
     moe_shape=(4, 32, 16, 2),
     moe_sizes={"64": 3},
     moe_tiles=[(16, 16, 1, 1), (32, 16, 1, 1)],
@@ -290,10 +306,13 @@ def tune_prefill(timer: Timer, plan: Plan, record: dict) -> dict:
 
 
 def tune_gemv(timer: Timer, plan: Plan, record: dict) -> dict:
-    """gemv: per projection kind the fastest tile summed over `plan.gemv_tile_rows` rows, then
-    `rows`: the most rows (counting up from one) at which the kernels take no longer than cuBLAS
-    summed over every projection. The weights stream from memory, as a model's layers do
-    (`streamed`): one weight timed again and again sits in the L2 cache, where other tiles win."""
+    """gemv: the row loop's tiles per projection kind, the fastest summed over
+    `plan.gemv_tile_rows` rows; the tensor-core product's tiles (dot), the fastest summed over
+    `plan.gemv_dot_tile_rows` rows and every projection; then, counting rows up, `rows`: as long
+    as the row loop is the fastest of the three (summed over every projection), and `dot_rows`:
+    from there, as long as the tensor-core product takes no longer than cuBLAS. The weights
+    stream from memory, as a model's layers do (`streamed`): one weight timed again and again
+    sits in the L2 cache, where other tiles win."""
     import torch.nn.functional as F
 
     from .kernels.gemv import dense_gate_up, gemv
@@ -312,12 +331,15 @@ def tune_gemv(timer: Timer, plan: Plan, record: dict) -> dict:
     }
     kernel = {"linear": gemv, "gate_up": dense_gate_up, "down": gemv}
 
-    def calls(kind, rows, tiles=None):
-        fn = (lambda x, w: kernel[kind](x, w, tiles)) if tiles else F.linear
+    def calls(kind, rows, tiles=None, dot=False):
+        fn = (lambda x, w: kernel[kind](x, w, tiles, dot)) if tiles else F.linear
         return [
             streamed(fn, torch.randn(rows, ws[0].shape[1], dtype=dtype, device=timer.device), ws)
             for ws in weights[kind]
         ]
+
+    def every(rows, tiles_of, dot=False):  # every projection's calls at `rows`, tiles by kind
+        return [fn for kind in weights for fn in calls(kind, rows, tiles_of(kind), dot)]
 
     for kind in weights:
         choices = {
@@ -329,18 +351,37 @@ def tune_gemv(timer: Timer, plan: Plan, record: dict) -> dict:
         best, times = timer.fastest(choices)
         out[kind] = _gemv_tiles(next(t for t in plan.gemv_tiles if "{}x{}w{}".format(*t) == best))
         record[f"gemv.{kind}"] = {"tiles_ms": times}
-    out["rows"] = 0
+    dot_tiles = {"{}x{}w{}s{}".format(*t): _dot_tiles(t) for t in plan.gemv_dot_tiles}
+    best, times = timer.fastest(
+        {
+            name: [
+                fn
+                for rows in plan.gemv_dot_tile_rows
+                for fn in every(rows, lambda kind, tiles=tiles: tiles, dot=True)
+            ]
+            for name, tiles in dot_tiles.items()
+        }
+    )
+    out["dot"] = dot_tiles[best]
+    record["gemv.dot"] = {"tiles_ms": times}
+    out["rows"] = out["dot_rows"] = 0
+    loop = True  # the row loop still the fastest at every count so far
     for rows in plan.gemv_rows:
         _, times = timer.fastest(
             {
-                "kernels": [fn for kind in weights for fn in calls(kind, rows, out[kind])],
-                "cublas": [fn for kind in weights for fn in calls(kind, rows)],
+                "kernels": every(rows, out.get),
+                "dot": every(rows, lambda kind: out["dot"], dot=True),
+                "cublas": every(rows, lambda kind: None),
             }
         )
         record[f"gemv.rows.{rows}"] = times
-        if times["kernels"] > times["cublas"]:
+        loop = loop and times["kernels"] <= min(times["dot"], times["cublas"])
+        if loop:
+            out["rows"] = rows
+        elif times["dot"] <= times["cublas"]:
+            out["dot_rows"] = rows
+        else:
             break
-        out["rows"] = rows
     return out
 
 
@@ -363,6 +404,10 @@ def streamed(fn: Callable, x: torch.Tensor, weights: list[torch.Tensor]) -> Call
 
 def _gemv_tiles(t: tuple) -> dict:
     return {"BLOCK_N": t[0], "BLOCK_K": t[1], "num_warps": t[2]}
+
+
+def _dot_tiles(t: tuple) -> dict:
+    return {"BLOCK_N": t[0], "BLOCK_K": t[1], "num_warps": t[2], "num_stages": t[3]}
 
 
 def moe_weights(plan: Plan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -448,9 +493,13 @@ NOTES = {
     "batches of 256, 64 and 16 sequences; programs_per_sm: the split-K rule's target, timed on "
     "batches of 1, 3 and 6 programs per SM",
     "decode_splits": "not timed: 2 waves of programs_per_sm programs on every SM, at most 32 splits",
-    "gemv": "tiles summed over {rows} rows, each shape's weight in copies whose bytes exceed twice the "
-    "L2, timed in turn (streamed from memory, as a model's layers are)",
-    "gemv.rows": "the most rows (counting up) at which the matrix-vector kernels took no longer than cuBLAS",
+    "gemv": "the row loop's tiles summed over {rows} rows, the tensor-core product's (dot) over {dot_rows} "
+    "rows and every projection; each shape's weight in copies whose bytes exceed twice the L2, timed in "
+    "turn (streamed from memory, as a model's layers are)",
+    "gemv.rows": "the most rows (counting up) at which the row loop took no longer than the tensor-core "
+    "product and cuBLAS, summed over the projections",
+    "gemv.dot_rows": "from there, the most rows at which the tensor-core product took no longer than cuBLAS "
+    "(0: none)",
     "moe.small_pairs": "the most (token, expert) pairs (counting up) at which the matrix-vector path beat the "
     "grouped one",
 }
@@ -462,7 +511,9 @@ def candidates(plan: Plan) -> dict[str, int]:
     return {
         "decode_attention": shapes * (len(plan.decode_tiles) + len(plan.programs_per_sm)),
         "prefill_attention": len(plan.decode_shapes["bf16"]) * len(plan.prefill_tiles),
-        "gemv": len(plan.gemv_shapes) * len(plan.gemv_tiles) + 2 * len(plan.gemv_rows),
+        "gemv": len(plan.gemv_shapes) * len(plan.gemv_tiles)
+        + len(plan.gemv_dot_tiles)
+        + 3 * len(plan.gemv_rows),
         "moe": len(plan.moe_sizes) * len(plan.moe_tiles)
         + len(plan.moe_gemv_tiles)
         + 2 * len(plan.moe_small_tokens),
@@ -499,7 +550,10 @@ def tune(device: torch.device, plan: Plan, only: list[str] | None = None) -> dic
     kept = [name for name in SECTIONS if name not in timed]
     notes = {key: text for key, text in NOTES.items() if key != "gemv" or "gemv" in timed}
     if "gemv" in timed:
-        notes["gemv"] = NOTES["gemv"].format(rows=", ".join(map(str, plan.gemv_tile_rows)))
+        notes["gemv"] = NOTES["gemv"].format(
+            rows=", ".join(map(str, plan.gemv_tile_rows)),
+            dot_rows=", ".join(map(str, plan.gemv_dot_tile_rows)),
+        )
     if kept:
         notes["kept"] = f"{', '.join(kept)}: not timed, as they were ({present.source})"
     config["record"] = {

@@ -2,6 +2,7 @@
 files (python -m nanovllm_final.tune, here in its CPU dry run under the Triton interpreter)."""
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -150,11 +151,45 @@ def test_tune_only_some_kernels_keeps_the_others():
         "gemv.linear",
         "gemv.gate_up",
         "gemv.down",
+        "gemv.dot",
         "gemv.rows.1",
     }
+    assert tuple(config["gemv"]["dot"].values()) in tune.DRY_PLAN.gemv_dot_tiles
     notes = config["record"]["notes"]
     assert "decode_attention, prefill_attention, moe: not timed" in notes["kept"]
-    assert notes["gemv"].startswith("tiles summed over 1, 2 rows")  # the dry plan's rows
+    # the dry plan's rows
+    assert notes["gemv"].startswith("the row loop's tiles summed over 1, 2 rows, the tensor-core")
+    assert "product's (dot) over 3 rows" in notes["gemv"]
+
+
+@pytest.mark.parametrize(
+    "winners, rows, dot_rows",
+    [
+        ("LLDDC", 2, 4),  # the row loop, then the product, then cuBLAS
+        ("LLLLL", 5, 0),
+        ("DDLCC", 0, 3),  # the product from one row; the row loop winning later takes nothing
+        ("CDDDD", 0, 0),  # cuBLAS at one row: neither kernel
+    ],
+)
+def test_gemv_rows_pick_the_row_loop_then_the_product_then_cublas(winners, rows, dot_rows):
+    """Counting rows up, gemv.rows holds while the row loop is the fastest of the three at every
+    count, gemv.dot_rows from there while the tensor-core product beats cuBLAS; the first count
+    that cuBLAS wins past them ends both."""
+    from nanovllm_final import tune
+
+    class Scripted(tune.Timer):
+        def fastest(self, choices):
+            if set(choices) != {"kernels", "dot", "cublas"}:  # a tile list: the first
+                return next(iter(choices)), dict.fromkeys(choices, 1.0)
+            winner = {"L": "kernels", "D": "dot", "C": "cublas"}[winners[self.count]]
+            self.count += 1
+            return winner, {name: 1.0 if name == winner else 2.0 for name in choices}
+
+    timer = Scripted(torch.device("cpu"), 1, None)
+    timer.count = 0
+    plan = dataclasses.replace(tune.DRY_PLAN, gemv_rows=tuple(range(1, len(winners) + 1)))
+    config = tune.tune_gemv(timer, plan, {})
+    assert (config["rows"], config["dot_rows"]) == (rows, dot_rows)
 
 
 def test_stages_are_cut_to_the_shared_memory():

@@ -221,18 +221,25 @@ def test_small_batches_take_the_gemv_path(monkeypatch):
         assert bool(calls) == grouped
 
 
+@pytest.mark.parametrize("dot", [False, True], ids=["row-loop", "tensor-core"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 3, 5, 8, 17])
-def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype):
-    """A dense layer's few rows on the matrix-vector kernel: `gemv` is F.linear, `dense_mlp` a
-    SwiGLU MLP's gate/up, SiLU-and-multiply and down, with a K of several tiles and a ragged
-    last one (72 = 2 * 32 + 8 on a CPU's tiles), an output width not a multiple of the columns,
-    and rows filling part of a program (3, 5), all of one (8) or spilling into a second (17).
-    Each row equals that row alone, bit for bit: the rows beside it change nothing."""
+def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype, dot):
+    """A dense layer's few rows on either few-row kernel (the row loop, the tensor-core product):
+    `gemv` is F.linear, gate/up then down a SwiGLU MLP's gate/up, SiLU-and-multiply and down,
+    with a K of several tiles and a ragged last one (72 = 2 * 32 + 8 on a CPU's tiles), an output
+    width not a multiple of the columns, and rows filling part of a program (3, 5), all of one
+    (8; 16 for the product) or spilling into a second (17). Each row equals that row alone, bit
+    for bit: the rows beside it change nothing."""
+    choice = tuning.for_device(torch.device(DEVICE))
+
+    def tiles(kind: str) -> dict:
+        return choice.gemv("dot" if dot else kind)
+
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, 72, generator=g).to(dtype)
     w = (torch.randn(45, 72, generator=g) * 0.2).to(dtype)
-    out = gemv.gemv(x.to(DEVICE), w.to(DEVICE)).cpu()
+    out = gemv.gemv(x.to(DEVICE), w.to(DEVICE), tiles("linear"), dot).cpu()
     assert out.shape == (tokens, 45) and out.dtype == dtype
     torch.testing.assert_close(
         out, torch.nn.functional.linear(x.float(), w.float()).to(dtype), **tol(dtype)
@@ -243,7 +250,8 @@ def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype):
     )
 
     def mlp(rows: torch.Tensor) -> torch.Tensor:
-        return gemv.dense_mlp(rows.to(DEVICE), gate_up, down).cpu()
+        h = gemv.dense_gate_up(rows.to(DEVICE), gate_up, tiles("gate_up"), dot)
+        return gemv.gemv(h, down, tiles("down"), dot).cpu()
 
     h = torch.nn.functional.linear(x, gate_up.cpu())  # (tokens, 2 * 24) = [gate | up]
     expected = torch.nn.functional.linear(
@@ -256,10 +264,36 @@ def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype):
         assert torch.equal(mlp(x[row : row + 1])[0], out[row])
 
 
+def test_few_rows_take_the_row_loop_then_the_tensor_core_product():
+    """The device's choice by rows: the row loop up to gemv.rows, the tensor-core product up to
+    gemv.dot_rows (dispatch then sends no more rows to either), and `dense_mlp` follows it in
+    both of its launches."""
+    from nanovllm_final.kernels import dispatch
+
+    device = torch.device(DEVICE)
+    with tuning.override({"gemv": {"rows": 2, "dot_rows": 6}}):
+        choice = tuning.for_device(device)
+        assert choice.few_rows == 6
+        assert gemv.device_choice(torch.zeros(2, 8), "down") == (choice.gemv("down"), False)
+        assert gemv.device_choice(torch.zeros(3, 8), "down") == (choice.gemv("dot"), True)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(5, 40, generator=g).to(DEVICE)
+        gate_up = (torch.randn(48, 40, generator=g) * 0.2).to(DEVICE)
+        down = (torch.randn(40, 24, generator=g) * 0.2).to(DEVICE)
+        dot = choice.gemv("dot")
+        expected = gemv.gemv(gemv.dense_gate_up(x, gate_up, dot, True), down, dot, True)
+        assert torch.equal(gemv.dense_mlp(x, gate_up, down), expected)
+        if HAS_CUDA:
+            assert dispatch.takes_gemv(x[:1].bfloat16().cuda())
+            assert not dispatch.takes_gemv(torch.zeros(7, 40, dtype=torch.bfloat16, device="cuda"))
+    with tuning.override({"gemv": {"rows": 4, "dot_rows": 0}}):
+        assert tuning.for_device(device).few_rows == 4
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="the layers use the kernels on CUDA only")
 def test_dense_layers_dispatch_few_rows_to_the_kernels(monkeypatch):
-    """On CUDA, Linear and the dense MLP take the matrix-vector kernels up to gemv.rows rows and
-    cuBLAS beyond; both give the PyTorch result."""
+    """On CUDA, Linear and the dense MLP take the few-row kernels up to few_rows rows (gemv.rows,
+    gemv.dot_rows) and cuBLAS beyond; both give the PyTorch result."""
     from types import SimpleNamespace
 
     from nanovllm_final.layers.linear import Linear
@@ -278,7 +312,7 @@ def test_dense_layers_dispatch_few_rows_to_the_kernels(monkeypatch):
     )  # the fields MLP reads
     for p in (*linear.parameters(), *mlp.parameters()):
         p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    limit = tuning.for_device(torch.device("cuda")).gemv_rows
+    limit = tuning.for_device(torch.device("cuda")).few_rows
     for rows in (1, limit, limit + 1):
         calls.clear()
         x = torch.randn(rows, 256, generator=g).to(torch.bfloat16).cuda()

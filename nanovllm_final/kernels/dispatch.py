@@ -32,9 +32,9 @@ def use_kernel(x: torch.Tensor) -> bool:
 
 def takes_gemv(x: torch.Tensor) -> bool:
     """Whether a layer's input x (tokens, features) takes the matrix-vector kernels (gemv.py):
-    a kernel's input of at most the device's gemv.rows contiguous rows."""
+    a kernel's input of at most the device's few_rows (gemv.rows, gemv.dot_rows) contiguous rows."""
     return (
-        use_kernel(x) and x.shape[0] <= tuning.for_device(x.device).gemv_rows and x.is_contiguous()
+        use_kernel(x) and x.shape[0] <= tuning.for_device(x.device).few_rows and x.is_contiguous()
     )
 
 

@@ -1,15 +1,17 @@
 """Matrix-vector products in Triton: a few rows times a weight matrix, at the memory bound.
 
-`dense_gemv_kernel` serves dense layers at a few rows (the device's gemv.rows: a small decode
-batch, a verify step of k = 1), where cuBLAS picks kernels far from the memory bound: `gemv` is
-any projection without a bias, `dense_mlp` a whole SwiGLU MLP in two launches (gate/up with the
-activation on the tile, then down). A program reads its weight tile once for all of its rows,
-and computes each row with the same instructions whatever the number of rows beside it: a row's
-result does not depend on which rows share the launch. `gate_up_gemv_kernel` and
-`down_gemv_sum_kernel` run a few tokens' experts for moe.py, each (token, expert) pair reading
-its own expert's weights. References: F.linear, and layers/transformer.py's MLP (SiluAndMul
-between two projections); tests/test_moe_kernels.py checks them against those under
-TRITON_INTERPRET=1. Tiles: tuning.py's `gemv` entry (and `moe.gemv`)."""
+Dense layers at a few rows (a small decode batch, a verify step), where cuBLAS picks kernels far
+from the memory bound: `gemv` is any projection without a bias, `dense_mlp` a whole SwiGLU MLP
+in two launches (gate/up with the activation on the tile, then down). Two kernels, both reading
+each weight tile once for all of a program's rows: `dense_gemv_kernel` multiplies the rows in
+turn (the device's gemv.rows of them at most), `dense_dot_kernel` all at once on tensor cores,
+padded to 16 (from gemv.rows to gemv.dot_rows rows: the row loop's arithmetic grows with each
+row, the padded product's does not). In either a row's result does not depend on which rows
+share the launch. `gate_up_gemv_kernel` and `down_gemv_sum_kernel` run a few tokens' experts
+for moe.py, each (token, expert) pair reading its own expert's weights. References: F.linear,
+and layers/transformer.py's MLP (SiluAndMul between two projections);
+tests/test_moe_kernels.py checks them against those under TRITON_INTERPRET=1. Tiles:
+tuning.py's `gemv` entry (and `moe.gemv`)."""
 
 import torch
 import triton
@@ -73,6 +75,56 @@ def dense_gemv_kernel(
     out = swiglu(acc_g, acc_u, dtype) if GATE_UP else acc_g.to(dtype)  # [BLOCK_T, BLOCK_N]
     out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
     tl.store(out_ptrs, out, mask=(offs_t < T)[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def dense_dot_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    stride_xt,
+    stride_wn,  # x: (T, K); w: (N, K), or (2N, K) = [gate | up] with GATE_UP; last dims contiguous
+    T,
+    N,
+    K,
+    GATE_UP: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # 16: the smallest tile a tensor-core product takes
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """dense_gemv_kernel's product on tensor cores: the rows padded to BLOCK_T, each weight tile
+    loaded once and multiplied with all of them in one tl.dot. The padding costs no weight bytes,
+    so from a few rows on this stays at the memory bound where the row loop's arithmetic grows
+    with every row. A row's result does not depend on the rows beside it (the padding is zeros,
+    each output element sums its K in the same order)."""
+    wait_for_prior_kernel(PDL)
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    t_ok, n_ok = offs_t < T, offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    x_ptrs = (
+        x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + offs_k[None, :]
+    )  # [BLOCK_T, BLOCK_K]
+    g_ptrs = (
+        w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    )  # [BLOCK_K, BLOCK_N]: w^T's tile
+    acc_g = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        a = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_T, BLOCK_K]
+        w_mask = k_ok[:, None] & n_ok[None, :]
+        acc_g = tl.dot(a, tl.load(g_ptrs, mask=w_mask, other=0.0), acc_g, input_precision="ieee")
+        if GATE_UP:  # the up rows follow the gate rows
+            u = tl.load(g_ptrs + N * stride_wn, mask=w_mask, other=0.0)  # [BLOCK_K, BLOCK_N]
+            acc_u = tl.dot(a, u, acc_u, input_precision="ieee")
+        x_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+    dtype = out_ptr.dtype.element_ty
+    out = swiglu(acc_g, acc_u, dtype) if GATE_UP else acc_g.to(dtype)  # [BLOCK_T, BLOCK_N]
+    out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
+    tl.store(out_ptrs, out, mask=t_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -176,41 +228,67 @@ def down_gemv_sum_kernel(
     tl.store(out_ptr + token * N + offs_n, tl.sum(per_pair, axis=0).to(dtype), mask=n_ok)
 
 
-def _dense(x: torch.Tensor, w: torch.Tensor, n: int, gate_up: bool, tiles: dict) -> torch.Tensor:
-    """One dense_gemv_kernel launch: x (T, K) contiguous, w (N or 2N, K) -> (T, N); every row
-    in one program column (up to 8 rows a program: more would spill registers)."""
+def _dense(
+    x: torch.Tensor, w: torch.Tensor, n: int, gate_up: bool, tiles: dict, dot: bool
+) -> torch.Tensor:
+    """One launch: x (T, K) contiguous, w (N or 2N, K) -> (T, N). The row loop
+    (dense_gemv_kernel) holds every row in one program column (up to 8 rows a program: more
+    would spill registers); the tensor-core product (`dot`, dense_dot_kernel) 16 rows a program."""
     tokens, k = x.shape
     assert x.is_contiguous() and w.stride(-1) == 1 and w.shape[1] == k
     out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)  # (T, N)
-    if tokens:
-        block_t = min(triton.next_power_of_2(tokens), 8)
-        # fmt: off
-        dense_gemv_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(n, tiles["BLOCK_N"]))](
-            x, w, out, x.stride(0), w.stride(0), tokens, n, k, GATE_UP=gate_up, BLOCK_T=block_t,
-            **tiles, **pdl_args(x.device), ROWS=min(tokens, block_t),
-        )
-        # fmt: on
+    if not tokens:
+        return out
+    block_t = 16 if dot else min(triton.next_power_of_2(tokens), 8)
+    grid = (triton.cdiv(tokens, block_t), triton.cdiv(n, tiles["BLOCK_N"]))
+    args = (x, w, out, x.stride(0), w.stride(0), tokens, n, k)
+    if dot:  # a pipeline stage: x's tile and the weights' (gate and up) tiles
+        weight_tiles = 2 if gate_up else 1
+        stage = (block_t + weight_tiles * tiles["BLOCK_N"]) * tiles["BLOCK_K"] * x.element_size()
+        dense_dot_kernel[grid](
+            *args, GATE_UP=gate_up, BLOCK_T=block_t, **tuning.fit_stages(tiles, stage, x.device),
+            **pdl_args(x.device),
+        )  # fmt: skip
+    else:
+        dense_gemv_kernel[grid](
+            *args, GATE_UP=gate_up, BLOCK_T=block_t, **tiles, **pdl_args(x.device),
+            ROWS=min(tokens, block_t),
+        )  # fmt: skip
     return out
 
 
+def device_choice(x: torch.Tensor, kind: str) -> tuple[dict, bool]:
+    """(tiles, dot) for x's rows on x's device: the row loop with the `kind` projection's tiles
+    up to gemv.rows rows, past them the tensor-core product with the gemv dot tiles."""
+    choice = tuning.for_device(x.device)
+    if x.shape[0] <= choice.gemv_rows:
+        return choice.gemv(kind), False
+    return choice.gemv("dot"), True
+
+
 def dense_gate_up(
-    x: torch.Tensor, gate_up: torch.Tensor, tiles: dict | None = None
+    x: torch.Tensor, gate_up: torch.Tensor, tiles: dict | None = None, dot: bool = False
 ) -> torch.Tensor:
     """silu(gate @ x) * (up @ x) for a few rows in one launch: x (T, hidden), gate_up
-    (2 * inter, hidden) = [gate | up] rows -> (T, inter). tiles: the device's gemv gate_up by default."""
+    (2 * inter, hidden) = [gate | up] rows -> (T, inter). tiles: the row loop's (`dot`: the
+    tensor-core product's); None: the device's choice for x's rows (device_choice)."""
     assert gate_up.is_contiguous()
-    tiles = tiles or tuning.for_device(x.device).gemv("gate_up")
-    return _dense(x, gate_up, gate_up.shape[0] // 2, True, tiles)
+    tiles, dot = (tiles, dot) if tiles else device_choice(x, "gate_up")
+    return _dense(x, gate_up, gate_up.shape[0] // 2, True, tiles, dot)
 
 
 def dense_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """A SwiGLU MLP for a few rows in two launches: x (T, hidden), gate_up (2 * inter, hidden),
     down (hidden, inter) -> down @ (silu(gate @ x) * (up @ x)), (T, hidden)."""
-    return gemv(dense_gate_up(x, gate_up), down, tuning.for_device(x.device).gemv("down"))
+    return gemv(dense_gate_up(x, gate_up), down, *device_choice(x, "down"))
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None, dot: bool = False
+) -> torch.Tensor:
     """x @ w^T for a few rows, rounded once as F.linear: x (T, K) contiguous, w (N, K) with a
-    contiguous last dim -> (T, N). tiles (BLOCK_N, BLOCK_K, num_warps): the device's gemv
-    linear by default."""
-    return _dense(x, w, w.shape[0], False, tiles or tuning.for_device(x.device).gemv("linear"))
+    contiguous last dim -> (T, N). tiles (BLOCK_N, BLOCK_K, num_warps): the row loop's (`dot`:
+    the tensor-core product's, with num_stages); None: the device's choice for x's rows, with
+    the linear projections' tiles (device_choice)."""
+    tiles, dot = (tiles, dot) if tiles else device_choice(x, "linear")
+    return _dense(x, w, w.shape[0], False, tiles, dot)

@@ -10,7 +10,8 @@ pairs), an entry serves every size up to its key (the largest key serves the res
     decode_attention.{bf16,fp8}.<head_dim>  BLOCK_N, num_warps, num_stages, programs_per_sm
     decode_splits                           waves, max_splits
     prefill_attention.<head_dim>            BLOCK_M, BLOCK_N, num_warps, num_stages
-    gemv                                    rows, and linear / gate_up / down: BLOCK_N, BLOCK_K, num_warps
+    gemv                                    rows, dot_rows; linear / gate_up / down: BLOCK_N, BLOCK_K,
+                                            num_warps; dot: BLOCK_N, BLOCK_K, num_warps, num_stages
     moe                                     small_pairs; gemv: BLOCK_N, BLOCK_K, num_warps, DOWN_BLOCK_N,
                                             DOWN_BLOCK_K; grouped.<pairs>: BLOCK_N, BLOCK_K, num_warps, num_stages
 
@@ -39,12 +40,20 @@ _DECODE = ("BLOCK_N", "num_warps", "num_stages", "programs_per_sm")
 _PREFILL = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 _GEMV = ("BLOCK_N", "BLOCK_K", "num_warps")
 _GROUPED = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+_DOT = _GROUPED  # the few-row tensor-core product's
 # The file's layout: a tuple names an entry's fields; "*" a table keyed by shape (a number).
 SCHEMA = {
     "decode_attention": {"bf16": {"*": _DECODE}, "fp8": {"*": _DECODE}},
     "decode_splits": ("waves", "max_splits"),
     "prefill_attention": {"*": _PREFILL},
-    "gemv": {"rows": None, "linear": _GEMV, "gate_up": _GEMV, "down": _GEMV},
+    "gemv": {
+        "rows": None,
+        "dot_rows": None,
+        "linear": _GEMV,
+        "gate_up": _GEMV,
+        "down": _GEMV,
+        "dot": _DOT,
+    },
     "moe": {
         "small_pairs": None,
         "gemv": (*_GEMV, "DOWN_BLOCK_N", "DOWN_BLOCK_K"),
@@ -111,6 +120,8 @@ def rules(dev: Device) -> dict:
             "linear": _tiles(_GEMV, 2, 1024, 2),
             "gate_up": _tiles(_GEMV, 1, 1024, 2),
             "down": _tiles(_GEMV, 2, 4096, 4),
+            "dot_rows": 0,  # untimed here: cuBLAS past the row loop
+            "dot": _tiles(_DOT, 32, 128, 4, stages),
         },
         "moe": {
             "small_pairs": 64,
@@ -135,6 +146,8 @@ def _cpu_rules() -> dict:
             "linear": _tiles(_GEMV, 16, 32, 1),
             "gate_up": _tiles(_GEMV, 16, 32, 1),
             "down": _tiles(_GEMV, 16, 16, 1),
+            "dot_rows": 0,
+            "dot": _tiles(_DOT, 16, 32, 1, 1),
         },
         "moe": {
             "small_pairs": 64,
@@ -207,12 +220,20 @@ class Tuning:
         return _by_size(self.config["prefill_attention"], head_dim)
 
     def gemv(self, kind: str) -> dict:
-        """The dense matrix-vector kernels' tiles of a projection kind: linear, gate_up or down."""
+        """The dense few-row kernels' tiles: the row loop's of a projection kind (linear, gate_up
+        or down), or the tensor-core product's (dot)."""
         return self.config["gemv"][kind]
 
     @property
     def gemv_rows(self) -> int:
+        """The most rows the row loop takes."""
         return self.config["gemv"]["rows"]
+
+    @property
+    def few_rows(self) -> int:
+        """The most rows the few-row kernels take (the row loop, then the tensor-core product);
+        cuBLAS takes more."""
+        return max(self.config["gemv"]["rows"], self.config["gemv"]["dot_rows"])
 
     def moe_grouped(self, pairs: int) -> dict:
         return _by_size(self.config["moe"]["grouped"], pairs)
