@@ -59,13 +59,14 @@ def latency_rows(st, path, args) -> list[dict]:
 
 
 def gemv_rows(st, path, args) -> list[dict]:
-    """Graph steps at each batch for each limit of the final engine's dense matrix-vector path."""
+    """Graph steps at each batch for each limit of the final engine's dense row-loop kernel
+    (cuBLAS past it: the tensor-core product off)."""
     from nanovllm_final.kernels import tuning
 
     rows = []
     for limit in args.gemv_rows:
         for batch in args.batches:
-            with tuning.override({"gemv": {"rows": limit}}):
+            with tuning.override({"gemv": {"rows": limit, "dot_rows": 0}}):
                 ms = measure(st, path, batch, False, args.dtype, args.prompt_len)
             rows.append({"gemv_rows": limit, "batch": batch, "graph_ms": ms})
             print(
