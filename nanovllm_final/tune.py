@@ -9,9 +9,9 @@ For each kernel (kernels/tuning.py lists the file's fields) it times a short lis
 on the shapes of the models this engine serves (Qwen3-0.6B, Llama-3.2-1B, Qwen3-30B-A3B's
 experts), each as GPU time of CUDA-graph replays, and keeps the fastest summed over the shapes:
 decode attention's tiles (as the engine calls it: new K/V stored, norms and RoPE applied), then
-its programs per SM for split-K; prefill attention's tiles; the matrix-vector kernels' tiles
-(on weights that stream from memory, as a model's do), then the most rows for which they beat
-cuBLAS; the MoE's grouped GEMM tiles per size and its
+its programs per SM for split-K; prefill attention's tiles; the few-row kernels' tiles (the row
+loop's and the tensor-core product's, on weights that stream from memory, as a model's do), then
+the rows each takes before cuBLAS; the MoE's grouped GEMM tiles per size and its
 matrix-vector tiles, then the most (token, expert) pairs for which those beat the grouped path.
 The file records every time measured. Without --out it goes to kernels/configs/<this GPU>.json."""
 

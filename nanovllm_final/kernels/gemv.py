@@ -95,9 +95,9 @@ def dense_dot_kernel(
 ):
     """dense_gemv_kernel's product on tensor cores: the rows padded to BLOCK_T, each weight tile
     loaded once and multiplied with all of them in one tl.dot. The padding costs no weight bytes,
-    so from a few rows on this stays at the memory bound where the row loop's arithmetic grows
-    with every row. A row's result does not depend on the rows beside it (the padding is zeros,
-    each output element sums its K in the same order)."""
+    and the arithmetic does not grow with the rows as the row loop's does (which kernel is faster
+    at how many rows is the tuner's to say). A row's result does not depend on the rows beside it
+    (the padding is zeros, each output element sums its K in the same order)."""
     wait_for_prior_kernel(PDL)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
