@@ -10,8 +10,9 @@ the per-token latency of a single stream.
 
     python -m benchmarks.decode_latency --engine final --gemv-rows 0 2 4 --batches 1 2 4 8 --out ...
 
-measures the final engine's graph steps instead once per value of the tuning's gemv.rows (the
-most rows a dense layer sends to the matrix-vector kernels; 0: cuBLAS always), in one process."""
+measures the final engine's graph steps instead once per value of the tuning's gemv rows, set
+for every projection kind (the most rows a dense layer sends to the row-loop kernel; the
+tensor-core product off; 0: cuBLAS always), in one process."""
 
 import argparse
 import json
@@ -59,14 +60,15 @@ def latency_rows(st, path, args) -> list[dict]:
 
 
 def gemv_rows(st, path, args) -> list[dict]:
-    """Graph steps at each batch for each limit of the final engine's dense row-loop kernel
-    (cuBLAS past it: the tensor-core product off)."""
+    """Graph steps at each batch for each limit of the final engine's dense row-loop kernel, the
+    same for every projection kind (cuBLAS past it: the tensor-core product off)."""
     from nanovllm_final.kernels import tuning
 
     rows = []
     for limit in args.gemv_rows:
         for batch in args.batches:
-            with tuning.override({"gemv": {"rows": limit, "dot_rows": 0}}):
+            few_rows = {"rows": limit, "dot_rows": 0}
+            with tuning.override({"gemv": dict.fromkeys(tuning.GEMV_KINDS, few_rows)}):
                 ms = measure(st, path, batch, False, args.dtype, args.prompt_len)
             rows.append({"gemv_rows": limit, "batch": batch, "graph_ms": ms})
             print(
@@ -89,7 +91,7 @@ def main() -> None:
         "--gemv-rows",
         type=int,
         nargs="+",
-        help="final engine: graph steps at each gemv.rows (kernels/tuning.py)",
+        help="final engine: graph steps at each gemv rows, every kind's (kernels/tuning.py)",
     )
     parser.add_argument("--out")
     args = parser.parse_args()

@@ -96,8 +96,8 @@ def main() -> None:
         "command": " ".join(["python -m benchmarks.gemv_bench", *sys.argv[1:]]),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "defaults": {
-            "gemv": tuning.for_device(torch.device("cuda")).gemv("linear"),
-            "dense_gate_up": tuning.for_device(torch.device("cuda")).gemv("gate_up"),
+            "gemv": tuning.for_device(torch.device("cuda")).gemv("linear")["loop"],
+            "dense_gate_up": tuning.for_device(torch.device("cuda")).gemv("gate_up")["loop"],
         },
         "shapes": {},
     }

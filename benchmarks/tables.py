@@ -699,8 +699,8 @@ FILES = [
         "gemv_rows_*.json",
         "python -m nanovllm_final.tune --only gemv --out benchmarks/results/gemv_rows_h100.json",
         "the tuner's output for the gemv section alone (the other sections kept as the device's file has them): "
-        "the dense layers' matrix-vector kernel against cuBLAS by rows on the tuner's projections, and its "
-        "tiles by projection, timed at one and two rows; what gemv.rows is (the engine keeps its config file's tiles)",
+        "per projection kind, the row loop's and the tensor-core product's tiles, then both against cuBLAS by rows; "
+        "what each kind's rows and dot_rows are (the engine reads its config file)",
     ),
     (
         "draft_agreement_course-llama_cpu.json",

@@ -9,9 +9,9 @@ For each kernel (kernels/tuning.py lists the file's fields) it times a short lis
 on the shapes of the models this engine serves (Qwen3-0.6B, Llama-3.2-1B, Qwen3-30B-A3B's
 experts), each as GPU time of CUDA-graph replays, and keeps the fastest summed over the shapes:
 decode attention's tiles (as the engine calls it: new K/V stored, norms and RoPE applied), then
-its programs per SM for split-K; prefill attention's tiles; the few-row kernels' tiles (the row
-loop's and the tensor-core product's, on weights that stream from memory, as a model's do), then
-the rows each takes before cuBLAS; the MoE's grouped GEMM tiles per size and its
+its programs per SM for split-K; prefill attention's tiles; per projection kind, the few-row
+kernels' tiles (the row loop's and the tensor-core product's, on weights that stream from
+memory, as a model's do), then the rows each takes before cuBLAS; the MoE's grouped GEMM tiles per size and its
 matrix-vector tiles, then the most (token, expert) pairs for which those beat the grouped path.
 The file records every time measured. Without --out it goes to kernels/configs/<this GPU>.json."""
 
@@ -61,16 +61,16 @@ GEMV_TILES = [
     (bn, bk, w) for bn in (1, 2, 4) for bk in (1024, 2048, 4096) for w in (2, 4) if bn * bk <= 8192
 ]
 GEMV_DOT_TILES = [
-    (16, 128, 2, 4),
-    (16, 256, 2, 3),
+    (16, 128, 4, 3),
+    (16, 128, 4, 5),
     (16, 256, 4, 3),
-    (16, 512, 4, 2),
-    (32, 64, 2, 4),
-    (32, 128, 2, 4),
-    (32, 128, 4, 4),
+    (32, 128, 4, 3),
+    (32, 128, 4, 5),
     (32, 256, 4, 3),
-    (64, 64, 4, 4),
-    (64, 128, 4, 3),
+    (32, 256, 4, 5),
+    (32, 512, 4, 5),
+    (64, 128, 8, 5),
+    (64, 256, 4, 5),
 ]  # the tensor-core product's BLOCK_N, BLOCK_K, num_warps, num_stages
 MOE_SHAPE = (128, 2048, 768, 8)  # Qwen3-30B-A3B: experts, hidden, expert width, top_k
 MOE_TILES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3)]
@@ -102,7 +102,7 @@ class Plan:
     # k = 4 proposals at batch 1
     gemv_tile_rows: tuple = (1, 2, 5)
     gemv_dot_tiles: list = field(default_factory=lambda: GEMV_DOT_TILES)
-    gemv_dot_tile_rows: tuple = (4, 8)  # a verify step of k = 3, a decode step of 8 sequences
+    gemv_dot_tile_rows: tuple = (5, 8)  # a verify step of k = 4, a decode step of 8 sequences
     moe_shape: tuple = MOE_SHAPE
     moe_sizes: dict = field(
         default_factory=lambda: {"2048": 256, "8192": 1024, "65536": 4096}
@@ -306,16 +306,18 @@ def tune_prefill(timer: Timer, plan: Plan, record: dict) -> dict:
 
 
 def tune_gemv(timer: Timer, plan: Plan, record: dict) -> dict:
-    """gemv: the row loop's tiles per projection kind, the fastest summed over
-    `plan.gemv_tile_rows` rows; the tensor-core product's tiles (dot), the fastest summed over
-    `plan.gemv_dot_tile_rows` rows and every projection; then, counting rows up, `rows`: as long
-    as the row loop is the fastest of the three (summed over every projection), and `dot_rows`:
-    from there, as long as the tensor-core product takes no longer than cuBLAS. The weights
-    stream from memory, as a model's layers do (`streamed`): one weight timed again and again
-    sits in the L2 cache, where other tiles win."""
+    """gemv, per projection kind (linear, gate_up, down), over that kind's shapes: the row loop's
+    tiles (loop), the fastest summed over `plan.gemv_tile_rows` rows; the tensor-core product's
+    (dot), the fastest summed over `plan.gemv_dot_tile_rows` rows; then, counting rows up,
+    `rows`: as long as the row loop is the fastest of the three, and `dot_rows`: from there, as
+    long as the tensor-core product takes no longer than cuBLAS (for gate_up, cuBLAS with the
+    activation's kernel after it, as the layer runs it). The weights stream from memory, as a
+    model's layers do (`streamed`): one weight timed again and again sits in the L2 cache, where
+    other tiles win."""
     import torch.nn.functional as F
 
     from .kernels.gemv import dense_gate_up, gemv
+    from .layers.activation import SiluAndMul
 
     out, dtype = {}, _dtype(timer.device)
     l2 = tuning.describe(timer.device).l2
@@ -329,59 +331,53 @@ def tune_gemv(timer: Timer, plan: Plan, record: dict) -> dict:
         ]
         for kind, shapes in plan.gemv_shapes.items()
     }
+    act = SiluAndMul()
     kernel = {"linear": gemv, "gate_up": dense_gate_up, "down": gemv}
+    cublas = {"linear": F.linear, "gate_up": lambda x, w: act(F.linear(x, w)), "down": F.linear}
 
     def calls(kind, rows, tiles=None, dot=False):
-        fn = (lambda x, w: kernel[kind](x, w, tiles, dot)) if tiles else F.linear
+        fn = (lambda x, w: kernel[kind](x, w, tiles, dot)) if tiles else cublas[kind]
         return [
             streamed(fn, torch.randn(rows, ws[0].shape[1], dtype=dtype, device=timer.device), ws)
             for ws in weights[kind]
         ]
 
-    def every(rows, tiles_of, dot=False):  # every projection's calls at `rows`, tiles by kind
-        return [fn for kind in weights for fn in calls(kind, rows, tiles_of(kind), dot)]
-
-    for kind in weights:
-        choices = {
-            "{}x{}w{}".format(*t): [
-                fn for rows in plan.gemv_tile_rows for fn in calls(kind, rows, _gemv_tiles(t))
-            ]
-            for t in plan.gemv_tiles
-        }
-        best, times = timer.fastest(choices)
-        out[kind] = _gemv_tiles(next(t for t in plan.gemv_tiles if "{}x{}w{}".format(*t) == best))
-        record[f"gemv.{kind}"] = {"tiles_ms": times}
-    dot_tiles = {"{}x{}w{}s{}".format(*t): _dot_tiles(t) for t in plan.gemv_dot_tiles}
-    best, times = timer.fastest(
-        {
-            name: [
-                fn
-                for rows in plan.gemv_dot_tile_rows
-                for fn in every(rows, lambda kind, tiles=tiles: tiles, dot=True)
-            ]
-            for name, tiles in dot_tiles.items()
-        }
-    )
-    out["dot"] = dot_tiles[best]
-    record["gemv.dot"] = {"tiles_ms": times}
-    out["rows"] = out["dot_rows"] = 0
-    loop = True  # the row loop still the fastest at every count so far
-    for rows in plan.gemv_rows:
-        _, times = timer.fastest(
+    def fastest_tiles(kind, named, tile_rows, dot):  # the tiles of `named` fastest over tile_rows
+        best, times = timer.fastest(
             {
-                "kernels": every(rows, out.get),
-                "dot": every(rows, lambda kind: out["dot"], dot=True),
-                "cublas": every(rows, lambda kind: None),
+                name: [fn for rows in tile_rows for fn in calls(kind, rows, tiles, dot)]
+                for name, tiles in named.items()
             }
         )
-        record[f"gemv.rows.{rows}"] = times
-        loop = loop and times["kernels"] <= min(times["dot"], times["cublas"])
-        if loop:
-            out["rows"] = rows
-        elif times["dot"] <= times["cublas"]:
-            out["dot_rows"] = rows
-        else:
-            break
+        record[f"gemv.{kind}.{'dot' if dot else 'loop'}"] = {"tiles_ms": times}
+        return named[best]
+
+    loop_tiles = {"{}x{}w{}".format(*t): _gemv_tiles(t) for t in plan.gemv_tiles}
+    dot_tiles = {"{}x{}w{}s{}".format(*t): _dot_tiles(t) for t in plan.gemv_dot_tiles}
+    for kind in weights:
+        entry = out[kind] = {
+            "rows": 0,
+            "dot_rows": 0,
+            "loop": fastest_tiles(kind, loop_tiles, plan.gemv_tile_rows, False),
+            "dot": fastest_tiles(kind, dot_tiles, plan.gemv_dot_tile_rows, True),
+        }
+        loop = True  # the row loop still the fastest at every count so far
+        for rows in plan.gemv_rows:
+            _, times = timer.fastest(
+                {
+                    "loop": calls(kind, rows, entry["loop"]),
+                    "dot": calls(kind, rows, entry["dot"], dot=True),
+                    "cublas": calls(kind, rows),
+                }
+            )
+            record[f"gemv.{kind}.rows.{rows}"] = times
+            loop = loop and times["loop"] <= min(times["dot"], times["cublas"])
+            if loop:
+                entry["rows"] = rows
+            elif times["dot"] <= times["cublas"]:
+                entry["dot_rows"] = rows
+            else:
+                break
     return out
 
 
@@ -493,13 +489,13 @@ NOTES = {
     "batches of 256, 64 and 16 sequences; programs_per_sm: the split-K rule's target, timed on "
     "batches of 1, 3 and 6 programs per SM",
     "decode_splits": "not timed: 2 waves of programs_per_sm programs on every SM, at most 32 splits",
-    "gemv": "the row loop's tiles summed over {rows} rows, the tensor-core product's (dot) over {dot_rows} "
-    "rows and every projection; each shape's weight in copies whose bytes exceed twice the L2, timed in "
-    "turn (streamed from memory, as a model's layers are)",
-    "gemv.rows": "the most rows (counting up) at which the row loop took no longer than the tensor-core "
-    "product and cuBLAS, summed over the projections",
-    "gemv.dot_rows": "from there, the most rows at which the tensor-core product took no longer than cuBLAS "
-    "(0: none)",
+    "gemv": "per projection kind, over its shapes: the row loop's tiles (loop) summed over {rows} rows, the "
+    "tensor-core product's (dot) over {dot_rows} rows; each shape's weight in copies whose bytes exceed "
+    "twice the L2, timed in turn (streamed from memory, as a model's layers are)",
+    "gemv.<kind>.rows": "the most rows (counting up) at which the kind's row loop took no longer than its "
+    "tensor-core product and cuBLAS",
+    "gemv.<kind>.dot_rows": "from there, the most rows at which the kind's tensor-core product took no "
+    "longer than cuBLAS (0: none)",
     "moe.small_pairs": "the most (token, expert) pairs (counting up) at which the matrix-vector path beat the "
     "grouped one",
 }
@@ -511,9 +507,8 @@ def candidates(plan: Plan) -> dict[str, int]:
     return {
         "decode_attention": shapes * (len(plan.decode_tiles) + len(plan.programs_per_sm)),
         "prefill_attention": len(plan.decode_shapes["bf16"]) * len(plan.prefill_tiles),
-        "gemv": len(plan.gemv_shapes) * len(plan.gemv_tiles)
-        + len(plan.gemv_dot_tiles)
-        + 3 * len(plan.gemv_rows),
+        "gemv": len(plan.gemv_shapes)
+        * (len(plan.gemv_tiles) + len(plan.gemv_dot_tiles) + 3 * len(plan.gemv_rows)),
         "moe": len(plan.moe_sizes) * len(plan.moe_tiles)
         + len(plan.moe_gemv_tiles)
         + 2 * len(plan.moe_small_tokens),

@@ -35,14 +35,14 @@ def test_shipped_files_are_valid_and_named_for_their_device():
 def test_a_device_with_a_file_uses_it_and_says_so_once(tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="nanovllm_final")
     config = h200_config()
-    config["gemv"]["rows"] = 5
+    config["gemv"]["down"]["rows"] = 5
     config["decode_attention"]["bf16"]["128"]["BLOCK_N"] = 32
     (tmp_path / "Test_GPU_with_file.json").write_text(json.dumps(config))
     monkeypatch.setattr(tuning, "CONFIG_DIR", tmp_path)
     dev = tuning.Device("Test GPU (with file)", **A100)
     for _ in range(2):
         choice = tuning.choose(dev)
-    assert choice.gemv_rows == 5 and choice.decode(False, 128)["BLOCK_N"] == 32
+    assert choice.few_rows("down") == 5 and choice.decode(False, 128)["BLOCK_N"] == 32
     assert choice.decode(False, 64)["BLOCK_N"] == 128  # a head_dim up to 64: the "64" entry
     assert choice.decode(False, 256)["BLOCK_N"] == 32  # past the largest key: the largest
     expected = f"kernel tuning for Test GPU (with file): file {tmp_path}/Test_GPU_with_file.json"
@@ -68,13 +68,13 @@ def test_the_cpu_rules_are_small_valid_tiles():
     choice = tuning.for_device(torch.device("cpu"))
     assert choice.source == "rules for a CPU"
     assert choice.decode(True, 128)["BLOCK_N"] <= 32 and choice.prefill(128)["BLOCK_M"] <= 32
-    assert all(choice.gemv(kind)["BLOCK_K"] <= 32 for kind in ("linear", "gate_up", "down"))
+    assert all(choice.gemv(kind)["loop"]["BLOCK_K"] <= 32 for kind in tuning.GEMV_KINDS)
 
 
 @pytest.mark.parametrize(
     "damage,message",
     [
-        (lambda c: c["gemv"].pop("rows"), "gemv lacks 'rows'"),
+        (lambda c: c["gemv"]["down"].pop("rows"), "gemv.down lacks 'rows'"),
         (
             lambda c: c["decode_attention"]["fp8"]["128"].update(BLOCK_N="64"),
             "decode_attention.fp8.128.BLOCK_N must be",
@@ -105,11 +105,11 @@ def test_the_environment_names_another_file(tmp_path, monkeypatch):
 
 def test_override_replaces_choices_within_its_block():
     cpu = torch.device("cpu")
-    before = tuning.for_device(cpu).gemv_rows
-    with tuning.override({"gemv": {"rows": before + 3}}):
-        assert tuning.for_device(cpu).gemv_rows == before + 3
-        assert tuning.for_device(cpu).gemv("linear") == tuning._for("cpu", None).gemv("linear")
-    assert tuning.for_device(cpu).gemv_rows == before
+    before = tuning.for_device(cpu).few_rows("linear")
+    with tuning.override({"gemv": {"linear": {"rows": before + 3}}}):
+        assert tuning.for_device(cpu).few_rows("linear") == before + 3
+        assert tuning.for_device(cpu).gemv("down") == tuning._for("cpu", None).gemv("down")
+    assert tuning.for_device(cpu).few_rows("linear") == before
 
 
 @pytest.mark.skipif(
@@ -148,17 +148,19 @@ def test_tune_only_some_kernels_keeps_the_others():
     rules = tuning.rules(tuning.describe(torch.device("cpu")))
     assert config["decode_attention"] == rules["decode_attention"] and config["moe"] == rules["moe"]
     assert set(config["record"]["measured_ms"]) == {
-        "gemv.linear",
-        "gemv.gate_up",
-        "gemv.down",
-        "gemv.dot",
-        "gemv.rows.1",
+        f"gemv.{kind}.{timed}"
+        for kind in tuning.GEMV_KINDS
+        for timed in ("loop", "dot", "rows.1")  # cuBLAS wins at one row: no more counts
     }
-    assert tuple(config["gemv"]["dot"].values()) in tune.DRY_PLAN.gemv_dot_tiles
+    for entry in config["gemv"].values():
+        assert tuple(entry["dot"].values()) in tune.DRY_PLAN.gemv_dot_tiles
+        assert (entry["rows"], entry["dot_rows"]) == (0, 0)
     notes = config["record"]["notes"]
     assert "decode_attention, prefill_attention, moe: not timed" in notes["kept"]
     # the dry plan's rows
-    assert notes["gemv"].startswith("the row loop's tiles summed over 1, 2 rows, the tensor-core")
+    assert notes["gemv"].startswith(
+        "per projection kind, over its shapes: the row loop's tiles (loop) summed over 1, 2 rows"
+    )
     assert "product's (dot) over 3 rows" in notes["gemv"]
 
 
@@ -172,24 +174,26 @@ def test_tune_only_some_kernels_keeps_the_others():
     ],
 )
 def test_gemv_rows_pick_the_row_loop_then_the_product_then_cublas(winners, rows, dot_rows):
-    """Counting rows up, gemv.rows holds while the row loop is the fastest of the three at every
-    count, gemv.dot_rows from there while the tensor-core product beats cuBLAS; the first count
-    that cuBLAS wins past them ends both."""
+    """Per projection kind, counting rows up, its rows hold while the row loop is the fastest of
+    the three at every count, its dot_rows from there while the tensor-core product beats cuBLAS;
+    the first count that cuBLAS wins past them ends both."""
     from nanovllm_final import tune
 
     class Scripted(tune.Timer):
         def fastest(self, choices):
-            if set(choices) != {"kernels", "dot", "cublas"}:  # a tile list: the first
+            if set(choices) != {"loop", "dot", "cublas"}:  # a kind's tile list: the first
+                self.count = 0  # its rows are counted next
                 return next(iter(choices)), dict.fromkeys(choices, 1.0)
-            winner = {"L": "kernels", "D": "dot", "C": "cublas"}[winners[self.count]]
+            winner = {"L": "loop", "D": "dot", "C": "cublas"}[winners[self.count]]
             self.count += 1
             return winner, {name: 1.0 if name == winner else 2.0 for name in choices}
 
     timer = Scripted(torch.device("cpu"), 1, None)
-    timer.count = 0
     plan = dataclasses.replace(tune.DRY_PLAN, gemv_rows=tuple(range(1, len(winners) + 1)))
     config = tune.tune_gemv(timer, plan, {})
-    assert (config["rows"], config["dot_rows"]) == (rows, dot_rows)
+    assert {kind: (e["rows"], e["dot_rows"]) for kind, e in config.items()} == dict.fromkeys(
+        tuning.GEMV_KINDS, (rows, dot_rows)
+    )
 
 
 def test_stages_are_cut_to_the_shared_memory():

@@ -234,7 +234,7 @@ def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype, dot):
     choice = tuning.for_device(torch.device(DEVICE))
 
     def tiles(kind: str) -> dict:
-        return choice.gemv("dot" if dot else kind)
+        return choice.gemv(kind)["dot" if dot else "loop"]
 
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, 72, generator=g).to(dtype)
@@ -265,45 +265,58 @@ def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype, dot):
 
 
 def test_few_rows_take_the_row_loop_then_the_tensor_core_product():
-    """The device's choice by rows: the row loop up to gemv.rows, the tensor-core product up to
-    gemv.dot_rows (dispatch then sends no more rows to either), and `dense_mlp` follows it in
-    both of its launches."""
+    """Each projection kind's choice by rows: its row loop up to its gemv rows, its tensor-core
+    product up to its dot_rows (dispatch then sends no more rows to either), each kind on its
+    own: gemv and dense_gate_up follow their kind's choice."""
     from nanovllm_final.kernels import dispatch
 
     device = torch.device(DEVICE)
-    with tuning.override({"gemv": {"rows": 2, "dot_rows": 6}}):
+    with tuning.override(
+        {"gemv": {"down": {"rows": 2, "dot_rows": 6}, "gate_up": {"rows": 0, "dot_rows": 3}}}
+    ):
         choice = tuning.for_device(device)
-        assert choice.few_rows == 6
-        assert gemv.device_choice(torch.zeros(2, 8), "down") == (choice.gemv("down"), False)
-        assert gemv.device_choice(torch.zeros(3, 8), "down") == (choice.gemv("dot"), True)
+        down, gate_up = choice.gemv("down"), choice.gemv("gate_up")
+        assert (choice.few_rows("down"), choice.few_rows("gate_up")) == (6, 3)
+        rows = lambda n: torch.zeros(n, 8, device=device)  # noqa: E731
+        assert gemv.device_choice(rows(2), "down") == (down["loop"], False)
+        assert gemv.device_choice(rows(3), "down") == (down["dot"], True)
+        assert gemv.device_choice(rows(1), "gate_up") == (gate_up["dot"], True)
         g = torch.Generator().manual_seed(0)
         x = torch.randn(5, 40, generator=g).to(DEVICE)
-        gate_up = (torch.randn(48, 40, generator=g) * 0.2).to(DEVICE)
-        down = (torch.randn(40, 24, generator=g) * 0.2).to(DEVICE)
-        dot = choice.gemv("dot")
-        expected = gemv.gemv(gemv.dense_gate_up(x, gate_up, dot, True), down, dot, True)
-        assert torch.equal(gemv.dense_mlp(x, gate_up, down), expected)
+        w_gate_up = (torch.randn(48, 40, generator=g) * 0.2).to(DEVICE)
+        w_down = (torch.randn(40, 24, generator=g) * 0.2).to(DEVICE)
+        h = gemv.dense_gate_up(x[:2], w_gate_up)
+        assert torch.equal(h, gemv.dense_gate_up(x[:2], w_gate_up, gate_up["dot"], True))
+        assert torch.equal(gemv.gemv(h, w_down, kind="down"), gemv.gemv(h, w_down, down["loop"]))
         if HAS_CUDA:
-            assert dispatch.takes_gemv(x[:1].bfloat16().cuda())
-            assert not dispatch.takes_gemv(torch.zeros(7, 40, dtype=torch.bfloat16, device="cuda"))
-    with tuning.override({"gemv": {"rows": 4, "dot_rows": 0}}):
-        assert tuning.for_device(device).few_rows == 4
+            x = x.bfloat16().cuda()
+            assert dispatch.takes_gemv(x[:3], "gate_up") and dispatch.takes_gemv(x[:5], "down")
+            assert not dispatch.takes_gemv(x[:4], "gate_up")
+            assert not dispatch.takes_gemv(
+                torch.zeros(7, 40, dtype=torch.bfloat16, device="cuda"), "down"
+            )
+    with tuning.override({"gemv": {"down": {"rows": 4, "dot_rows": 0}}}):
+        assert tuning.for_device(device).few_rows("down") == 4
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="the layers use the kernels on CUDA only")
 def test_dense_layers_dispatch_few_rows_to_the_kernels(monkeypatch):
-    """On CUDA, Linear and the dense MLP take the few-row kernels up to few_rows rows (gemv.rows,
-    gemv.dot_rows) and cuBLAS beyond; both give the PyTorch result."""
+    """On CUDA, Linear and the dense MLP's two projections each take their kind's few-row
+    kernels up to its few_rows and cuBLAS beyond; every path gives the PyTorch result."""
     from types import SimpleNamespace
 
     from nanovllm_final.layers.linear import Linear
     from nanovllm_final.models.transformer import MLP
 
     calls = []
-    for name in ("gemv", "dense_mlp"):
+    for name in ("gemv", "dense_gate_up"):
         real = getattr(gemv, name)
         monkeypatch.setattr(
-            gemv, name, lambda *a, real=real, name=name, **kw: calls.append(name) or real(*a, **kw)
+            gemv,
+            name,
+            lambda *a, real=real, name=name, **kw: (
+                calls.append((name, kw.get("kind"))) or real(*a, **kw)
+            ),
         )
     g = torch.Generator().manual_seed(0)
     linear = Linear(256, 96).to(torch.bfloat16).cuda()
@@ -312,21 +325,24 @@ def test_dense_layers_dispatch_few_rows_to_the_kernels(monkeypatch):
     )  # the fields MLP reads
     for p in (*linear.parameters(), *mlp.parameters()):
         p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    limit = tuning.for_device(torch.device("cuda")).few_rows
-    for rows in (1, limit, limit + 1):
-        calls.clear()
-        x = torch.randn(rows, 256, generator=g).to(torch.bfloat16).cuda()
-        torch.testing.assert_close(
-            linear(x), torch.nn.functional.linear(x, linear.weight), **tol(torch.bfloat16)
-        )
-        gate, up = torch.nn.functional.linear(x, mlp.gate_up_proj.weight).chunk(2, dim=-1)
-        expected = torch.nn.functional.linear(
-            torch.nn.functional.silu(gate) * up, mlp.down_proj.weight
-        )
-        torch.testing.assert_close(mlp(x), expected, **tol(torch.bfloat16))
-        assert calls == (
-            ["gemv", "dense_mlp", "gemv"] if rows <= limit else []
-        )  # dense_mlp's down: gemv
+    limits = {"linear": 2, "gate_up": 4, "down": 1}
+    with tuning.override({"gemv": {k: {"rows": 1, "dot_rows": n} for k, n in limits.items()}}):
+        for rows in (1, 2, 3, 5):
+            calls.clear()
+            x = torch.randn(rows, 256, generator=g).to(torch.bfloat16).cuda()
+            torch.testing.assert_close(
+                linear(x), torch.nn.functional.linear(x, linear.weight), **tol(torch.bfloat16)
+            )
+            gate, up = torch.nn.functional.linear(x, mlp.gate_up_proj.weight).chunk(2, dim=-1)
+            expected = torch.nn.functional.linear(
+                torch.nn.functional.silu(gate) * up, mlp.down_proj.weight
+            )
+            torch.testing.assert_close(mlp(x), expected, **tol(torch.bfloat16))
+            assert calls == [
+                *[("gemv", "linear")] * (rows <= limits["linear"]),
+                *[("dense_gate_up", None)] * (rows <= limits["gate_up"]),
+                *[("gemv", "down")] * (rows <= limits["down"]),
+            ]
 
 
 def test_no_tokens():

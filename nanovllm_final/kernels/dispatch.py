@@ -30,11 +30,14 @@ def use_kernel(x: torch.Tensor) -> bool:
     return not _reference_only and norm_rope is not None and x.is_cuda and x.dtype in KERNEL_DTYPES
 
 
-def takes_gemv(x: torch.Tensor) -> bool:
-    """Whether a layer's input x (tokens, features) takes the matrix-vector kernels (gemv.py):
-    a kernel's input of at most the device's few_rows (gemv.rows, gemv.dot_rows) contiguous rows."""
+def takes_gemv(x: torch.Tensor, kind: str = "linear") -> bool:
+    """Whether a layer's input x (tokens, features) takes the few-row kernels (gemv.py) of a
+    projection kind (linear, gate_up or down): a kernel's input of at most the kind's few_rows
+    (its gemv rows and dot_rows) contiguous rows."""
     return (
-        use_kernel(x) and x.shape[0] <= tuning.for_device(x.device).few_rows and x.is_contiguous()
+        use_kernel(x)
+        and x.shape[0] <= tuning.for_device(x.device).few_rows(kind)
+        and x.is_contiguous()
     )
 
 

@@ -1,12 +1,13 @@
 """Matrix-vector products in Triton: a few rows times a weight matrix, at the memory bound.
 
 Dense layers at a few rows (a small decode batch, a verify step), where cuBLAS picks kernels far
-from the memory bound: `gemv` is any projection without a bias, `dense_mlp` a whole SwiGLU MLP
-in two launches (gate/up with the activation on the tile, then down). Two kernels, both reading
-each weight tile once for all of a program's rows: `dense_gemv_kernel` multiplies the rows in
-turn (the device's gemv.rows of them at most), `dense_dot_kernel` all at once on tensor cores,
-padded to 16 (from gemv.rows to gemv.dot_rows rows: the row loop's arithmetic grows with each
-row, the padded product's does not). In either a row's result does not depend on which rows
+from the memory bound: `gemv` is any projection without a bias, `dense_gate_up` a SwiGLU MLP's
+gate and up projections with the activation on the tile. Two kernels, both reading each weight
+tile once for all of a program's rows: `dense_gemv_kernel` multiplies the rows in turn,
+`dense_dot_kernel` all at once on tensor cores, padded to 16 (the row loop's arithmetic grows
+with each row, the padded product's does not). Which takes how many rows is each projection
+kind's (linear, gate_up, down) tuning: the row loop up to its gemv rows, the product up to its
+dot_rows, cuBLAS past both. In either a row's result does not depend on which rows
 share the launch. `gate_up_gemv_kernel` and `down_gemv_sum_kernel` run a few tokens' experts
 for moe.py, each (token, expert) pair reading its own expert's weights. References: F.linear,
 and layers/transformer.py's MLP (SiluAndMul between two projections);
@@ -258,12 +259,12 @@ def _dense(
 
 
 def device_choice(x: torch.Tensor, kind: str) -> tuple[dict, bool]:
-    """(tiles, dot) for x's rows on x's device: the row loop with the `kind` projection's tiles
-    up to gemv.rows rows, past them the tensor-core product with the gemv dot tiles."""
-    choice = tuning.for_device(x.device)
-    if x.shape[0] <= choice.gemv_rows:
-        return choice.gemv(kind), False
-    return choice.gemv("dot"), True
+    """(tiles, dot) for x's rows on x's device, a projection kind's (linear, gate_up or down):
+    the row loop up to its gemv rows, past them the tensor-core product."""
+    entry = tuning.for_device(x.device).gemv(kind)
+    if x.shape[0] <= entry["rows"]:
+        return entry["loop"], False
+    return entry["dot"], True
 
 
 def dense_gate_up(
@@ -277,18 +278,16 @@ def dense_gate_up(
     return _dense(x, gate_up, gate_up.shape[0] // 2, True, tiles, dot)
 
 
-def dense_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """A SwiGLU MLP for a few rows in two launches: x (T, hidden), gate_up (2 * inter, hidden),
-    down (hidden, inter) -> down @ (silu(gate @ x) * (up @ x)), (T, hidden)."""
-    return gemv(dense_gate_up(x, gate_up), down, *device_choice(x, "down"))
-
-
 def gemv(
-    x: torch.Tensor, w: torch.Tensor, tiles: dict | None = None, dot: bool = False
+    x: torch.Tensor,
+    w: torch.Tensor,
+    tiles: dict | None = None,
+    dot: bool = False,
+    kind: str = "linear",
 ) -> torch.Tensor:
     """x @ w^T for a few rows, rounded once as F.linear: x (T, K) contiguous, w (N, K) with a
     contiguous last dim -> (T, N). tiles (BLOCK_N, BLOCK_K, num_warps): the row loop's (`dot`:
-    the tensor-core product's, with num_stages); None: the device's choice for x's rows, with
-    the linear projections' tiles (device_choice)."""
-    tiles, dot = (tiles, dot) if tiles else device_choice(x, "linear")
+    the tensor-core product's, with num_stages); None: the device's choice for x's rows and
+    the projection `kind` (device_choice)."""
+    tiles, dot = (tiles, dot) if tiles else device_choice(x, kind)
     return _dense(x, w, w.shape[0], False, tiles, dot)

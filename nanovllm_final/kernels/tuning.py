@@ -10,8 +10,8 @@ pairs), an entry serves every size up to its key (the largest key serves the res
     decode_attention.{bf16,fp8}.<head_dim>  BLOCK_N, num_warps, num_stages, programs_per_sm
     decode_splits                           waves, max_splits
     prefill_attention.<head_dim>            BLOCK_M, BLOCK_N, num_warps, num_stages
-    gemv                                    rows, dot_rows; linear / gate_up / down: BLOCK_N, BLOCK_K,
-                                            num_warps; dot: BLOCK_N, BLOCK_K, num_warps, num_stages
+    gemv.{linear,gate_up,down}              rows, dot_rows; loop: BLOCK_N, BLOCK_K, num_warps;
+                                            dot: BLOCK_N, BLOCK_K, num_warps, num_stages
     moe                                     small_pairs; gemv: BLOCK_N, BLOCK_K, num_warps, DOWN_BLOCK_N,
                                             DOWN_BLOCK_K; grouped.<pairs>: BLOCK_N, BLOCK_K, num_warps, num_stages
 
@@ -41,19 +41,16 @@ _PREFILL = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 _GEMV = ("BLOCK_N", "BLOCK_K", "num_warps")
 _GROUPED = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 _DOT = _GROUPED  # the few-row tensor-core product's
+# a projection kind's few-row kernels: the row loop up to `rows` rows, the tensor-core product
+# up to `dot_rows`, cuBLAS past both
+_FEW_ROWS = {"rows": None, "dot_rows": None, "loop": _GEMV, "dot": _DOT}
+GEMV_KINDS = ("linear", "gate_up", "down")
 # The file's layout: a tuple names an entry's fields; "*" a table keyed by shape (a number).
 SCHEMA = {
     "decode_attention": {"bf16": {"*": _DECODE}, "fp8": {"*": _DECODE}},
     "decode_splits": ("waves", "max_splits"),
     "prefill_attention": {"*": _PREFILL},
-    "gemv": {
-        "rows": None,
-        "dot_rows": None,
-        "linear": _GEMV,
-        "gate_up": _GEMV,
-        "down": _GEMV,
-        "dot": _DOT,
-    },
+    "gemv": {kind: _FEW_ROWS for kind in GEMV_KINDS},
     "moe": {
         "small_pairs": None,
         "gemv": (*_GEMV, "DOWN_BLOCK_N", "DOWN_BLOCK_K"),
@@ -115,13 +112,10 @@ def rules(dev: Device) -> dict:
         "decode_attention": decode,
         "decode_splits": {"waves": 2, "max_splits": 32},
         "prefill_attention": {"128": _tiles(_PREFILL, 64, 64, 4, 2)},
-        "gemv": {
-            "rows": 2,
-            "linear": _tiles(_GEMV, 2, 1024, 2),
-            "gate_up": _tiles(_GEMV, 1, 1024, 2),
-            "down": _tiles(_GEMV, 2, 4096, 4),
-            "dot_rows": 0,  # untimed here: cuBLAS past the row loop
-            "dot": _tiles(_DOT, 32, 128, 4, stages),
+        "gemv": {  # the tensor-core product untimed here: cuBLAS past the row loop
+            "linear": _few_rows(2, 0, _tiles(_GEMV, 2, 1024, 2), _tiles(_DOT, 32, 128, 4, stages)),
+            "gate_up": _few_rows(2, 0, _tiles(_GEMV, 1, 1024, 2), _tiles(_DOT, 32, 128, 4, stages)),
+            "down": _few_rows(2, 0, _tiles(_GEMV, 2, 4096, 4), _tiles(_DOT, 32, 128, 4, stages)),
         },
         "moe": {
             "small_pairs": 64,
@@ -142,12 +136,9 @@ def _cpu_rules() -> dict:
         "decode_splits": {"waves": 2, "max_splits": 32},
         "prefill_attention": {"128": _tiles(_PREFILL, 32, 32, 1, 1)},
         "gemv": {
-            "rows": 2,
-            "linear": _tiles(_GEMV, 16, 32, 1),
-            "gate_up": _tiles(_GEMV, 16, 32, 1),
-            "down": _tiles(_GEMV, 16, 16, 1),
-            "dot_rows": 0,
-            "dot": _tiles(_DOT, 16, 32, 1, 1),
+            "linear": _few_rows(2, 0, _tiles(_GEMV, 16, 32, 1), _tiles(_DOT, 16, 32, 1, 1)),
+            "gate_up": _few_rows(2, 0, _tiles(_GEMV, 16, 32, 1), _tiles(_DOT, 16, 32, 1, 1)),
+            "down": _few_rows(2, 0, _tiles(_GEMV, 16, 16, 1), _tiles(_DOT, 16, 32, 1, 1)),
         },
         "moe": {
             "small_pairs": 64,
@@ -155,6 +146,10 @@ def _cpu_rules() -> dict:
             "grouped": {"65536": _tiles(_GROUPED, 16, 16, 1, 1)},
         },
     }
+
+
+def _few_rows(rows: int, dot_rows: int, loop: dict, dot: dict) -> dict:
+    return {"rows": rows, "dot_rows": dot_rows, "loop": loop, "dot": dot}
 
 
 def _tiles(fields: tuple, *values: int) -> dict:
@@ -220,20 +215,15 @@ class Tuning:
         return _by_size(self.config["prefill_attention"], head_dim)
 
     def gemv(self, kind: str) -> dict:
-        """The dense few-row kernels' tiles: the row loop's of a projection kind (linear, gate_up
-        or down), or the tensor-core product's (dot)."""
+        """A projection kind's (linear, gate_up or down) few-row kernels: rows and dot_rows, the
+        row loop's tiles (loop) and the tensor-core product's (dot)."""
         return self.config["gemv"][kind]
 
-    @property
-    def gemv_rows(self) -> int:
-        """The most rows the row loop takes."""
-        return self.config["gemv"]["rows"]
-
-    @property
-    def few_rows(self) -> int:
-        """The most rows the few-row kernels take (the row loop, then the tensor-core product);
-        cuBLAS takes more."""
-        return max(self.config["gemv"]["rows"], self.config["gemv"]["dot_rows"])
+    def few_rows(self, kind: str) -> int:
+        """The most rows a projection kind's few-row kernels take (the row loop, then the
+        tensor-core product); cuBLAS takes more."""
+        entry = self.config["gemv"][kind]
+        return max(entry["rows"], entry["dot_rows"])
 
     def moe_grouped(self, pairs: int) -> dict:
         return _by_size(self.config["moe"]["grouped"], pairs)

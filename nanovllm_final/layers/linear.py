@@ -13,12 +13,18 @@ class Linear(nn.Module):
     Tensor parallelism: `tp_dim` says which dimension of W is split across the
     ranks: None (every rank holds all of W), 0 (column parallel: rank r holds a block of
     output rows) or 1 (row parallel: a block of input columns). The loader always
-    receives the full checkpoint tensor and keeps this rank's block."""
+    receives the full checkpoint tensor and keeps this rank's block.
+
+    `gemv_kind` names the projection kind (linear, gate_up or down: kernels/tuning.py) whose
+    few-row kernels take a few rows of x."""
 
     tp_dim: int | None = None
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, gemv_kind: str = "linear"
+    ):
         super().__init__()
+        self.gemv_kind = gemv_kind
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         if self.tp_dim == 0:
             out_features = divide(out_features, "output features")
@@ -58,8 +64,8 @@ class Linear(nn.Module):
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x W^T (+ bias): on CUDA, a few rows without a bias take the matrix-vector kernels
         (kernels/gemv.py: cuBLAS's kernels for a few rows are far from the memory bound), else F.linear."""
-        if bias is None and dispatch.takes_gemv(x):
-            return dispatch.gemv.gemv(x, self.weight)
+        if bias is None and dispatch.takes_gemv(x, self.gemv_kind):
+            return dispatch.gemv.gemv(x, self.weight, kind=self.gemv_kind)
         return cpu_linear.linear(
             x, self.weight, bias
         )  # F.linear, on the CPU through oneDNN for 2+ rows
@@ -94,8 +100,14 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     Every projection is split across ranks, so rank r holds
     [gate rows of rank r | up rows of rank r]: sizes[i] / tp rows of each."""
 
-    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
-        super().__init__(in_features, sum(output_sizes), bias)
+    def __init__(
+        self,
+        in_features: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        gemv_kind: str = "linear",
+    ):
+        super().__init__(in_features, sum(output_sizes), bias, gemv_kind)
         self.output_sizes = [divide(size, "output features") for size in output_sizes]  # per rank
 
     def shard(self, data: torch.Tensor, shard_id: int) -> torch.Tensor:

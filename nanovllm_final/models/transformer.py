@@ -48,15 +48,17 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         # each rank holds intermediate / tp of the gate, up and down weights
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, gemv_kind="gate_up")
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, gemv_kind="down")
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if dispatch.takes_gemv(x):
-            # a few rows (a small decode batch, a verify step): the matrix-vector kernels, two launches
-            return self.down_proj.reduce(dispatch.gemv.dense_mlp(x, self.gate_up_proj.weight, self.down_proj.weight))
-        return self.down_proj(self.act(self.gate_up_proj(x)))  # (tokens, intermediate / tp) -> (tokens, hidden)
+        if dispatch.takes_gemv(x, "gate_up"):
+            # a few rows (a small decode batch, a verify step): the activation on the weight tiles
+            h = dispatch.gemv.dense_gate_up(x, self.gate_up_proj.weight)
+        else:
+            h = self.act(self.gate_up_proj(x))
+        return self.down_proj(h)  # (tokens, intermediate / tp) -> (tokens, hidden)
 
 
 class SparseMoeBlock(nn.Module):
