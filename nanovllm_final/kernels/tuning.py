@@ -108,14 +108,15 @@ def rules(dev: Device) -> dict:
         "bf16": {"64": _tiles(_DECODE, 128, 4, 2, 2), "128": _tiles(_DECODE, 64, 2, stages, 2)},
         "fp8": {"128": _tiles(_DECODE, 64, 2, 2, 6)},
     }
+    dot = _tiles(_DOT, 32, 128, 4, stages)
     return {
         "decode_attention": decode,
         "decode_splits": {"waves": 2, "max_splits": 32},
         "prefill_attention": {"128": _tiles(_PREFILL, 64, 64, 4, 2)},
         "gemv": {  # the tensor-core product untimed here: cuBLAS past the row loop
-            "linear": _few_rows(2, 0, _tiles(_GEMV, 2, 1024, 2), _tiles(_DOT, 32, 128, 4, stages)),
-            "gate_up": _few_rows(2, 0, _tiles(_GEMV, 1, 1024, 2), _tiles(_DOT, 32, 128, 4, stages)),
-            "down": _few_rows(2, 0, _tiles(_GEMV, 2, 4096, 4), _tiles(_DOT, 32, 128, 4, stages)),
+            "linear": _few_rows(2, 0, _tiles(_GEMV, 2, 1024, 2), dot),
+            "gate_up": _few_rows(2, 0, _tiles(_GEMV, 1, 1024, 2), dot),
+            "down": _few_rows(2, 0, _tiles(_GEMV, 2, 4096, 4), dot),
         },
         "moe": {
             "small_pairs": 64,
@@ -131,14 +132,15 @@ def rules(dev: Device) -> dict:
 
 def _cpu_rules() -> dict:
     decode = _tiles(_DECODE, 32, 1, 1, 1)
+    dot = _tiles(_DOT, 16, 32, 1, 1)
     return {
         "decode_attention": {"bf16": {"128": decode}, "fp8": {"128": decode}},
         "decode_splits": {"waves": 2, "max_splits": 32},
         "prefill_attention": {"128": _tiles(_PREFILL, 32, 32, 1, 1)},
         "gemv": {
-            "linear": _few_rows(2, 0, _tiles(_GEMV, 16, 32, 1), _tiles(_DOT, 16, 32, 1, 1)),
-            "gate_up": _few_rows(2, 0, _tiles(_GEMV, 16, 32, 1), _tiles(_DOT, 16, 32, 1, 1)),
-            "down": _few_rows(2, 0, _tiles(_GEMV, 16, 16, 1), _tiles(_DOT, 16, 32, 1, 1)),
+            "linear": _few_rows(2, 0, _tiles(_GEMV, 16, 32, 1), dot),
+            "gate_up": _few_rows(2, 0, _tiles(_GEMV, 16, 32, 1), dot),
+            "down": _few_rows(2, 0, _tiles(_GEMV, 16, 16, 1), dot),
         },
         "moe": {
             "small_pairs": 64,
@@ -149,7 +151,7 @@ def _cpu_rules() -> dict:
 
 
 def _few_rows(rows: int, dot_rows: int, loop: dict, dot: dict) -> dict:
-    return {"rows": rows, "dot_rows": dot_rows, "loop": loop, "dot": dot}
+    return {"rows": rows, "dot_rows": dot_rows, "loop": loop, "dot": dict(dot)}
 
 
 def _tiles(fields: tuple, *values: int) -> dict:
