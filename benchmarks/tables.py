@@ -699,8 +699,9 @@ FILES = [
         "gemv_rows_*.json",
         "python -m nanovllm_final.tune --only gemv --out benchmarks/results/gemv_rows_h100.json",
         "the tuner's output for the gemv section alone (the other sections kept as the device's file has them): "
-        "per projection kind, the row loop's and the tensor-core product's tiles, then both against cuBLAS by rows; "
-        "what each kind's rows and dot_rows are (the engine reads its config file)",
+        "the few-row kernels' tiles by projection and their times against cuBLAS by rows, and the rows they take "
+        "(this record's tuner set one limit, gemv.rows, for every projection; tune.py sets rows and dot_rows per "
+        "projection kind; the engine reads its config file)",
     ),
     (
         "draft_agreement_course-llama_cpu.json",
