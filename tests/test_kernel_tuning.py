@@ -16,6 +16,12 @@ from nanovllm_final.kernels import tuning
 A100 = dict(sms=108, shared_memory=163 * 1024, capability=(8, 0), l2=40 * 2**20)
 
 
+@pytest.fixture(autouse=True)
+def no_override(monkeypatch):
+    """The file a device takes, whatever the shell's NANOVLLM_KERNEL_CONFIG names."""
+    monkeypatch.delenv(tuning.ENV, raising=False)
+
+
 def h200_config() -> dict:
     return json.loads((tuning.CONFIG_DIR / "NVIDIA_H200.json").read_text())
 
