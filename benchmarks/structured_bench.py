@@ -1,7 +1,7 @@
 """Structured output's cost: decode step time with every row constrained against none, and
 schema compile time percentiles, on one device in one process.
 
-    python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 \
+    python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 --repeats 3 \
         --out benchmarks/results/structured_step_time_qwen3-0.6b_h100.json
     python -m benchmarks.structured_bench --shape tiny-qwen3 --batch 16 --device cpu   # a quick check
     python -m benchmarks.structured_bench --pieces-only 151936 --batch 256 --device cpu  # the pieces alone

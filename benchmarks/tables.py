@@ -699,9 +699,8 @@ FILES = [
         "gemv_rows_*.json",
         "python -m nanovllm_final.tune --only gemv --out benchmarks/results/gemv_rows_h100.json",
         "the tuner's output for the gemv section alone (the other sections kept as the device's file has them): "
-        "the few-row kernels' tiles by projection and their times against cuBLAS by rows, and the rows they take "
-        "(this record's tuner set one limit, gemv.rows, for every projection; tune.py sets rows and dot_rows per "
-        "projection kind; the engine reads its config file)",
+        "per projection kind (linear, gate_up, down): the row loop's and the tensor-core product's tiles, their "
+        "times against cuBLAS by rows, and the rows each takes (rows, dot_rows); the engine reads its config file",
     ),
     (
         "draft_agreement_course-llama_cpu.json",
@@ -774,11 +773,11 @@ FILES = [
     ),
     (
         "structured_step_time_*.json",
-        "python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 "
+        "python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 --repeats 3 "
         "--out benchmarks/results/structured_step_time_qwen3-0.6b_DEVICE.json",
-        "decode step time at batch 256 with every row under a JSON schema against none, overlap scheduling on and off; "
-        "schema compile percentiles (the factory's small tokenizer); in newer records the constrained step's pieces "
-        "(advance, fill, upload, apply)",
+        "decode step time at batch 256 with every row under a JSON schema against none (the median of three runs of "
+        "each, alternated), overlap scheduling on and off; schema compile percentiles (the factory's small tokenizer); "
+        "the constrained step's pieces (advance, fill, upload, apply)",
     ),
     (
         "structured_mask_pieces_full-vocab-matchers_*_cpu.json",
