@@ -7,7 +7,9 @@ rule); no block leaked; the speculative_config checks."""
 import json
 import math
 import os
+import random
 
+import numpy as np
 import pytest
 import torch
 from common import random_prompts
@@ -287,6 +289,30 @@ def test_ngram_lookup():
     assert ngram_lookup(ids, 3, 1, 3) == [3, 7, 8]  # "1 2" last occurred before "3 7 8"
     assert ngram_lookup(ids, 1, 3, 3) == []  # "3 1 2" does not recur
     assert ngram_lookup(ids[:2], 2, 1, 2) == []
+
+
+def reference_ngram_lookup(ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The definition, a suffix length and an earlier start at a time."""
+    for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
+        starts = [i for i in range(len(ids) - n) if ids[i : i + n] == ids[len(ids) - n :]]
+        if starts:
+            return ids[starts[-1] + n : starts[-1] + n + k]
+    return []
+
+
+def test_ngram_lookup_matches_its_definition():
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = [rng.randrange(rng.choice([2, 5, 50])) for _ in range(rng.randint(1, 60))]
+        k, low = rng.randint(1, 6), rng.randint(1, 3)
+        high = rng.randint(low, 5)
+        expected = reference_ngram_lookup(ids, k, low, high)
+        assert ngram_lookup(np.asarray(ids, np.int64), k, low, high) == expected, (
+            ids,
+            k,
+            low,
+            high,
+        )
 
 
 # ---------------------------------------------------------------- checks

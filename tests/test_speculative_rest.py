@@ -1,13 +1,14 @@
 """Speculation and overlap scheduling taking turns (nanovllm_final/engine/speculator.py): a
-look that proposes nothing rests the proposer for 1, 2, 4, ... up to MAX_REST steps, which
-run overlapped; a look that proposes ends the rest; the tokens are those of plain decoding."""
+look that proposes nothing, or a verify step that leaves too few proposals accepted, rests the
+proposer for 1, 2, 4, ... up to MAX_REST steps, which run overlapped; a look that proposes ends
+the rest; the tokens are those of plain decoding."""
 
 import pytest
 from common import random_prompts
 
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.engine.proposers import ReplayProposer
-from nanovllm_final.engine.speculator import MAX_REST
+from nanovllm_final.engine.speculator import ACCEPTED_WEIGHT, MAX_REST, MIN_ACCEPTED
 from tools.tiny_model import build_if_missing
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3}
@@ -93,3 +94,42 @@ def test_without_overlap_the_proposer_looks_every_step(model):
     dry = Counting(ReplayProposer([], 1.0, 2))
     tokens, _, overlapped = generate(model, prompts, dry, overlap_scheduling=False)
     assert dry.looks == 58 and overlapped == 0
+
+
+def rejected_looks(steps: int) -> tuple[int, int]:
+    """(looks, rests) in `steps` decode steps when every proposal is rejected: each look
+    verifies, and once the average of accepted proposals falls below MIN_ACCEPTED each look rests
+    the proposer as a dry one does."""
+    looks, rests, step, accepted = 0, 0, 0, 1.0
+    while step < steps:
+        looks, step = looks + 1, step + 1
+        accepted -= ACCEPTED_WEIGHT * accepted
+        if accepted < MIN_ACCEPTED:
+            rests += 1
+            step += min(2 ** (rests - 1), MAX_REST)
+    return looks, rests
+
+
+def test_looks_whose_proposals_are_rejected_rest(model):
+    prompts = random_prompts([7], seed=3)
+    plain, _, plain_overlapped = generate(model, prompts)
+    runs = [p + t for p, t in zip(prompts, plain)]
+    wrong = Counting(ReplayProposer(runs, 0.0, 2))  # every proposal a wrong token
+    tokens, metrics, overlapped = generate(model, prompts, wrong)
+    assert tokens == plain
+    assert metrics["spec_decode_num_accepted_tokens"] == 0
+    looks, rests = rejected_looks(58)  # 58 decode steps would verify without rests
+    assert wrong.looks == looks == 9 and rests == 7
+    assert metrics["spec_decode_num_drafts"] == wrong.looks
+    # a look's step is launched after the step before completes, and so is the rest after it
+    assert plain_overlapped - overlapped == looks + rests
+
+
+def test_accepted_proposals_keep_the_proposer_looking(model):
+    prompts = random_prompts([7, 9], seed=4)
+    plain, _, _ = generate(model, prompts)
+    runs = [p + t for p, t in zip(prompts, plain)]
+    right = Counting(ReplayProposer(runs, 1.0, 2))
+    tokens, metrics, overlapped = generate(model, prompts, right)
+    assert tokens == plain and overlapped == 0  # every step verified: none rested
+    assert metrics["spec_decode_num_accepted_tokens"] == metrics["spec_decode_num_draft_tokens"]

@@ -15,17 +15,27 @@ from .sequence import Sequence
 
 def ngram_lookup(token_ids: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
     """Up to k tokens that followed the last earlier occurrence of the longest suffix of
-    `token_ids` (between min_n and max_n tokens long); [] if no suffix recurs."""
+    `token_ids` (between min_n and max_n tokens long); [] if no suffix recurs. The earlier
+    positions that end like the sequence are narrowed one token further back at a time, so a
+    longer suffix is matched only where the shorter ones were."""
     length = len(token_ids)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        starts = np.lib.stride_tricks.sliding_window_view(
-            token_ids[: length - 1], n
-        )  # (length - n, n): every earlier n-gram
-        hits = np.flatnonzero((starts == token_ids[length - n :]).all(axis=1))
-        if len(hits):
-            first = int(hits[-1]) + n  # the token after the last match
-            return token_ids[first : first + k].tolist()
-    return []
+    top = min(max_n, length - 1)  # the longest suffix with an earlier place to occur
+    if top < min_n:
+        return []
+    # (matches,) positions before the last whose token is the last token: where an occurrence ends
+    ends = np.flatnonzero(token_ids[: length - 1] == token_ids[length - 1])
+    best = ends if min_n <= 1 else None  # the ends of the longest suffix (>= min_n) that recurs
+    for j in range(1, top):  # the suffix of j + 1 tokens: its token j back matches too
+        ends = ends[ends >= j]
+        ends = ends[token_ids[ends - j] == token_ids[length - 1 - j]]
+        if not len(ends):
+            break
+        if j + 1 >= min_n:
+            best = ends
+    if best is None or not len(best):
+        return []
+    first = int(best[-1]) + 1  # the token after the last occurrence
+    return token_ids[first : first + k].tolist()
 
 
 class NgramProposer:

@@ -20,8 +20,12 @@ and speculation take turns: a step's proposals and slots depend on how many toke
 before accepted, which only the host learns when that step is done, so a step that verifies,
 or after which the proposer looks again, is completed before the next is scheduled. A look
 that finds nothing to propose for any decoding sequence (n-gram lookup with no match) rests
-the proposer for 1, 2, 4, ... up to MAX_REST steps, which run overlapped; a look that
-proposes ends the dry spell. Without overlap scheduling the proposer looks at every step."""
+the proposer for 1, 2, 4, ... up to MAX_REST steps, which run overlapped. So does a verify step
+after which the accepted proposals per verifying sequence, averaged over the recent verify steps
+(ACCEPTED_WEIGHT for the newest), fall below MIN_ACCEPTED: verifying costs more than a decode
+step and gives up the overlap, which proposals that are mostly wrong do not win back. A verify
+step that keeps the average at MIN_ACCEPTED or above ends the dry spell. Without overlap
+scheduling the proposer looks at every step."""
 
 from ..config import EngineConfig
 from ..speculative_config import SpeculativeConfig
@@ -32,6 +36,8 @@ from .sequence import Sequence
 from .spec_verify import Verified
 
 MAX_REST = 16  # the longest rest after dry looks: 1/17 of the steps pay for looking again
+MIN_ACCEPTED = 0.5  # accepted proposals per verifying sequence, on average, that keep looking
+ACCEPTED_WEIGHT = 0.25  # the newest verify step's weight in that average
 
 
 class Speculator:
@@ -48,7 +54,8 @@ class Speculator:
         self.after_schedule = spec.method == "draft_model"
         self.rests = config.overlap_scheduling  # dry spells run overlapped
         self.resting = 0  # steps left in the current rest
-        self.dry = 0  # looks in a row that proposed nothing
+        self.dry = 0  # looks in a row that proposed nothing or verified too little
+        self.accepted = 1.0  # accepted proposals per verifying sequence, recent verify steps
         self.reset()
 
     def reset(self) -> None:
@@ -80,10 +87,14 @@ class Speculator:
         )
         for seq, ids in zip(ready, proposals):
             seq.spec_token_ids = ids
-        if ready:
-            self.dry = 0 if any(proposals) else self.dry + 1
-            if self.dry and self.rests:
-                self.resting = min(2 ** (self.dry - 1), MAX_REST)
+        if ready and not any(proposals):
+            self._dry_look()
+
+    def _dry_look(self) -> None:
+        """A look that won nothing: with overlap, the proposer rests 1, 2, 4, ... steps."""
+        self.dry += 1
+        if self.rests:
+            self.resting = min(2 ** (self.dry - 1), MAX_REST)
 
     @property
     def needs_tokens(self) -> bool:
@@ -116,7 +127,7 @@ class Speculator:
     def accept(self, verified: Verified, seqs: list[Sequence], block_manager: BlockManager) -> bool:
         """The step is done: each sequence's accepted proposals and drawn token become its pending
         tokens, the K/V of the rejected ones is dropped. True if a block table shrank."""
-        shrank = False
+        shrank, drafts, accepted = False, self.num_drafts, self.num_accepted_tokens
         for seq, j in zip(seqs, verified.num_accepted):
             k = len(seq.spec_token_ids)
             if k:
@@ -135,6 +146,13 @@ class Speculator:
             )  # the fed token and the accepted proposals
             seq.num_pending = j + 1
             shrank |= block_manager.trim(seq, len(seq))
+        if self.num_drafts > drafts:
+            per_seq = (self.num_accepted_tokens - accepted) / (self.num_drafts - drafts)
+            self.accepted += ACCEPTED_WEIGHT * (per_seq - self.accepted)
+            if self.accepted < MIN_ACCEPTED:
+                self._dry_look()
+            else:
+                self.dry = 0
         return shrank
 
     def shutdown(self) -> None:
