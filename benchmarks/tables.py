@@ -444,17 +444,16 @@ def decode_batches_table(prefix: str) -> str:
     )
 
 
-SPEC_CPU = [
-    ("stories", "spec_decode_course-llama_cpu.json"),
-    ("repeat", "spec_decode_repeat_course-llama_cpu.json"),
-]
+SPEC_COURSE = ("stories", "spec_decode_course-llama"), ("repeat", "spec_decode_repeat_course-llama")
 
 
-def spec_decode_cpu_table(prefix: str) -> str:
-    """benchmarks/spec_decode.py on the course model: per workload, batch and proposer, the speedup
-    over plain decoding and the tokens per verification at each k; plain decoding's tok/s."""
+def spec_decode_course_table(prefix: str, tag: str) -> str:
+    """benchmarks/spec_decode.py on the course model on one device: per workload, batch and
+    proposer, the speedup over plain decoding and the tokens per verification at each k; plain
+    decoding's tok/s."""
     rows = []
-    for workload, rel in SPEC_CPU:
+    for workload, name in SPEC_COURSE:
+        rel = f"{name}_{tag}.json"
         record = load(rel)
         record = record[0] if isinstance(record, list) else record
         ks = sorted({r["k"] for r in record["rows"]})
@@ -530,7 +529,8 @@ TABLES: dict[str, Callable[[str], str]] = {
     "tp": tp_table,
     "serve": serve_table,
     "kv-quality": kv_quality_table,
-    "spec-decode-cpu": spec_decode_cpu_table,
+    "spec-decode-cpu": functools.partial(spec_decode_course_table, tag="cpu"),
+    "spec-decode-course-h100": functools.partial(spec_decode_course_table, tag="h100"),
     **{f"spec-decode-{tag}": functools.partial(spec_decode_gpu_table, tag=tag) for tag in DEVICES},
 }
 
@@ -728,10 +728,18 @@ FILES = [
     (
         "spec_decode_course-llama_h100.json",
         "python -m benchmarks.spec_decode --model models/course-llama --draft "
-        "models/course-llama-draft --device cuda --workload stories --batches 1 8 --ks 4 --accept --repeat 3 "
+        "models/course-llama-draft --device cuda --workload stories --batches 1 8 64 --ks 2 4 6 --accept --repeat 3 "
         "--max-tokens 128 --out benchmarks/results/spec_decode_course-llama_h100.json",
         SPEC_DECODE
         + "; the course model with its draft and with n-gram lookup, on openings of held-out stories, on one GPU",
+    ),
+    (
+        "spec_decode_repeat_course-llama_h100.json",
+        "python -m benchmarks.spec_decode --model models/course-llama --draft "
+        "models/course-llama-draft --device cuda --workload repeat --batches 1 8 64 --ks 2 4 6 --accept --repeat 3 "
+        "--max-tokens 128 --out benchmarks/results/spec_decode_repeat_course-llama_h100.json",
+        SPEC_DECODE
+        + "; the course model with its draft and with n-gram lookup, on requests to repeat a quoted passage, on one GPU",
     ),
     (
         "spec_decode_*.json",
