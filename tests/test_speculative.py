@@ -404,6 +404,33 @@ def test_draft_model(spec_model):
             assert metrics["spec_decode_acceptance_rate"] == rate
 
 
+def test_a_draft_catches_up_after_rests(spec_model):
+    """Rests (speculator.py) skip the draft's steps: the look after one feeds the draft the tokens
+    it missed, so the target as its own draft still has every proposal accepted."""
+    path = spec_model("qwen3")
+    prompts = random_prompts([10, 17, 8], seed=11)
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    plain, _, _ = run(path, prompts, params, None, max_model_len=64, kvcache_block_size=4)
+    spec = {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}
+    with LLM(
+        path, device="cpu", speculative_config=spec, max_model_len=64, kvcache_block_size=4
+    ) as llm:
+        speculator, accept = llm.engine.speculator, llm.engine.speculator.accept
+
+        def accept_then_rest(*args):
+            shrank = accept(*args)
+            speculator.resting = 3  # as after a dry look: three steps without the draft
+            return shrank
+
+        speculator.accept = accept_then_rest
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        metrics = llm.metrics()
+        assert llm.engine.num_free_blocks == llm.engine.num_blocks
+    assert token_ids(outs) == token_ids(plain)
+    assert metrics["spec_decode_num_drafts"] > 3
+    assert metrics["spec_decode_acceptance_rate"] == 1.0
+
+
 def test_tensor_parallel(spec_model):
     """TP=2 (gloo): proposals and verification on rank 0, the verify step on both ranks; a draft
     model runs whole on rank 0 (the target as its own draft: every proposal accepted)."""
