@@ -293,6 +293,13 @@ def device_name(device: str) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def command_line(module: str, argv: list[str]) -> str:
+    """The command that made a record: the engine's environment switches (NANOVLLM_*) as its
+    prefix, then python -m `module` and its arguments."""
+    switches = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NANOVLLM_")]
+    return shlex.join(switches + ["python", "-m", module, *argv])
+
+
 def versions() -> dict:
     def version(package: str) -> str | None:
         try:
@@ -673,11 +680,7 @@ def base_record(engine: str, setup: dict, args: argparse.Namespace) -> dict:
         "versions": versions(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **git_commit(),
-        # the engine's environment switches (NANOVLLM_*) as the command's prefix
-        "command": shlex.join(
-            [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NANOVLLM_")]
-            + ["python", "-m", "benchmarks.run", *args.argv]
-        ),
+        "command": command_line("benchmarks.run", args.argv),
         "hostname": platform.node(),
         "load_average": os.getloadavg()[0]
         if hasattr(os, "getloadavg")

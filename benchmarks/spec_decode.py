@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.run import device_name, model_for_shape, versions, write_json
+from benchmarks.run import command_line, device_name, model_for_shape, versions, write_json
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.engine.proposers import ReplayProposer
 
@@ -289,7 +289,7 @@ def main() -> None:
             "device_name": device_name(args.device),
             "max_tokens": args.max_tokens,
             "rows": rows,
-            "command": "python -m benchmarks.spec_decode " + " ".join(sys.argv[1:]),
+            "command": command_line("benchmarks.spec_decode", sys.argv[1:]),
             "versions": versions(),
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }

@@ -742,6 +742,24 @@ FILES = [
         + "; the course model with its draft and with n-gram lookup, on requests to repeat a quoted passage, on one GPU",
     ),
     (
+        "variants/spec_decode_course-llama_xeon_cpu.json",
+        "python -m benchmarks.spec_decode --model models/course-llama --draft models/course-llama-draft "
+        "--device cpu --workload stories --batches 1 8 --ks 2 4 6 --accept --repeat 3 --max-tokens 128 "
+        "--out benchmarks/results/variants/spec_decode_course-llama_xeon_cpu.json",
+        SPEC_DECODE
+        + "; the course model with its draft and with n-gram lookup, on openings of held-out stories, on a 2-core Intel "
+        "Xeon (the CPU's products on MKL, the engine's choice there)",
+    ),
+    (
+        "variants/spec_decode_course-llama_onednn_xeon_cpu.json",
+        "NANOVLLM_CPU_ONEDNN=1 python -m benchmarks.spec_decode --model models/course-llama --draft "
+        "models/course-llama-draft --device cpu --workload stories --batches 1 8 --ks 2 4 6 --accept --repeat 3 "
+        "--max-tokens 128 --out benchmarks/results/variants/spec_decode_course-llama_onednn_xeon_cpu.json",
+        SPEC_DECODE
+        + "; the same on the same Intel Xeon, right after, with the products of two or more rows on oneDNN (the "
+        "engine's choice on AMD CPUs)",
+    ),
+    (
         "spec_decode_*.json",
         "python -m benchmarks.spec_decode --shape S --batches 1 8 --ks 1 2 3 4 5 6 7 8 "
         "--accept 1.0 0.5 0.0 --out benchmarks/results/spec_decode_S_h200.json (S: the record's model)",

@@ -69,7 +69,8 @@ def test_batched_attention_in_chunks(monkeypatch):
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 64])
 @pytest.mark.parametrize("bias", [False, True])
-def test_cpu_linear_matches_f_linear(rows, bias):
+def test_cpu_linear_matches_f_linear(rows, bias, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "ONEDNN_CPU", True)  # the oneDNN path on any CPU
     g = torch.Generator().manual_seed(rows)
     w = torch.nn.Parameter(torch.randn(512, 256, generator=g))  # large enough for oneDNN
     b = torch.randn(512, generator=g) if bias else None
@@ -81,3 +82,15 @@ def test_cpu_linear_matches_f_linear(rows, bias):
     assert (
         cpu_linear.linear(x.double(), w.double()).dtype == torch.float64
     )  # other dtypes: F.linear
+    if cpu_linear.AVAILABLE and rows > 1:
+        assert w.onednn_packed[0] == w._version  # the product ran on the packed copy
+
+
+def test_cpu_linear_takes_onednn_on_amd_cpus_only(monkeypatch):
+    vendor = cpu_linear.cpu_vendor()
+    assert vendor is None or vendor.isprintable()
+    monkeypatch.setattr(cpu_linear, "ONEDNN_CPU", False)  # as on an Intel CPU: MKL's F.linear
+    w = torch.nn.Parameter(torch.randn(512, 256))
+    x = torch.randn(5, 256)
+    torch.testing.assert_close(cpu_linear.linear(x, w), F.linear(x, w), atol=0, rtol=0)
+    assert not hasattr(w, "onednn_packed")

@@ -68,7 +68,7 @@ class Linear(nn.Module):
             return dispatch.gemv.gemv(x, self.weight, kind=self.gemv_kind)
         return cpu_linear.linear(
             x, self.weight, bias
-        )  # F.linear, on the CPU through oneDNN for 2+ rows
+        )  # F.linear; on an AMD CPU through oneDNN for 2+ rows
 
 
 class ColumnParallelLinear(Linear):
