@@ -89,6 +89,9 @@ def test_cpu_linear_matches_f_linear(rows, bias, monkeypatch):
 def test_cpu_linear_takes_onednn_on_amd_cpus_only(monkeypatch):
     vendor = cpu_linear.cpu_vendor()
     assert vendor is None or vendor.isprintable()
+    assert cpu_linear.onednn_cpu("", "AuthenticAMD") and cpu_linear.onednn_cpu("1", "GenuineIntel")
+    assert not cpu_linear.onednn_cpu("", "GenuineIntel") and not cpu_linear.onednn_cpu("", None)
+    assert not cpu_linear.onednn_cpu("0", "AuthenticAMD")
     monkeypatch.setattr(cpu_linear, "ONEDNN_CPU", False)  # as on an Intel CPU: MKL's F.linear
     w = torch.nn.Parameter(torch.randn(512, 256))
     x = torch.randn(5, 256)

@@ -35,10 +35,15 @@ AVAILABLE = (
     and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 )
-# the CPUs whose MKL few-row products oneDNN beats
-ONEDNN_CPU = {"1": True, "0": False}.get(
-    os.environ.get("NANOVLLM_CPU_ONEDNN", ""), cpu_vendor() == "AuthenticAMD"
-)
+
+
+def onednn_cpu(switch: str, vendor: str | None) -> bool:
+    """Whether products take oneDNN: as NANOVLLM_CPU_ONEDNN (`switch`) says ("1" or "0"), else on
+    AMD's CPUs, whose MKL few-row products oneDNN beats."""
+    return {"1": True, "0": False}.get(switch, vendor == "AuthenticAMD")
+
+
+ONEDNN_CPU = onednn_cpu(os.environ.get("NANOVLLM_CPU_ONEDNN", ""), cpu_vendor())
 ROWS_HINT = 8  # the row count oneDNN reorders the weight for (any count runs on it)
 MIN_WEIGHT = 1 << 17  # elements: from here on oneDNN is the faster for two rows or more
 
