@@ -133,3 +133,23 @@ def test_accepted_proposals_keep_the_proposer_looking(model):
     tokens, metrics, overlapped = generate(model, prompts, right)
     assert tokens == plain and overlapped == 0  # every step verified: none rested
     assert metrics["spec_decode_num_accepted_tokens"] == metrics["spec_decode_num_draft_tokens"]
+
+
+def test_a_request_after_a_pause_looks_at_once(model):
+    """The rest and the average are the engine's while requests run; a request that arrives at an
+    idle engine starts them afresh, and so gets the same looks as on a fresh engine."""
+    prompts = random_prompts([7], seed=3)
+    plain, _, _ = generate(model, prompts)
+    runs = [p + t for p, t in zip(prompts, plain)]
+    with LLM(model, device="cpu", speculative_config=SPEC, max_model_len=128) as llm:
+        speculator = llm.engine.speculator
+        speculator.proposer = ReplayProposer([], 1.0, 2)  # proposes nothing: a long dry spell
+        llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert speculator.dry == dry_looks(58) and speculator.accepted == 1.0
+        right = speculator.proposer = Counting(ReplayProposer(runs, 1.0, 2))
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        metrics = llm.metrics()
+    assert [o["token_ids"] for o in outs] == plain
+    # every decode step from the first verified: 3 accepted + 1 per step over 59 tokens
+    assert right.looks == -(-59 // 4)
+    assert metrics["spec_decode_num_accepted_tokens"] == metrics["spec_decode_num_draft_tokens"]

@@ -168,6 +168,8 @@ class LLMEngine:
             self.model_config.generation_defaults, self.model_config.vocab_size
         )
         request = Request(request_id, list(prompt_token_ids), resolved, self.tokenizer)
+        if not self.requests and self.speculator is not None:
+            self.speculator.idle()  # the first request after a pause
         self.requests[request_id] = request
         if resolved.structured_outputs is not None:
             self.grammars.add(

@@ -24,8 +24,9 @@ the proposer for 1, 2, 4, ... up to MAX_REST steps, which run overlapped. So doe
 after which the accepted proposals per verifying sequence, averaged over the recent verify steps
 (ACCEPTED_WEIGHT for the newest), fall below MIN_ACCEPTED: verifying costs more than a decode
 step and gives up the overlap, which proposals that are mostly wrong do not win back. A verify
-step that keeps the average at MIN_ACCEPTED or above ends the dry spell. Without overlap
-scheduling the proposer looks at every step."""
+step that keeps the average at MIN_ACCEPTED or above ends the dry spell. The average and the
+rest are the engine's, over every running sequence; they start afresh when no request is left.
+Without overlap scheduling the proposer looks at every step."""
 
 from ..config import EngineConfig
 from ..speculative_config import SpeculativeConfig
@@ -53,10 +54,14 @@ class Speculator:
         # a draft model proposes once the scheduler has given the proposals their slots (fill)
         self.after_schedule = spec.method == "draft_model"
         self.rests = config.overlap_scheduling  # dry spells run overlapped
+        self.idle()
+        self.reset()
+
+    def idle(self) -> None:
+        """No request left: the next ones look at once, judged on their own acceptance."""
         self.resting = 0  # steps left in the current rest
         self.dry = 0  # looks in a row that proposed nothing or verified too little
         self.accepted = 1.0  # accepted proposals per verifying sequence, recent verify steps
-        self.reset()
 
     def reset(self) -> None:
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
