@@ -25,7 +25,8 @@ after which the accepted proposals per verifying sequence, averaged over the rec
 (ACCEPTED_WEIGHT for the newest), fall below MIN_ACCEPTED: verifying costs more than a decode
 step and gives up the overlap, which proposals that are mostly wrong do not win back. A verify
 step that keeps the average at MIN_ACCEPTED or above ends the dry spell. The average and the
-rest are the engine's, over every running sequence; they start afresh when no request is left.
+rest are the engine's, over every running sequence; a request that arrives at an idle engine
+starts them afresh.
 Without overlap scheduling the proposer looks at every step."""
 
 from ..config import EngineConfig
@@ -58,7 +59,7 @@ class Speculator:
         self.reset()
 
     def idle(self) -> None:
-        """No request left: the next ones look at once, judged on their own acceptance."""
+        """A request arrives at an idle engine: it looks at once, judged on its own acceptance."""
         self.resting = 0  # steps left in the current rest
         self.dry = 0  # looks in a row that proposed nothing or verified too little
         self.accepted = 1.0  # accepted proposals per verifying sequence, recent verify steps
