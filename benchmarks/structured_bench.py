@@ -7,8 +7,8 @@ schema compile time percentiles, on one device in one process.
     python -m benchmarks.structured_bench --pieces-only 151936 --batch 256 --device cpu  # the pieces alone
 
 The constrained step's pieces (`pieces`: the matchers' advance, the bitmask's fill as the engine does
-it and by a pool of FILL_THREADS threads, its upload, the mask's application by the kernel and by
-the PyTorch reference) are timed alone at the same batch.
+it (on a GPU past FILL_INLINE_ROWS rows on the pool's NANOVLLM_FILL_THREADS threads) and on one thread, its upload, the mask's
+application by the kernel and by the PyTorch reference) are timed alone at the same batch.
 
 `batch` prompts of 32 random tokens generate `--max-tokens` tokens each (ignore_eos, greedy),
 either free or each under a JSON schema (an object holding an array of at least 1000 objects, so
@@ -33,7 +33,6 @@ import torch
 from benchmarks.run import model_for_shape, versions
 from benchmarks.structured_schemas import SCHEMAS
 from nanovllm_final import LLM, SamplingParams
-from nanovllm_final.engine import structured
 from nanovllm_final.engine.structured import (
     Grammars,
     Job,
@@ -145,10 +144,13 @@ def pieces(
         )
         for i in range(batch)
     ]
+    # twins in the same states, filled on one thread: each fill is the first at its state (a
+    # matcher fills faster at a state it has filled before)
+    twins = [seq.grammar.fork() for seq in seqs]
     logits = torch.randn(batch, vocab_size, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times: dict[str, list[float]] = {
-        k: [] for k in ("advance", "fill", "fill_pool", "upload", "apply", "apply_reference")
+        k: [] for k in ("advance", "fill", "fill_one_thread", "upload", "apply", "apply_reference")
     }
 
     def timed(name: str, fn):
@@ -159,16 +161,18 @@ def pieces(
         times[name].append((time.perf_counter() - start) * 1e3)
         return out
 
-    pool = xgrammar().BatchGrammarMatcher(max_threads=structured.FILL_THREADS)
+    one = xgrammar().BatchGrammarMatcher(max_threads=1)
     for step in range(steps):
-        mask = timed("fill", lambda: grammars.bitmask(seqs))
-        spare = (
-            mask.filled.clone()
-        )  # the same rows filled by FILL_THREADS threads: does a pool pay at this size?
-        timed(
-            "fill_pool",
-            lambda: pool.batch_fill_next_token_bitmask([s.grammar for s in seqs], spare),
-        )
+        # in turns, which fills first: the first after the step's other work meets colder caches
+        spare = torch.zeros(batch, -(-grammars.grammar_vocab // 32), dtype=torch.int32)
+        if step % 2:
+            timed("fill_one_thread", lambda: one.batch_fill_next_token_bitmask(twins, spare))
+        mask = timed("fill", lambda: grammars.bitmask(seqs).wait())
+        if not step % 2:
+            timed("fill_one_thread", lambda: one.batch_fill_next_token_bitmask(twins, spare))
+        if grammars.grammar_vocab % 32:  # as HostMask.wait clears them
+            spare[:, -1] &= (1 << grammars.grammar_vocab % 32) - 1
+        assert torch.equal(spare, mask.filled)
         bitmask = mask.bitmask
         on_device = timed("upload", lambda: mask.to(torch.device(device)))
         work = logits.clone()
@@ -182,12 +186,14 @@ def pieces(
             int(np.flatnonzero(b)[step * 7 % max(1, int(b.sum()))]) for b in bits
         ]  # allowed tokens
         timed("advance", lambda: grammars.advance(seqs, tokens))
+        assert all(twin.accept_token(t) for twin, t in zip(twins, tokens))
         for seq in seqs:
             assert seq.grammar_early
             seq.grammar_early = None
     grammars.shutdown()
     out = {f"{name}_ms": round(statistics.median(t), 3) for name, t in times.items()}
     out["bitmask_shape"] = list(bitmask.shape)
+    out["fill_threads"] = grammars.fill_threads  # the pool's (0: none, the engine's thread fills)
     out["host_ms"] = round(out["advance_ms"] + out["fill_ms"], 3)  # the grammar's host work a step
     return out
 
@@ -195,7 +201,7 @@ def pieces(
 def print_pieces(p: dict, batch: int) -> None:
     print(
         f"pieces at batch {batch} (bitmask {p['bitmask_shape']}): advance {p['advance_ms']:.3f} ms  "
-        f"fill {p['fill_ms']:.3f} ms (a pool of {structured.FILL_THREADS} threads: {p['fill_pool_ms']:.3f} ms)  "
+        f"fill {p['fill_ms']:.3f} ms (pool threads: {p['fill_threads']}; one thread: {p['fill_one_thread_ms']:.3f} ms)  "
         f"upload {p['upload_ms']:.3f} ms  apply {p['apply_ms']:.3f} ms  "
         f"(PyTorch reference {p['apply_reference_ms']:.3f} ms)",
         flush=True,

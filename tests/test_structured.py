@@ -371,3 +371,106 @@ def test_a_finished_grammar_ends_its_sequence_before_min_tokens(model_dir, overl
     assert out["finish_reason"] == "stop", out
     assert llm.tokenizer.decode(out["token_ids"][:-1]) in ("yes", "no"), out
     assert len(free["token_ids"]) == 16 and free["finish_reason"] == "length", free
+
+
+@pytest.mark.parametrize("num_rows", [17, 50])
+def test_a_pool_fills_what_one_thread_fills(model_dir, monkeypatch, num_rows):
+    """Past FILL_INLINE_ROWS rows the bitmask fills in chunks of at least that many rows on the
+    pool's threads (3 here; 17 rows: 2 chunks, 50: 3 uneven ones): the rows hold what each matcher
+    fills on its own, the last word's bits past the grammar's ids cleared once it is waited for."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir("qwen3"))
+    grammars = structured.Grammars(tokenizer, 1000, [tokenizer.eos_token_id or 0])
+    compiled = grammars._compile(structured.Job(), StructuredOutputsParams(json=STORY))
+    seqs = []
+    for i in range(num_rows):  # each matcher i tokens into the grammar (its first allowed ones)
+        matcher = structured.xgrammar().GrammarMatcher(compiled)
+        for _ in range(i % 7):
+            one = structured.HostMask.allocate(1, -(-grammars.grammar_vocab // 32), pin=False)
+            matcher.fill_next_token_bitmask(one.filled, 0)
+            bits = np.unpackbits(one.bitmask.view(np.uint8), bitorder="little")
+            assert matcher.accept_token(int(np.flatnonzero(bits[: grammars.grammar_vocab])[0]))
+        seqs.append(type("Seq", (), {"grammar": matcher, "seq_id": i})())
+    monkeypatch.setattr(structured.Grammars, "fill_threads", 3)  # as on a GPU
+    try:
+        mask = grammars.bitmask(seqs)
+        assert len(mask.pending) == min(3, -(-num_rows // structured.FILL_INLINE_ROWS))
+        got = mask.wait().bitmask.copy()
+    finally:
+        grammars.shutdown()
+    words = -(-grammars.grammar_vocab // 32)
+    for row, seq in enumerate(seqs):
+        alone = structured.HostMask.allocate(1, words, pin=False)
+        seq.grammar.fill_next_token_bitmask(alone.filled, 0)
+        if grammars.grammar_vocab % 32:
+            alone.bitmask[:, -1] &= np.int32((1 << grammars.grammar_vocab % 32) - 1)
+        assert (got[row] == alone.bitmask[0]).all(), row
+
+
+def test_overlap_changes_no_token_of_a_large_batch(model_dir, monkeypatch):
+    """40 constrained rows (their masks filled on the pool's 2 threads, as on a GPU, while the
+    engine completes the step before) beside free ones: the tokens of the engine without overlap."""
+    monkeypatch.setattr(structured.Grammars, "fill_threads", 2)
+    cases = formats()
+    prompts = random_prompts([4 + i % 5 for i in range(44)], seed=3)
+    params = [
+        SamplingParams(temperature=0.8 * (i % 2), seed=i, max_tokens=24, structured_outputs=fmt)
+        for i, (fmt, _) in enumerate(cases[i % len(cases)] for i in range(40))
+    ] + [SamplingParams(temperature=0.7, seed=50 + i, max_tokens=24) for i in range(4)]
+    runs = []
+    for overlap in (True, False):
+        with LLM(
+            model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=overlap
+        ) as llm:
+            runs.append([o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)])
+            assert llm.engine.num_free_blocks == llm.engine.num_blocks
+    assert runs[0] == runs[1]
+
+
+def test_a_pool_chunk_that_raises_ends_its_step_only(model_dir, monkeypatch):
+    """A chunk whose fill raises on the pool's thread ends its step's requests with the error;
+    the engine serves the next requests as usual."""
+    xgr = structured.xgrammar()
+    calls, fill = [], xgr.BatchGrammarMatcher.batch_fill_next_token_bitmask
+
+    def flaky(self, *args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("the matcher broke")
+        return fill(self, *args)
+
+    monkeypatch.setattr(xgr.BatchGrammarMatcher, "batch_fill_next_token_bitmask", flaky)
+    monkeypatch.setattr(structured.Grammars, "fill_threads", 2)  # the pool, as on a GPU
+    params = SamplingParams(temperature=0, max_tokens=8, structured_outputs={"json": STORY})
+    prompts = random_prompts([5] * 20, seed=1)
+    with LLM(model_dir("qwen3"), device="cpu", max_model_len=256, overlap_scheduling=True) as llm:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert all(o["finish_reason"] == "error" for o in outs), outs
+        assert "the matcher broke" in outs[0]["error"]
+        again = llm.generate(prompts[:18], params, use_tqdm=False)
+        assert all(o["finish_reason"] in ("stop", "length") for o in again)
+        assert llm.engine.num_free_blocks == llm.engine.num_blocks
+
+
+def test_the_fill_threads_setting(model_dir, monkeypatch):
+    """NANOVLLM_FILL_THREADS sets the pool's threads on a GPU (0: every mask on the engine's
+    thread); unset, a quarter of the cores (1 to 4); a CPU engine has none; anything but a
+    number of threads is an error naming the variable, at start."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir("qwen3"))
+    monkeypatch.delenv("NANOVLLM_FILL_THREADS", raising=False)
+    assert 1 <= structured.Grammars(tokenizer, 1000, [0]).threads <= 4
+    for text, threads in (("0", 0), ("3", 3)):
+        monkeypatch.setenv("NANOVLLM_FILL_THREADS", text)
+        grammars = structured.Grammars(tokenizer, 1000, [0])
+        grammars.device = torch.device("cuda")
+        assert grammars.fill_threads == threads
+        grammars.device = torch.device("cpu")
+        assert grammars.fill_threads == 0
+    monkeypatch.setenv("NANOVLLM_FILL_THREADS", "two")
+    with pytest.raises(ValueError, match="NANOVLLM_FILL_THREADS must be a number"):
+        LLM(model_dir("qwen3"), device="cpu", max_model_len=256)

@@ -50,6 +50,9 @@ class InFlight:
     scores: PendingSample | None = None
     # some rows sampled under a grammar: the next step's mask needs their tokens
     constrained: bool = False
+    # the draw held back while its grammar mask fills beside the step before's completion:
+    # (logits, batch), queued by `_draw`
+    held: tuple | None = None
 
     def pending_rows(self) -> dict[int, int]:
         """seq_id -> the row of its pending token."""
@@ -246,6 +249,7 @@ class LLMEngine:
         self.in_flight = self._launch(done)
         if done is not None:
             self._complete(done, finished_only)
+        self.in_flight = self._draw(self.in_flight)
         if (
             self.in_flight is not None and not self.requests
         ):  # it runs only sequences that have ended
@@ -277,6 +281,8 @@ class LLMEngine:
             )
             logits = self._execute(step, prev)
             sampling, batch, pending, constrained = self._queue_sample(prev, seqs, step, logits)
+            # under overlap a pool fills the mask while the engine completes `prev`: the draw waits
+            held = (logits, batch) if pending is None and batch is not None else None
         except Exception as err:
             self._fail(seqs, err)
             return None
@@ -299,6 +305,7 @@ class LLMEngine:
             needs_tokens,
             self.model_runner.prompt_scores,
             constrained,
+            held,
         )
 
     def _execute(self, step: StepInput, prev: InFlight | None):
@@ -327,18 +334,34 @@ class LLMEngine:
             constrained = self.grammars.used and any(seq.grammar is not None for seq in sampling)
             if constrained:
                 batch.grammar = self._mask(prev, sampling)
-        if batch is not None:
+        filling = batch is not None and batch.grammar is not None and batch.grammar.pending
+        if batch is not None and not (filling and prev is not None):
             pending = self.model_runner.sample(logits, batch)
         return sampling, batch, pending, constrained
 
     def _mask(self, prev: InFlight | None, sampling: list[Sequence]):
         """The grammar mask of a step with constrained rows (structured.py), filled on the host
         while the device runs the step's forward pass. Under overlap the step before's tokens go
-        into the matchers first; sequentially they went in as that step completed."""
+        into the matchers first, and a large batch's rows fill on the grammars' threads while
+        the engine's thread completes that step (`_draw` queues the draw after it); sequentially
+        they went in as that step completed."""
         ended = frozenset()  # the rows whose grammar ended on the step before's token
         if prev is not None and prev.constrained:
             ended = self.grammars.advance(prev.sampling, prev.sample.result().token_ids)
         return self.grammars.bitmask(sampling, ended)
+
+    def _draw(self, flight: InFlight | None) -> InFlight | None:
+        """Queue the draw that `flight` held back for its grammar mask (the mask waited for);
+        None if the draw fails (its requests end with the error)."""
+        if flight is None or flight.held is None:
+            return flight
+        (logits, batch), flight.held = flight.held, None
+        try:
+            flight.sample = self.model_runner.sample(logits, batch)
+        except Exception as err:
+            self._fail(flight.seqs, err)
+            return None
+        return flight
 
     def _complete(self, done: InFlight, finished_only: bool) -> None:
         """Wait for the step's tokens; resolve, detokenize, check stops, queue the outputs."""

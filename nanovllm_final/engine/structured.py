@@ -13,8 +13,10 @@ only where the grammar can end.
 
 Overlap scheduling: step N+1's mask needs step N's tokens. So the engine queues N+1's forward
 pass (fed N's tokens on the device), waits for N's tokens, advances the matchers with them
-(`advance`; N's tokens resolve later, and the matchers do not take them twice), fills N+1's
-mask while the device runs that forward pass, and queues N+1's draw behind it."""
+(`advance`; N's tokens resolve later, and the matchers do not take them twice), and fills N+1's
+mask while the device runs that forward pass. On a GPU a large batch's rows fill on a FillPool's
+threads while the engine's thread completes step N (xgrammar's fill lets go of the GIL), and
+N+1's draw is queued after that; a mask filled on the engine's thread is drawn at once."""
 
 import atexit
 import copy
@@ -44,13 +46,25 @@ except ImportError:  # no Triton: the PyTorch code masks
 
 COMPILE_TIMEOUT_S = 10.0  # a grammar still compiling after this long ends its request with an error
 CACHE_SIZE = 256  # compiled grammars kept (by schema)
-FILL_THREADS = max(
-    1, min(8, (os.cpu_count() or 2) // 2)
-)  # the host threads that fill a step's bitmask rows
-POOL_VOCAB = 32768  # below this many grammar ids a row fills in about a microsecond: one thread, no pool hand-offs
+FILL_THREADS_ENV = "NANOVLLM_FILL_THREADS"  # the FillPool's threads on a GPU (0: none)
+# a step with at most this many constrained rows fills them on the engine's thread at once: a row
+# takes 1 to 4 us (256 rows of the benchmark's JSON schema), a hand-off to the pool tens of us
+FILL_INLINE_ROWS = 16
 MISSING_EXTRA = (
     "structured output needs the grammar engine xgrammar: pip install 'nanovllm-staged[structured]'"
 )
+
+
+def fill_threads_setting() -> int:
+    """The threads that fill a step's bitmask beside the engine's thread on a GPU:
+    NANOVLLM_FILL_THREADS, else a quarter of the cores (1 to 4); 0 fills every mask on the
+    engine's thread."""
+    text = os.environ.get(FILL_THREADS_ENV)
+    if text is None:
+        return max(1, min(4, (os.cpu_count() or 2) // 4))
+    if not text.strip().isdigit():
+        raise ValueError(f"{FILL_THREADS_ENV} must be a number of threads (0: none), not {text!r}")
+    return int(text)
 
 
 @functools.cache
@@ -140,8 +154,9 @@ class Grammars:
         self.stop_ids = frozenset(eos_token_ids)  # the matchers' stop tokens
         self.timeout_s = timeout_s
         self.compiler = None
-        # xgrammar's BatchGrammarMatcher: its threads fill the rows of a step's bitmask
-        self.filler = None
+        self.threads = fill_threads_setting()
+        self.pool: FillPool | None = None  # its threads fill the rows of a large step's bitmask
+        self.filler = None  # xgrammar's BatchGrammarMatcher: the rows on the engine's thread
         self.queue: queue.SimpleQueue = queue.SimpleQueue()  # (job, params), for the workers
         self.workers: list[threading.Thread] = []  # two: one slow grammar leaves the other free
         self.cache: OrderedDict[tuple[str, str], Job] = OrderedDict()
@@ -243,10 +258,12 @@ class Grammars:
         return ready, failed
 
     def bitmask(self, seqs: list, ended: frozenset[int] = frozenset()) -> "HostMask | None":
-        """The rows of `seqs` that have a matcher and their allowed tokens (HostMask), filled on the
-        host in one buffer (pinned on a GPU, for one copy to the device); None if no row has one.
-        `ended`: the seq_ids whose matcher `advance` ended (none other is here: a sequence whose
-        grammar ends as its token resolves is finished), whose steps run in vain."""
+        """The rows of `seqs` that have a matcher and their allowed tokens (HostMask), in one host
+        buffer (pinned on a GPU, for one copy to the device); None if no row has one. More than
+        FILL_INLINE_ROWS rows on a GPU are still filling on the pool's threads when this returns: the
+        mask's `wait()` (which `to()` calls) waits for them. `ended`: the seq_ids whose matcher
+        `advance` ended (none other is here: a sequence whose grammar ends as its token resolves
+        is finished), whose steps run in vain."""
         rows = [
             i for i, seq in enumerate(seqs) if seq.grammar is not None and seq.seq_id not in ended
         ]
@@ -255,19 +272,25 @@ class Grammars:
         pin = self.device is not None and self.device.type == "cuda"
         mask = HostMask.allocate(len(rows), -(-self.grammar_vocab // 32), pin)
         mask.rows[:] = rows
+        mask.tail_bits = self.grammar_vocab % 32
         matchers = [seqs[i].grammar for i in rows]
-        if len(matchers) == 1:
+        if len(matchers) > FILL_INLINE_ROWS and self.fill_threads:
+            if self.pool is None:
+                self.pool = FillPool(self.fill_threads)
+            mask.pending = self.pool.fill(matchers, mask.filled)
+        elif len(matchers) == 1:
             matchers[0].fill_next_token_bitmask(mask.filled, 0)
         else:
             if self.filler is None:
-                threads = FILL_THREADS if self.grammar_vocab >= POOL_VOCAB else 1
-                self.filler = xgrammar().BatchGrammarMatcher(max_threads=threads)
+                self.filler = xgrammar().BatchGrammarMatcher(max_threads=1)
             self.filler.batch_fill_next_token_bitmask(matchers, mask.filled)
-        if (
-            self.grammar_vocab % 32
-        ):  # the last word's bits past grammar_vocab: no token of the grammar's
-            mask.bitmask[:, -1] &= np.int32((1 << self.grammar_vocab % 32) - 1)
         return mask
+
+    @property
+    def fill_threads(self) -> int:
+        """The FillPool's threads (fill_threads_setting) on a GPU; none on a CPU, whose forward
+        pass keeps every core busy (a thread handed the fill would wait for one)."""
+        return self.threads if self.device is not None and self.device.type == "cuda" else 0
 
     def advance(self, seqs: list, token_ids: list[int]) -> frozenset[int]:
         """Overlap: the step before's tokens, accepted by the matchers before they resolve, so that
@@ -293,6 +316,56 @@ class Grammars:
         for _ in self.workers:
             self.queue.put(None)  # each stops after its compile
         self.workers = [worker for worker in self.workers if worker.is_alive()]
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+
+class FillPool:
+    """Threads that fill a step's bitmask, a chunk of rows each, while the engine's thread goes on:
+    xgrammar's fill lets go of the GIL. `fill` returns once every chunk's thread has taken its
+    chunk: a thread that wakes while the engine's thread runs Python would wait for the GIL (up to
+    Python's switch interval, 5 ms) before it could start."""
+
+    def __init__(self, threads: int):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()  # (matchers, bitmask rows, Future)
+        self.taken = threading.Semaphore(0)
+        self.threads = [
+            threading.Thread(target=self._work, name=f"grammar-fill-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def fill(self, matchers: list, bitmask: torch.Tensor) -> list[Future]:
+        """Fill `bitmask` (rows, words) int32, row i from matchers[i], in up to one chunk per
+        thread: the chunks' futures."""
+        chunks = min(len(self.threads), -(-len(matchers) // FILL_INLINE_ROWS))
+        size = -(-len(matchers) // chunks)
+        futures = []
+        for start in range(0, len(matchers), size):
+            futures.append(Future())
+            self.jobs.put(
+                (matchers[start : start + size], bitmask[start : start + size], futures[-1])
+            )
+        for _ in futures:
+            self.taken.acquire()
+        return futures
+
+    def _work(self) -> None:
+        filler = xgrammar().BatchGrammarMatcher(max_threads=1)
+        while (job := self.jobs.get()) is not None:
+            matchers, bitmask, future = job
+            self.taken.release()
+            try:
+                filler.batch_fill_next_token_bitmask(matchers, bitmask)
+                future.set_result(None)
+            except Exception as err:  # noqa: BLE001 - the step that waits for the mask raises it
+                future.set_exception(err)
+
+    def shutdown(self) -> None:
+        for _ in self.threads:
+            self.jobs.put(None)
 
 
 class HostMask:
@@ -306,6 +379,8 @@ class HostMask:
             offset,
             pinned,
         )  # (bytes,) uint8: rows, then bitmask at offset
+        self.pending: list[Future] = []  # the chunks still filling on a FillPool
+        self.tail_bits = 0  # the grammar's ids in the last word (0: all 32)
         self.rows = packed[: 8 * num_rows].numpy().view(np.int64)  # (c,)
         # (c, words) int32, as xgrammar fills it
         self.filled = (
@@ -322,8 +397,20 @@ class HostMask:
         packed = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
         return cls(packed, num_rows, words, offset, pin)
 
+    def wait(self) -> "HostMask":
+        """The mask, every row filled (a chunk's error raised here), the last word's bits past
+        the grammar's ids cleared."""
+        pending, self.pending = self.pending, []
+        for future in pending:
+            future.result()
+        if self.tail_bits:  # the last word's bits past the grammar's ids: no token of the grammar's
+            self.bitmask[:, -1] &= np.int32((1 << self.tail_bits) - 1)
+            self.tail_bits = 0
+        return self
+
     def to(self, device: torch.device) -> list[torch.Tensor]:
-        """[rows, bitmask] on the device."""
+        """[rows, bitmask] on the device, once filled."""
+        self.wait()
         if not self.pinned or device.type != "cuda":
             return upload([self.rows, self.bitmask], device)
         return unpack(
