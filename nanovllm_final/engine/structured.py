@@ -48,7 +48,7 @@ COMPILE_TIMEOUT_S = 10.0  # a grammar still compiling after this long ends its r
 CACHE_SIZE = 256  # compiled grammars kept (by schema)
 FILL_THREADS_ENV = "NANOVLLM_FILL_THREADS"  # the FillPool's threads on a GPU (0: none)
 # a step with at most this many constrained rows fills them on the engine's thread at once: a row
-# takes 1 to 4 us (256 rows of the benchmark's JSON schema), a hand-off to the pool tens of us
+# fills in microseconds, and handing a few rows to the pool costs more than filling them
 FILL_INLINE_ROWS = 16
 MISSING_EXTRA = (
     "structured output needs the grammar engine xgrammar: pip install 'nanovllm-staged[structured]'"
