@@ -798,6 +798,14 @@ FILES = [
         "percentiles (a tiny model on a shared CPU: the host's cost, noisy)",
     ),
     (
+        "structured_step_time_fill-threads-*.json",
+        "NANOVLLM_FILL_THREADS=T python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 --repeats 3 "
+        "--out benchmarks/results/variants/structured_step_time_fill-threads-T_qwen3-0.6b_DEVICE_N.json",
+        "the batch-256 structured step record with the bitmask filled on a FillPool of T threads (0: on the engine's "
+        "thread), T = 4, 1, 0 in turn on one machine, three times over (N): how far apart the settings and the "
+        "repeats are",
+    ),
+    (
         "structured_step_time_*.json",
         "python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 --repeats 3 "
         "--out benchmarks/results/structured_step_time_qwen3-0.6b_DEVICE.json",
