@@ -13,10 +13,15 @@ launch's id). Per step:
     gpu_ms       GPU busy time: the union of its activities' intervals
     sampling_ms  GPU time of what the sampler launched
     idle_ms      wall_ms - gpu_ms: the GPU waiting for the host (synchronous engines)
+    before_ms    from the step's start to its first GPU activity (host work nothing overlaps)
+    after_ms     from its last GPU activity's end to the step's end (reading and resolving; 0
+                 where the GPU ran past it, as an overlapped step's does)
     kernels      number of GPU activities
 
-and, per kind of step (prefill: any sequence feeds more than one token; decode), the
-means and the kernels that take the most GPU time.
+Each step also keeps the GPU's idle gaps between its activities, each gap charged to the pair
+of activities around it ("previous -> next": the gap before a CUDA graph's first kernel is its
+launch). Per kind of step (prefill: any sequence feeds more than one token; decode): the
+means, the kernels that take the most GPU time and the largest gaps.
 """
 
 import bisect
@@ -88,6 +93,24 @@ def _union_ms(intervals: list[tuple[int, int]]) -> float:
     return busy / 1e6
 
 
+def short_name(name: str) -> str:
+    """A kernel's name without its template and argument lists."""
+    return name.split("(")[0].split("<")[0].strip()[:60]
+
+
+def _gaps(
+    intervals: list[tuple[int, int, str]],
+) -> tuple[int | None, int | None, collections.Counter]:
+    """(first start, last end, idle ns per "previous -> next" pair) of a step's activities."""
+    gaps, end, previous = collections.Counter(), None, None
+    for start, stop, name in sorted(intervals):
+        if end is not None and start > end:
+            gaps[f"{previous} -> {name}"] += start - end
+        if end is None or stop > end:
+            end, previous = stop, name
+    return (min(intervals)[0] if intervals else None), end, gaps
+
+
 def analyze(events) -> list[dict]:
     """Per-step rows from the profiler's raw (kineto) events; see the module docstring."""
     steps, samples, launches, gpu = {}, [], {}, []
@@ -121,7 +144,7 @@ def analyze(events) -> list[dict]:
         if i is None:
             continue
         rec = per_step[i]
-        rec["intervals"].append((e.start_ns(), e.end_ns()))
+        rec["intervals"].append((e.start_ns(), e.end_ns(), short_name(e.name())))
         rec["kernels"] += 1
         rec["names"][e.name()] += e.duration_ns()
         if any(a <= launched <= b for a, b in samples):
@@ -129,7 +152,8 @@ def analyze(events) -> list[dict]:
     rows = []
     for i in order:
         rec, (a, b) = per_step[i], steps[i]
-        gpu_ms = _union_ms(rec["intervals"])
+        gpu_ms = _union_ms([(start, stop) for start, stop, _ in rec["intervals"]])
+        first, last, gaps = _gaps(rec["intervals"])
         rows.append(
             {
                 "step": i,
@@ -137,36 +161,54 @@ def analyze(events) -> list[dict]:
                 "gpu_ms": gpu_ms,
                 "sampling_ms": rec["sampling_ns"] / 1e6,
                 "idle_ms": max(0.0, (b - a) / 1e6 - gpu_ms),
+                "before_ms": ((first if first is not None else b) - a) / 1e6,
+                "after_ms": max(0, b - (last if last is not None else b)) / 1e6,
                 "kernels": rec["kernels"],
                 "names": rec["names"],
+                "gaps": gaps,
             }
         )
     return rows
 
 
 def summarize(rows: list[dict], kinds: dict[int, str], top: int = 12) -> dict:
-    """Means per kind of step and the kernels taking the most GPU time; drops the rows' kernel names."""
-    summary, top_kernels = {}, {}
+    """Means per kind of step, the kernels taking the most GPU time and the largest idle gaps;
+    drops the rows' kernel names and gaps."""
+    summary, top_kernels, top_gaps = {}, {}, {}
     for row in rows:
         row["kind"] = kinds.get(row["step"], "?")
     for kind in sorted({r["kind"] for r in rows}):
         mine = [r for r in rows if r["kind"] == kind]
         summary[kind] = {"steps": len(mine)} | {
             f"mean_{key}": statistics.fmean(r[key] for r in mine)
-            for key in ("wall_ms", "gpu_ms", "sampling_ms", "idle_ms", "kernels")
+            for key in (
+                "wall_ms",
+                "gpu_ms",
+                "sampling_ms",
+                "idle_ms",
+                "before_ms",
+                "after_ms",
+                "kernels",
+            )
         }
-        names = collections.Counter()
+        names, gaps = collections.Counter(), collections.Counter()
         for r in mine:
             names.update(r["names"])
+            gaps.update(r["gaps"])
+        top_gaps[kind] = [
+            {"between": pair, "ms_per_step": ns / 1e6 / len(mine)}
+            for pair, ns in gaps.most_common(top)
+        ]
         total = sum(names.values()) or 1
         top_kernels[kind] = [
             {"name": n[:120], "ms_per_step": ns / 1e6 / len(mine), "share": ns / total}
             for n, ns in names.most_common(top)
         ]
     return {
-        "steps": [{k: v for k, v in r.items() if k != "names"} for r in rows],
+        "steps": [{k: v for k, v in r.items() if k not in ("names", "gaps")} for r in rows],
         "summary": summary,
         "top_kernels": top_kernels,
+        "top_gaps": top_gaps,
     }
 
 

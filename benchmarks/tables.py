@@ -760,10 +760,27 @@ FILES = [
         "engine's choice on AMD CPUs)",
     ),
     (
+        "spec_decode_batch-1_k-4_repeat-9_*.json",
+        "python -m benchmarks.spec_decode --shape qwen3-0.6b --batches 1 --ks 4 --accept 1.0 --repeat 9 "
+        "--out benchmarks/results/variants/spec_decode_batch-1_k-4_repeat-9_qwen3-0.6b_DEVICE.json",
+        "batch 1, k = 4 of the speculative decoding record with nine timed runs of each engine in turn (the "
+        "median kept): n-gram lookup, nothing proposed and the replay proposer at acceptance 1 against plain "
+        "decoding, and a verify step's median time against a decode step's",
+    ),
+    (
         "spec_decode_*.json",
         "python -m benchmarks.spec_decode --shape S --batches 1 8 --ks 1 2 3 4 5 6 7 8 "
         "--accept 1.0 0.5 0.0 --out benchmarks/results/spec_decode_S_h200.json (S: the record's model)",
         SPEC_DECODE,
+    ),
+    (
+        "verify_profile_*.json",
+        "python -m benchmarks.verify_profile --shape qwen3-0.6b --batch 1 --k 4 "
+        "--out benchmarks/results/verify_profile_qwen3-0.6b_DEVICE.json",
+        "a verify step of k = 4 (every proposal accepted) against a decode step, both without overlap "
+        "scheduling: step times, GPU busy time, host time before the GPU's first activity, the GPU's "
+        "idle gaps by the activities around them (a CUDA graph's launch among them), top kernels, the "
+        "host time of one CUDA-graph replay",
     ),
     (
         "kv_cache_quality_cpu.json",
@@ -804,6 +821,13 @@ FILES = [
         "the batch-256 structured step record with the bitmask filled on a FillPool of T threads (0: on the engine's "
         "thread), T = 4, 1, 0 in turn on one machine, three times over (N): how far apart the settings and the "
         "repeats are",
+    ),
+    (
+        "structured_step_time_repeats-9_*.json",
+        "python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 --repeats 9 "
+        "--out benchmarks/results/variants/structured_step_time_repeats-9_qwen3-0.6b_DEVICE.json",
+        "the batch-256 structured step record with nine runs of each mode, alternated, on one machine: every "
+        "run's step time is in the record, so the spread between runs shows beside the medians",
     ),
     (
         "structured_step_time_*.json",

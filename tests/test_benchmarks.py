@@ -282,6 +282,28 @@ def test_host_overhead_of_a_verify_step_accepts_every_proposal(one_thread):
     assert row["verify_steps"] == (params["max_tokens"] - 1) // (k + 1) > 0
 
 
+def test_verify_profile_profiles_each_kind_of_step(tiny_model, one_thread):
+    """benchmarks/verify_profile.py's engines on the CPU (no graphs to replay): with every
+    proposal accepted, a request of m tokens takes m - 1 decode steps, or (m - 1) // (k + 1) full
+    verify steps; each kind's profile counts those steps and reports the host time before the
+    first activity, which on the CPU is the whole step."""
+    from benchmarks import verify_profile
+    from nanovllm_final import SamplingParams
+
+    k, m = 4, 21
+    params = SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+    options = dict(device="cpu", max_num_seqs=1, overlap_scheduling=False, max_model_len=128)
+    steps = verify_profile.compare(str(tiny_model), [[1, 5, 9, 13]], params, options, k, 1)
+    decode, verify = steps["decode"], steps["verify"]
+    assert decode["steps"] == m - 1 and verify["steps"] == (m - 1) // (k + 1) > 0
+    assert decode["profile"]["summary"]["steps"] == m - 1
+    assert verify["profile"]["summary"]["steps"] == (m - 1) // (k + 1)
+    for kind in (decode, verify):
+        summary = kind["profile"]["summary"]
+        assert summary["mean_before_ms"] == summary["mean_wall_ms"] > 0
+        assert summary["mean_gpu_ms"] == 0 and "replay_host_us" not in kind
+
+
 def test_plot_throughput(tmp_path):
     import matplotlib
 

@@ -62,7 +62,14 @@ def test_gpu_time_is_charged_to_the_launching_step():
     assert rows[0]["gpu_ms"] == 4.5 and rows[0]["kernels"] == 3 and rows[0]["sampling_ms"] == 0.5
     assert rows[0]["idle_ms"] == 5.5
     assert rows[1]["gpu_ms"] == 3.0 and rows[1]["sampling_ms"] == 0.0
+    # host before the first activity and after the last; step 1's kernel outlived its step
+    assert (rows[0]["before_ms"], rows[0]["after_ms"]) == (2.0, 0.5)
+    assert (rows[1]["before_ms"], rows[1]["after_ms"]) == (2.0, 0.0)
+    # the GPU's idle gap inside step 0 is charged to the activities around it
+    assert rows[0]["gaps"] == {"norm -> argmax": 3 * ms} and not rows[1]["gaps"]
     report = summarize(rows, {0: "prefill", 1: "decode"})
     assert report["summary"]["prefill"]["mean_gpu_ms"] == 4.5
     top = report["top_kernels"]["prefill"]
     assert top[0]["name"] == "gemm" and abs(sum(k["share"] for k in top) - 1) < 1e-9
+    assert report["top_gaps"]["prefill"] == [{"between": "norm -> argmax", "ms_per_step": 3.0}]
+    assert "gaps" not in report["steps"][0]
