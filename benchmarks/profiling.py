@@ -212,12 +212,23 @@ def summarize(rows: list[dict], kinds: dict[int, str], top: int = 12) -> dict:
     }
 
 
+def prefill_or_decode(stats_row: dict) -> str:
+    return "prefill" if stats_row.get("is_prefill") else "decode"
+
+
 def profile_generate(
-    llm, prompts, sampling, every: int | None = None, active: int = 10, top: int = 12
+    llm,
+    prompts,
+    sampling,
+    every: int | None = None,
+    active: int = 10,
+    top: int = 12,
+    kind_of=prefill_or_decode,
 ) -> dict:
     """Run llm.generate(prompts, sampling) under torch.profiler; return `summarize`'s report.
     every=None profiles every step (keep such runs short); every=N profiles `active` steps
-    out of each N (windows, each analysed as it closes), so that long runs stay cheap."""
+    out of each N (windows, each analysed as it closes), so that long runs stay cheap.
+    `kind_of`: a step's kind from its llm.stats row."""
     activities = [ProfilerActivity.CPU] + (
         [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
     )
@@ -241,5 +252,5 @@ def profile_generate(
     if schedule is None:
         rows = analyze(prof.profiler.kineto_results.events())
     stats = list(llm.stats)[before:]
-    kinds = {i: ("prefill" if s.get("is_prefill") else "decode") for i, s in enumerate(stats)}
+    kinds = {i: kind_of(s) for i, s in enumerate(stats)}
     return summarize(rows, kinds, top) | {"num_steps": len(stats), "profiled_steps": len(rows)}

@@ -25,31 +25,25 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.profiling import analyze, annotated, summarize
+from benchmarks.profiling import profile_generate
 from benchmarks.run import command_line, device_name, model_for_shape, versions, write_json
 from benchmarks.spec_decode import fixed_point
 from nanovllm_final import LLM, SamplingParams
 from nanovllm_final.engine.proposers import ReplayProposer
 
 
-def profiled(llm: LLM, prompts, params, kinds: dict[int, str]) -> dict:
-    """One generate under torch.profiler, summarised per kind of step (`kinds`: tokens a step
-    feeds -> its kind; other steps, such as the prompt's, are left out)."""
-    before, cuda = len(llm.stats), torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with annotated(llm), profile(activities=activities) as prof:
-        llm.generate(prompts, params, use_tqdm=False)
-        if cuda:
-            torch.cuda.synchronize()
-    rows, stats = analyze(prof.profiler.kineto_results.events()), list(llm.stats)[before:]
-    if len(rows) != len(stats):  # a step call that ran no step would shift the kinds
-        raise RuntimeError(f"{len(rows)} profiled steps against {len(stats)} engine steps")
-    of_step = {i: kinds.get(s["num_tokens"], "other") for i, s in enumerate(stats)}
-    report = summarize(rows, of_step)
-    del report["steps"]
-    return {kind: {key: value[kind] for key, value in report.items()} for kind in kinds.values()}
+def profiled(llm: LLM, prompts, params, tokens: int, kind: str) -> dict:
+    """One generate under torch.profiler (profiling.profile_generate), the steps that feed
+    `tokens` tokens summarised as `kind` (other steps, such as the prompt's, as "other")."""
+    report = profile_generate(
+        llm, prompts, params, kind_of=lambda row: kind if row["num_tokens"] == tokens else "other"
+    )
+    if report["profiled_steps"] != report["num_steps"]:  # a call that ran no step shifts kinds
+        raise RuntimeError(
+            f"{report['profiled_steps']} profiled steps against {report['num_steps']} engine steps"
+        )
+    return {key: report[key][kind] for key in ("summary", "top_kernels", "top_gaps")}
 
 
 def replay_times(llm: LLM, kind: str, batch: int, replays: int = 50) -> dict:
@@ -80,7 +74,7 @@ def measure(llm: LLM, prompts, params, kind: str, tokens: int, batch: int, repea
         llm.generate(prompts, params, use_tqdm=False)
     times = [s["seconds"] * 1e3 for s in list(llm.stats)[before:] if s["num_tokens"] == tokens]
     out = {"step_ms": statistics.median(times), "steps": len(times)}
-    out["profile"] = profiled(llm, prompts, params, {tokens: kind})[kind]
+    out["profile"] = profiled(llm, prompts, params, tokens, kind)
     if llm.engine.model_runner.cuda_graphs is None:  # eager (CPU): no graph to replay
         return out
     return out | replay_times(llm, kind, batch)
