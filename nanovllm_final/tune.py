@@ -72,6 +72,8 @@ GEMV_DOT_TILES = [
     (64, 128, 8, 5),
     (64, 256, 4, 5),
 ]  # the tensor-core product's BLOCK_N, BLOCK_K, num_warps, num_stages
+# each also with K split until the programs cover the SMs (SPLIT_K 0, gemv.split_k)
+GEMV_DOT_TILES += [(*t, 0) for t in GEMV_DOT_TILES]
 MOE_SHAPE = (128, 2048, 768, 8)  # Qwen3-30B-A3B: experts, hidden, expert width, top_k
 MOE_TILES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3)]
 MOE_GEMV_TILES = [
@@ -125,7 +127,7 @@ DRY_PLAN = Plan(
     gemv_tiles=[(4, 16, 1), (8, 32, 1)],
     gemv_rows=(1, 2),
     gemv_tile_rows=(1, 2),
-    gemv_dot_tiles=[(16, 16, 1, 1), (16, 32, 1, 1)],
+    gemv_dot_tiles=[(16, 16, 1, 1), (16, 32, 1, 1), (16, 32, 1, 1, 0)],
     gemv_dot_tile_rows=(3,),
     moe_shape=(4, 32, 16, 2),
     moe_sizes={"64": 3},
@@ -353,7 +355,7 @@ def tune_gemv(timer: Timer, plan: Plan, record: dict) -> dict:
         return named[best]
 
     loop_tiles = {"{}x{}w{}".format(*t): _gemv_tiles(t) for t in plan.gemv_tiles}
-    dot_tiles = {"{}x{}w{}s{}".format(*t): _dot_tiles(t) for t in plan.gemv_dot_tiles}
+    dot_tiles = {_dot_name(t): _dot_tiles(t) for t in plan.gemv_dot_tiles}
     for kind in weights:
         entry = out[kind] = {
             "rows": 0,
@@ -403,7 +405,15 @@ def _gemv_tiles(t: tuple) -> dict:
 
 
 def _dot_tiles(t: tuple) -> dict:
-    return {"BLOCK_N": t[0], "BLOCK_K": t[1], "num_warps": t[2], "num_stages": t[3]}
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT_K]) as the tiling; SPLIT_K 1 is left out."""
+    tiles = {"BLOCK_N": t[0], "BLOCK_K": t[1], "num_warps": t[2], "num_stages": t[3]}
+    return tiles if len(t) < 5 or t[4] == 1 else {**tiles, "SPLIT_K": t[4]}
+
+
+def _dot_name(t: tuple) -> str:
+    """32x512w4s5, and 32x512w4s5/split with SPLIT_K 0 (split to cover the SMs)."""
+    name = "{}x{}w{}s{}".format(*t[:4])
+    return name if len(t) < 5 or t[4] == 1 else f"{name}/split" if t[4] == 0 else f"{name}/k{t[4]}"
 
 
 def moe_weights(plan: Plan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -490,7 +500,8 @@ NOTES = {
     "batches of 1, 3 and 6 programs per SM",
     "decode_splits": "not timed: 2 waves of programs_per_sm programs on every SM, at most 32 splits",
     "gemv": "per projection kind, over its shapes: the row loop's tiles (loop) summed over {rows} rows, the "
-    "tensor-core product's (dot) over {dot_rows} rows; each shape's weight in copies whose bytes exceed "
+    "tensor-core product's (dot, each tiling also with K split until its programs cover the SMs: "
+    "/split) over {dot_rows} rows; each shape's weight in copies whose bytes exceed "
     "twice the L2, timed in turn (streamed from memory, as a model's layers are)",
     "gemv.<kind>.rows": "the most rows (counting up) at which the kind's row loop took no longer than its "
     "tensor-core product and cuBLAS",

@@ -87,6 +87,10 @@ def test_the_cpu_rules_are_small_valid_tiles():
         ),
         (lambda c: c["moe"]["grouped"].update(big={}), "moe.grouped must map sizes"),
         (lambda c: c.pop("prefill_attention"), "the top level lacks 'prefill_attention'"),
+        (  # optional, checked where present
+            lambda c: c["gemv"]["linear"]["dot"].update(SPLIT_K="auto"),
+            "gemv.linear.dot.SPLIT_K must be",
+        ),
     ],
 )
 def test_a_malformed_file_is_a_clear_error(tmp_path, damage, message):
@@ -140,6 +144,8 @@ def test_tune_dry_run_writes_a_file_the_tuning_reads(tmp_path):
     assert set(config["moe"]["grouped"]) == set(plan.moe_sizes)
     timed = config["record"]["measured_ms"]["decode_attention.bf16.32"]["tiles_ms"]
     assert set(timed) == {"16w1s1", "32w1s1"} and all(t > 0 for t in timed.values())
+    dot = config["record"]["measured_ms"]["gemv.linear.dot"]["tiles_ms"]
+    assert set(dot) == {"16x16w1s1", "16x32w1s1", "16x32w1s1/split"}  # split K a candidate too
 
 
 @pytest.mark.skipif(
@@ -167,7 +173,8 @@ def test_tune_only_some_kernels_keeps_the_others():
     assert notes["gemv"].startswith(
         "per projection kind, over its shapes: the row loop's tiles (loop) summed over 1, 2 rows"
     )
-    assert "product's (dot) over 3 rows" in notes["gemv"]
+    assert "product's (dot, each tiling also with K split" in notes["gemv"]
+    assert "/split) over 3 rows" in notes["gemv"]
 
 
 @pytest.mark.parametrize(

@@ -221,22 +221,28 @@ def test_small_batches_take_the_gemv_path(monkeypatch):
         assert bool(calls) == grouped
 
 
-@pytest.mark.parametrize("dot", [False, True], ids=["row-loop", "tensor-core"])
+@pytest.mark.parametrize(
+    "dot, split",
+    [(False, None), (True, None), (True, 3)],
+    ids=["row-loop", "tensor-core", "tensor-core-split-k"],
+)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 3, 5, 8, 17])
-def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype, dot):
-    """A dense layer's few rows on either few-row kernel (the row loop, the tensor-core product):
-    `gemv` is F.linear, gate/up then down a SwiGLU MLP's gate/up, SiLU-and-multiply and down,
-    with a K of several tiles and a ragged last one (72 = 2 * 32 + 8 on a CPU's tiles), an output
-    width not a multiple of the columns, and rows filling part of a program (3, 5), all of one
-    (8; 16 for the product) or spilling into a second (17). Each row equals, bit for bit, that row
-    among other rows and that row alone: the rows beside it change nothing. (Under the interpreter
-    the product is numpy's matmul, which on some CPUs rounds a row by its place in the 16-row tile,
-    so there the tensor-core product's row is checked in its place only.)"""
+def test_dense_layers_on_the_matrix_vector_kernels(tokens, dtype, dot, split):
+    """A dense layer's few rows on either few-row kernel (the row loop, the tensor-core product,
+    also split three ways along K): `gemv` is F.linear, gate/up then down a SwiGLU MLP's gate/up,
+    SiLU-and-multiply and down, with a K of several tiles and a ragged last one (72 = 2 * 32 + 8
+    on a CPU's tiles), an output width not a multiple of the columns, and rows filling part of a
+    program (3, 5), all of one (8; 16 for the product) or spilling into a second (17). Each row
+    equals, bit for bit, that row among other rows and that row alone: the rows beside it change
+    nothing. (Under the interpreter the product is numpy's matmul, which on some CPUs rounds a row
+    by its place in the 16-row tile, so there the tensor-core product's row is checked in its
+    place only.)"""
     choice = tuning.for_device(torch.device(DEVICE))
 
     def tiles(kind: str) -> dict:
-        return choice.gemv(kind)["dot" if dot else "loop"]
+        chosen = choice.gemv(kind)["dot" if dot else "loop"]
+        return chosen if split is None else {**chosen, "SPLIT_K": split}
 
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, 72, generator=g).to(dtype)
@@ -421,3 +427,20 @@ def test_cuda_graph_replay_of_the_router():
     torch.cuda.synchronize()
     eager_weights, eager_ids = fused_moe.fused_route(static.clone(), 8, True)
     assert torch.equal(ids, eager_ids) and torch.equal(weights, eager_weights)
+
+
+def test_split_k_gives_every_sm_a_program(monkeypatch):
+    """SPLIT_K 0: the tensor-core product splits K until its programs cover the SMs once,
+    doubling, at most one split per tile of K and MAX_SPLIT_K; a split asked for is cut to the
+    same bounds; 1 (a tiling without SPLIT_K) splits nothing."""
+    gpu = tuning.Device("gpu", 132, 228 * 1024, (9, 0), 50 << 20)
+    monkeypatch.setattr(tuning, "describe", lambda device: gpu)
+    device = torch.device("cpu")
+    assert gemv.split_k(0, 32, 2048, 512, device) == 4  # o_proj of 0.6B: 32 -> 128 programs
+    assert gemv.split_k(0, 32, 3072, 512, device) == 4  # down: 6 tiles of K, 4 splits
+    assert gemv.split_k(0, 128, 1024, 512, device) == 2  # qkv: 256 programs
+    assert gemv.split_k(0, 192, 1024, 128, device) == 1  # already a wave
+    assert gemv.split_k(0, 1, 1 << 20, 128, device) == gemv.MAX_SPLIT_K
+    assert gemv.split_k(0, 32, 512, 512, device) == 1  # one tile of K: nothing to split
+    assert gemv.split_k(1, 32, 2048, 512, device) == 1
+    assert gemv.split_k(5, 1, 72, 32, device) == 3  # asked: at most K's 3 tiles

@@ -65,16 +65,25 @@ class ReplayProposer:
             vocab_size,
         )
         self.rng = np.random.default_rng(seed)
+        self.run_of: dict[int, list[int]] = {}  # seq_id -> its prompt's run, found once
+
+    def _run(self, seq: Sequence) -> list[int]:
+        """The run of the sequence's prompt (at any position, even past a divergence)."""
+        run = self.run_of.get(seq.seq_id)
+        if run is None:
+            n, ids = seq.num_prompt_tokens, seq.token_ids
+            run = next((r for r in self.runs if len(r) > n and r[:n] == ids[:n]), [])
+            self.run_of[seq.seq_id] = run
+        return run
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         out = []
         for seq, k in zip(seqs, ks):
-            ids = seq.token_ids
-            n = (
-                seq.num_prompt_tokens
-            )  # the run of this prompt, at this position, even past a divergence
-            run = next((r for r in self.runs if len(r) > len(ids) and r[:n] == ids[:n]), [])
-            guess = run[len(ids) : len(ids) + k]
+            at = len(seq.token_ids)
+            guess = self._run(seq)[at : at + k]
+            if self.accept_rate >= 1.0:  # every proposal right: no draw
+                out.append(guess)
+                continue
             wrong = self.rng.random(len(guess)) >= self.accept_rate
             out.append(
                 [

@@ -183,7 +183,7 @@ def build_step_input(
         cu_seqlens_q=cu.astype(np.int32),
         context_lens=ends.astype(np.int32),
         block_tables=tables,
-        sample_rows=sample_rows(cu, samples, proposed),
+        sample_rows=sample_rows(cu, samples, proposed, seq_of_token),
         carry_index=cu[1:][carried] - 1,
         carry_rows=np.fromiter(
             (pending_rows[seqs[i].seq_id] for i in carried.tolist()), np.int64, len(carried)
@@ -232,14 +232,12 @@ def _input_ids(
     )
 
 
-def sample_rows(cu: np.ndarray, samples: np.ndarray, proposed: np.ndarray) -> np.ndarray:
+def sample_rows(
+    cu: np.ndarray, samples: np.ndarray, proposed: np.ndarray, seq_of_token: np.ndarray
+) -> np.ndarray:
     """(rows,) the last fed token of each sequence that samples; a sequence verifying k proposals
-    samples its last 1 + k rows."""
+    samples its last 1 + k rows. `seq_of_token` (tokens,): each fed token's sequence."""
     if not proposed.any():
         return (cu[1:] - 1)[samples]
-    counts = np.where(samples, 1 + proposed, 0)  # (seqs,)
-    ends = np.repeat(cu[1:], counts)  # (rows,)
-    within = np.arange(len(ends)) - np.repeat(
-        np.cumsum(counts) - counts, counts
-    )  # (rows,) 0..count-1
-    return ends - np.repeat(counts, counts) + within
+    first = cu[1:] - np.where(samples, 1 + proposed, 0)  # (seqs,) the first row each samples
+    return np.flatnonzero(np.arange(cu[-1]) >= first[seq_of_token])

@@ -5,7 +5,8 @@ from the memory bound: `gemv` is any projection without a bias, `dense_gate_up` 
 gate and up projections with the activation on the tile. Two kernels, both reading each weight
 tile once for all of a program's rows: `dense_gemv_kernel` multiplies the rows in turn,
 `dense_dot_kernel` all at once on tensor cores, padded to 16 (the row loop's arithmetic grows
-with each row, the padded product's does not). Which takes how many rows is each projection
+with each row, the padded product's does not), its K split over several programs where its
+output tiles alone would leave SMs idle (the tiles' SPLIT_K, `split_k`). Which takes how many rows is each projection
 kind's (linear, gate_up, down) tuning: the row loop up to its gemv rows, the product up to its
 dot_rows, cuBLAS past both. In either a row's result does not depend on which rows
 share the launch. `gate_up_gemv_kernel` and `down_gemv_sum_kernel` run a few tokens' experts
@@ -93,26 +94,39 @@ def dense_dot_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # programs per output tile, each over its share of K's tiles
+    part_ptr,  # (SPLIT_K, T padded to BLOCK_T, N, or 2N with GATE_UP) float32: SPLIT_K > 1 only
+    count_ptr,  # (t-blocks * n-blocks,) int32, zero between launches: SPLIT_K > 1 only
 ):
     """dense_gemv_kernel's product on tensor cores: the rows padded to BLOCK_T, each weight tile
     loaded once and multiplied with all of them in one tl.dot. The padding costs no weight bytes,
     and the arithmetic does not grow with the rows as the row loop's does (which kernel is faster
     at how many rows is the tuner's to say). A row's result does not depend on the rows beside it
-    (the padding is zeros, each output element sums its K in the same order)."""
+    (the padding is zeros, each output element sums its K in the same order).
+
+    Split-K: an output of few tiles (1024 outputs are 32 programs of 32) would leave most SMs
+    without a share of the weights to stream, so SPLIT_K programs each take a contiguous share
+    of K's tiles and store their float32 sums in `part_ptr`; the last of them to finish (a
+    counter per output tile) adds the SPLIT_K sums in split order, writes the output and resets
+    the counter for the next launch. The order is fixed, so the result does not depend on which
+    program finishes last."""
     wait_for_prior_kernel(PDL)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     t_ok, n_ok = offs_t < T, offs_n < N
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    share = tl.cdiv(k_tiles, SPLIT_K)  # K's tiles per split; the last split may get fewer (or none)
+    k_first = tl.program_id(2) * share
     x_ptrs = (
-        x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + offs_k[None, :]
+        x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + offs_k[None, :] + k_first * BLOCK_K
     )  # [BLOCK_T, BLOCK_K]
     g_ptrs = (
-        w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] + k_first * BLOCK_K
     )  # [BLOCK_K, BLOCK_N]: w^T's tile
     acc_g = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(k_first, tl.minimum(k_first + share, k_tiles)):
         k_ok = offs_k < K - k * BLOCK_K
         a = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_T, BLOCK_K]
         w_mask = k_ok[:, None] & n_ok[None, :]
@@ -123,9 +137,32 @@ def dense_dot_kernel(
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
     dtype = out_ptr.dtype.element_ty
-    out = swiglu(acc_g, acc_u, dtype) if GATE_UP else acc_g.to(dtype)  # [BLOCK_T, BLOCK_N]
     out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
-    tl.store(out_ptrs, out, mask=t_ok[:, None] & n_ok[None, :])
+    if SPLIT_K == 1:
+        out = swiglu(acc_g, acc_u, dtype) if GATE_UP else acc_g.to(dtype)  # [BLOCK_T, BLOCK_N]
+        tl.store(out_ptrs, out, mask=t_ok[:, None] & n_ok[None, :])
+    else:
+        width = 2 * N if GATE_UP else N  # a row of parts: the gate's sums, then the up's
+        rows_padded = tl.num_programs(0) * BLOCK_T
+        part_ptrs = part_ptr + offs_t[:, None].to(tl.int64) * width + offs_n[None, :]
+        split_stride = rows_padded.to(tl.int64) * width  # one split's parts
+        own = part_ptrs + tl.program_id(2) * split_stride  # [BLOCK_T, BLOCK_N]
+        tl.store(own, acc_g, mask=n_ok[None, :])
+        if GATE_UP:
+            tl.store(own + N, acc_u, mask=n_ok[None, :])
+        tl.debug_barrier()  # every thread's parts stored before the counter says so
+        counter = count_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:  # the last split here
+            acc_g = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):  # in split order, wherever the last one ran
+                ptrs = part_ptrs + s * split_stride
+                acc_g += tl.load(ptrs, mask=n_ok[None, :], other=0.0, cache_modifier=".cg")
+                if GATE_UP:
+                    acc_u += tl.load(ptrs + N, mask=n_ok[None, :], other=0.0, cache_modifier=".cg")
+            out = swiglu(acc_g, acc_u, dtype) if GATE_UP else acc_g.to(dtype)  # [BLOCK_T, BLOCK_N]
+            tl.store(out_ptrs, out, mask=t_ok[:, None] & n_ok[None, :])
+            tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
 @triton.jit
@@ -246,9 +283,17 @@ def _dense(
     if dot:  # a pipeline stage: x's tile and the weights' (gate and up) tiles
         weight_tiles = 2 if gate_up else 1
         stage = (block_t + weight_tiles * tiles["BLOCK_N"]) * tiles["BLOCK_K"] * x.element_size()
-        dense_dot_kernel[grid](
+        tiles = dict(tiles)
+        split = split_k(tiles.pop("SPLIT_K", 1), grid[0] * grid[1], k, tiles["BLOCK_K"], x.device)
+        parts = counts = None  # the split's float32 sums and its counters
+        if split > 1:
+            width = 2 * n if gate_up else n
+            parts, counts = split_scratch(
+                x.device, split * grid[0] * block_t * width, grid[0] * grid[1]
+            )
+        dense_dot_kernel[(*grid, split)](
             *args, GATE_UP=gate_up, BLOCK_T=block_t, **tuning.fit_stages(tiles, stage, x.device),
-            **pdl_args(x.device),
+            **pdl_args(x.device), SPLIT_K=split, part_ptr=parts, count_ptr=counts,
         )  # fmt: skip
     else:
         dense_gemv_kernel[grid](
@@ -256,6 +301,47 @@ def _dense(
             ROWS=min(tokens, block_t),
         )  # fmt: skip
     return out
+
+
+MAX_SPLIT_K = 16
+
+
+def split_k(asked: int, programs: int, k: int, block_k: int, device: torch.device) -> int:
+    """The tensor-core product's programs per output tile, from its tiles' SPLIT_K (`asked`):
+    1 none (a tiling without SPLIT_K), n that many, 0 the fewest, doubling, that give every SM
+    a program (one wave of `programs` times the split; a CPU reads as one SM). Each split takes
+    at least one tile of K, and there are at most MAX_SPLIT_K."""
+    most = min(triton.cdiv(k, block_k), MAX_SPLIT_K)
+    if asked:
+        return max(1, min(asked, most))
+    split, sms = 1, tuning.describe(device).sms
+    while programs * split < sms and 2 * split <= most:
+        split *= 2
+    return split
+
+
+_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def split_scratch(
+    device: torch.device, parts: int, tiles: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split-K launch's float32 sums (parts,) and zeroed counters (tiles,), one pair per size and
+    device, kept for the process: a CUDA graph captured with them reads them at every replay, and
+    the counters are zero again after each launch. Made outside a capture (the graphs' warm-up
+    step runs first)."""
+    key = (device, parts, tiles)
+    if key not in _SCRATCH:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "the split-K product's scratch is made on an eager launch of the same shape: "
+                "run the step once before capturing it"
+            )
+        _SCRATCH[key] = (
+            torch.empty(parts, dtype=torch.float32, device=device),
+            torch.zeros(tiles, dtype=torch.int32, device=device),
+        )
+    return _SCRATCH[key]
 
 
 def device_choice(x: torch.Tensor, kind: str) -> tuple[dict, bool]:

@@ -11,7 +11,7 @@ pairs), an entry serves every size up to its key (the largest key serves the res
     decode_splits                           waves, max_splits
     prefill_attention.<head_dim>            BLOCK_M, BLOCK_N, num_warps, num_stages
     gemv.{linear,gate_up,down}              rows, dot_rows; loop: BLOCK_N, BLOCK_K, num_warps;
-                                            dot: BLOCK_N, BLOCK_K, num_warps, num_stages
+                                            dot: BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT_K]
     moe                                     small_pairs; gemv: BLOCK_N, BLOCK_K, num_warps, DOWN_BLOCK_N,
                                             DOWN_BLOCK_K; grouped.<pairs>: BLOCK_N, BLOCK_K, num_warps, num_stages
 
@@ -40,7 +40,8 @@ _DECODE = ("BLOCK_N", "num_warps", "num_stages", "programs_per_sm")
 _PREFILL = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 _GEMV = ("BLOCK_N", "BLOCK_K", "num_warps")
 _GROUPED = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
-_DOT = _GROUPED  # the few-row tensor-core product's
+# the few-row tensor-core product's; SPLIT_K (optional, "?"): gemv.split_k's, 1 when absent
+_DOT = (*_GROUPED, "SPLIT_K?")
 # a projection kind's few-row kernels: the row loop up to `rows` rows, the tensor-core product
 # up to `dot_rows`, cuBLAS past both
 _FEW_ROWS = {"rows": None, "dot_rows": None, "loop": _GEMV, "dot": _DOT}
@@ -108,7 +109,7 @@ def rules(dev: Device) -> dict:
         "bf16": {"64": _tiles(_DECODE, 128, 4, 2, 2), "128": _tiles(_DECODE, 64, 2, stages, 2)},
         "fp8": {"128": _tiles(_DECODE, 64, 2, 2, 6)},
     }
-    dot = _tiles(_DOT, 32, 128, 4, stages)
+    dot = _tiles(_GROUPED, 32, 128, 4, stages)
     return {
         "decode_attention": decode,
         "decode_splits": {"waves": 2, "max_splits": 32},
@@ -132,7 +133,7 @@ def rules(dev: Device) -> dict:
 
 def _cpu_rules() -> dict:
     decode = _tiles(_DECODE, 32, 1, 1, 1)
-    dot = _tiles(_DOT, 16, 32, 1, 1)
+    dot = _tiles(_GROUPED, 16, 32, 1, 1)
     return {
         "decode_attention": {"bf16": {"128": decode}, "fp8": {"128": decode}},
         "decode_splits": {"waves": 2, "max_splits": 32},
@@ -177,6 +178,10 @@ def _check(value, schema, source: str, at: str) -> None:
         raise ValueError(f"kernel config {source}: {where} must be an object, got {value!r}")
     if isinstance(schema, tuple):
         schema = dict.fromkeys(schema)
+    for key in [key for key in schema if key.endswith("?")]:  # optional: checked if present
+        schema = {k: v for k, v in schema.items() if k != key}
+        if key[:-1] in value:
+            schema[key[:-1]] = None
     if "*" in schema:
         if not value or not all(key.isdigit() for key in value):
             raise ValueError(
