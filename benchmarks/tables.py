@@ -774,12 +774,12 @@ FILES = [
         SPEC_DECODE,
     ),
     (
-        "verify_profile_gemv-no-split_*.json",
+        "verify_profile_gemv-split_*.json",
         "python -m benchmarks.verify_profile --shape qwen3-0.6b --batch 1 --k 4 --repeat 9 "
-        "--out benchmarks/results/variants/verify_profile_gemv-no-split_qwen3-0.6b_DEVICE.json, with the "
-        "device's file's gemv section without split tilings (its records' kernel_config)",
-        "the verify_profile record's steps on the kernel choices without the tensor-core product's split "
-        "along K, timed in turns with the record's runs on the same machine",
+        "--out benchmarks/results/variants/verify_profile_gemv-split_qwen3-0.6b_DEVICE.json, with the gemv "
+        "section of gemv_rows_DEVICE.json in the device's file (its records' kernel_config)",
+        "the verify_profile record's steps with the tuner's split tilings (the tensor-core product's K split "
+        "over several programs), timed in turns with the record's runs on the same machine",
     ),
     (
         "verify_profile_*.json",
