@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from . import dispatch, tuning
+from .common import SplitCounters
 from .launch import pdl_args, wait_for_prior_kernel
 from .norm_rope import rope_rows
 
@@ -1107,22 +1108,6 @@ def _group_rows(group: int, flags: dict, num_warps: int, device: torch.device) -
     rows = max(16, triton.next_power_of_2(group))
     hopper = device.type == "cuda" and tuning.describe(device).capability[0] == 9
     return max(rows, 64) if flags["FP8_DOT"] and hopper and num_warps % 4 == 0 else rows
-
-
-class SplitCounters:
-    """The decode kernel's split counters: int32 zeros that outlive each launch (the merge resets
-    each to 0). One growing buffer per device; a smaller one is kept as long as this object, as
-    a CUDA graph may have captured it. Each Attention layer owns one."""
-
-    def __init__(self):
-        self.buffers: dict[torch.device, list[torch.Tensor]] = {}
-
-    def get(self, device: torch.device, n: int) -> torch.Tensor:
-        """>= n zeros on `device`."""
-        buffers = self.buffers.setdefault(device, [])
-        if not buffers or buffers[-1].numel() < n:
-            buffers.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
-        return buffers[-1]
 
 
 def default_num_splits(

@@ -1,6 +1,8 @@
 """Helpers every kernel file shares: the rounding that makes a kernel round where its PyTorch
-reference rounds, SwiGLU's gate on float32 projections, and warps by block size."""
+reference rounds, SwiGLU's gate on float32 projections, warps by block size, and the counters
+of the split-K kernels (decode attention, the few-row tensor-core product)."""
 
+import torch
 import triton
 import triton.language as tl
 
@@ -29,3 +31,20 @@ def swiglu(acc_g, acc_u, dtype: tl.constexpr):
     gate, up = rounded(acc_g, dtype), rounded(acc_u, dtype)
     act = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
     return (act * up).to(dtype)
+
+
+class SplitCounters:
+    """A split-K kernel's counters: int32 zeros that outlive each launch (the program that adds the
+    splits resets its counter to 0). One growing buffer per device; a smaller one is kept as long
+    as this object, as a CUDA graph may have captured it. Each Attention layer owns one; gemv.py's
+    split product keeps one for the process."""
+
+    def __init__(self):
+        self.buffers: dict[torch.device, list[torch.Tensor]] = {}
+
+    def get(self, device: torch.device, n: int) -> torch.Tensor:
+        """>= n zeros on `device`."""
+        buffers = self.buffers.setdefault(device, [])
+        if not buffers or buffers[-1].numel() < n:
+            buffers.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+        return buffers[-1]

@@ -6,21 +6,21 @@ gate and up projections with the activation on the tile. Two kernels, both readi
 tile once for all of a program's rows: `dense_gemv_kernel` multiplies the rows in turn,
 `dense_dot_kernel` all at once on tensor cores, padded to 16 (the row loop's arithmetic grows
 with each row, the padded product's does not), its K split over several programs where its
-output tiles alone would leave SMs idle (the tiles' SPLIT_K, `split_k`). Which takes how many rows is each projection
-kind's (linear, gate_up, down) tuning: the row loop up to its gemv rows, the product up to its
-dot_rows, cuBLAS past both. In either a row's result does not depend on which rows
-share the launch. `gate_up_gemv_kernel` and `down_gemv_sum_kernel` run a few tokens' experts
-for moe.py, each (token, expert) pair reading its own expert's weights. References: F.linear,
-and layers/transformer.py's MLP (SiluAndMul between two projections);
-tests/test_moe_kernels.py checks them against those under TRITON_INTERPRET=1. Tiles:
-tuning.py's `gemv` entry (and `moe.gemv`)."""
+output tiles alone would leave SMs idle (the tiles' SPLIT_K, `split_k`). Which takes how many
+rows is each projection kind's (linear, gate_up, down) tuning: the row loop up to its gemv rows,
+the product up to its dot_rows, cuBLAS past both. In either a row's result does not depend on
+which rows share the launch. `gate_up_gemv_kernel` and `down_gemv_sum_kernel` run a few tokens'
+experts for moe.py, each (token, expert) pair reading its own expert's weights. References:
+F.linear, and layers/transformer.py's MLP (SiluAndMul between two projections);
+tests/test_moe_kernels.py checks them against those under TRITON_INTERPRET=1. Tiles: tuning.py's
+`gemv` entry (and `moe.gemv`)."""
 
 import torch
 import triton
 import triton.language as tl
 
 from . import tuning
-from .common import rounded, swiglu
+from .common import SplitCounters, rounded, swiglu
 from .launch import pdl_args, wait_for_prior_kernel
 
 
@@ -288,9 +288,10 @@ def _dense(
         parts = counts = None  # the split's float32 sums and its counters
         if split > 1:
             width = 2 * n if gate_up else n
-            parts, counts = split_scratch(
-                x.device, split * grid[0] * block_t * width, grid[0] * grid[1]
+            parts = torch.empty(
+                split * grid[0] * block_t * width, dtype=torch.float32, device=x.device
             )
+            counts = COUNTERS.get(x.device, grid[0] * grid[1])
         dense_dot_kernel[(*grid, split)](
             *args, GATE_UP=gate_up, BLOCK_T=block_t, **tuning.fit_stages(tiles, stage, x.device),
             **pdl_args(x.device), SPLIT_K=split, part_ptr=parts, count_ptr=counts,
@@ -320,28 +321,7 @@ def split_k(asked: int, programs: int, k: int, block_k: int, device: torch.devic
     return split
 
 
-_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def split_scratch(
-    device: torch.device, parts: int, tiles: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A split-K launch's float32 sums (parts,) and zeroed counters (tiles,), one pair per size and
-    device, kept for the process: a CUDA graph captured with them reads them at every replay, and
-    the counters are zero again after each launch. Made outside a capture (the graphs' warm-up
-    step runs first)."""
-    key = (device, parts, tiles)
-    if key not in _SCRATCH:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "the split-K product's scratch is made on an eager launch of the same shape: "
-                "run the step once before capturing it"
-            )
-        _SCRATCH[key] = (
-            torch.empty(parts, dtype=torch.float32, device=device),
-            torch.zeros(tiles, dtype=torch.int32, device=device),
-        )
-    return _SCRATCH[key]
+COUNTERS = SplitCounters()  # the split product's, one buffer per device for the process
 
 
 def device_choice(x: torch.Tensor, kind: str) -> tuple[dict, bool]:
