@@ -774,12 +774,20 @@ FILES = [
         SPEC_DECODE,
     ),
     (
-        "verify_profile_gemv-split_*.json",
+        "verify_profile_gemv-unsplit_*.json",
         "python -m benchmarks.verify_profile --shape qwen3-0.6b --batch 1 --k 4 --repeat 9 "
-        "--out benchmarks/results/variants/verify_profile_gemv-split_qwen3-0.6b_DEVICE.json, with the gemv "
-        "section of gemv_rows_DEVICE.json in the device's file (its records' kernel_config)",
-        "the verify_profile record's steps with the tuner's split tilings (the tensor-core product's K split "
-        "over several programs), timed in turns with the record's runs on the same machine",
+        "--out benchmarks/results/variants/verify_profile_gemv-unsplit_qwen3-0.6b_DEVICE.json, with the "
+        "device's file's earlier gemv section, tuned without split tilings (its records' kernel_config)",
+        "the verify_profile record's steps without the tuner's split tilings (the tensor-core product's K "
+        "split over several programs), timed in turns with the record's runs on the same machine",
+    ),
+    (
+        "verify_profile_gemv-linear-loop-5_*.json",
+        "NANOVLLM_KERNEL_CONFIG=FILE python -m benchmarks.verify_profile --shape qwen3-0.6b --batch 1 --k 4 "
+        "--repeat 9 --out benchmarks/results/variants/verify_profile_gemv-linear-loop-5_qwen3-0.6b_DEVICE.json "
+        "(FILE: the device's file with linear's rows at 5; its records' kernel_config)",
+        "the verify_profile record's steps with qkv and o on the row loop at a verify step's 5 rows instead "
+        "of cuBLAS",
     ),
     (
         "verify_profile_*.json",
@@ -821,6 +829,13 @@ FILES = [
         "--max-tokens 48 --out benchmarks/results/structured_step_time_tiny-qwen3_cpu.json",
         "decode step time with every row under a JSON schema against none, overlap scheduling on and off; schema compile "
         "percentiles (a tiny model on a shared CPU: the host's cost, noisy)",
+    ),
+    (
+        "structured_step_time_fill-threads-*_repeats-5_*.json",
+        "NANOVLLM_FILL_THREADS=T python -m benchmarks.structured_bench --shape qwen3-0.6b --batch 256 --repeats 5 "
+        "--out benchmarks/results/variants/structured_step_time_fill-threads-T_repeats-5_qwen3-0.6b_DEVICE.json",
+        "the batch-256 structured step record with five runs of each mode, the bitmask filled on the engine's "
+        "thread (T = 0), then on a FillPool of 4 threads (T = 4), on one machine",
     ),
     (
         "structured_step_time_fill-threads-*.json",

@@ -444,3 +444,31 @@ def test_split_k_gives_every_sm_a_program(monkeypatch):
     assert gemv.split_k(0, 32, 512, 512, device) == 1  # one tile of K: nothing to split
     assert gemv.split_k(1, 32, 2048, 512, device) == 1
     assert gemv.split_k(5, 1, 72, 32, device) == 3  # asked: at most K's 3 tiles
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the device's tilings split these shapes only on a GPU")
+@pytest.mark.parametrize("rows", [5, 16])
+def test_split_k_product_on_the_qwen3_0_6b_shapes(rows):
+    """The split tensor-core product (SPLIT_K 0: split until the programs cover the SMs) on
+    Qwen3-0.6B's projections, whose K spans several of the device's tiles: F.linear within
+    bf16's rounding and the unsplit product within a rounding step, each row bit for bit that
+    row alone, the same output launch after launch, and every split counter back at zero."""
+    g = torch.Generator().manual_seed(rows)
+    for kind, (n, k) in [
+        ("linear", (4096, 1024)),
+        ("linear", (1024, 2048)),
+        ("down", (1024, 3072)),
+    ]:
+        tiles = {**tuning.for_device(torch.device(DEVICE)).gemv(kind)["dot"], "SPLIT_K": 0}
+        w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16).to(DEVICE)
+        x = torch.randn(rows, k, generator=g).to(torch.bfloat16).to(DEVICE)
+        assert gemv.split_k(0, -(-n // tiles["BLOCK_N"]), k, tiles["BLOCK_K"], x.device) > 1
+        out = gemv.gemv(x, w, tiles, True)
+        unsplit = gemv.gemv(x, w, {**tiles, "SPLIT_K": 1}, True)
+        reference = torch.nn.functional.linear(x.float(), w.float())
+        torch.testing.assert_close(out.float(), reference, **tol(torch.bfloat16))
+        # the float32 sums differ in order only: at most a rounding step of bf16 apart
+        torch.testing.assert_close(out, unsplit, atol=1e-2, rtol=1e-2)
+        assert torch.equal(gemv.gemv(x[2:3], w, tiles, True)[0], out[2])
+        assert torch.equal(gemv.gemv(x, w, tiles, True), out)
+    assert all(int(c.abs().sum()) == 0 for b in gemv.COUNTERS.buffers.values() for c in b)
